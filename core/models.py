@@ -1,0 +1,159 @@
+"""Model shape presets (Llama family), shared by the engine (shapes, random weights) and the
+simulator's roofline (bytes and FLOPs). A checkpoint folder's config.json maps onto the same
+fields (`ModelSpec.from_hf_config`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_context: int  # tokens (max_position_embeddings)
+    rope_theta: float = 500_000.0
+    # Llama-3 style RoPE scaling (factor 0 = none): factor, low/high freq factor, original ctx
+    rope_scaling_factor: float = 0.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_context: int = 8192
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        mlp = 3 * h * i
+        per_layer = attn + mlp + 2 * h
+        embed = v * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embed + h
+
+    def weight_bytes(self, dtype: str = "bfloat16") -> int:
+        return self.num_params * DTYPE_BYTES[dtype]
+
+    def decode_weight_bytes(self, dtype: str = "bfloat16") -> int:
+        """Bytes of weights one forward pass reads: all but the input embedding table (a gather)."""
+        h, v = self.hidden_size, self.vocab_size
+        unread = 0 if self.tie_word_embeddings else v * h
+        return (self.num_params - unread) * DTYPE_BYTES[dtype]
+
+    def kv_bytes_per_token(self, dtype: str = "bfloat16") -> int:
+        return 2 * self.num_layers * self.kv_size * DTYPE_BYTES[dtype]
+
+    def flops_per_token(self) -> int:
+        """Matmul FLOPs per token, excluding attention over the context (2 * params read)."""
+        return 2 * (self.num_params - self.vocab_size * self.hidden_size * (
+            0 if self.tie_word_embeddings else 1))
+
+    def attn_flops(self, query_tokens: int, context_tokens: int) -> int:
+        """QK^T and PV FLOPs for `query_tokens` attending to `context_tokens` each."""
+        return 4 * self.num_layers * self.q_size * query_tokens * context_tokens
+
+    @staticmethod
+    def from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
+        cfg = json.loads(Path(path).read_text())
+        try:
+            heads = cfg["num_attention_heads"]
+            hidden = cfg["hidden_size"]
+            rs = cfg.get("rope_scaling") or {}
+            return ModelSpec(
+                name=name or str(Path(path).parent.name),
+                vocab_size=cfg["vocab_size"],
+                hidden_size=hidden,
+                num_layers=cfg["num_hidden_layers"],
+                num_heads=heads,
+                num_kv_heads=cfg.get("num_key_value_heads", heads),
+                head_dim=cfg.get("head_dim", hidden // heads),
+                intermediate_size=cfg["intermediate_size"],
+                max_context=cfg.get("max_position_embeddings", 8192),
+                rope_theta=float(cfg.get("rope_theta", 10_000.0)),
+                rope_scaling_factor=float(rs.get("factor", 0.0)) if rs else 0.0,
+                rope_low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
+                rope_high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
+                rope_original_max_context=int(rs.get("original_max_position_embeddings", 8192)),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            )
+        except KeyError as e:
+            raise ValueError(f"checkpoint config '{path}': missing key {e.args[0]!r}") from None
+
+
+_LLAMA31_ROPE = dict(
+    rope_theta=500_000.0,
+    rope_scaling_factor=8.0,
+    rope_low_freq_factor=1.0,
+    rope_high_freq_factor=4.0,
+    rope_original_max_context=8192,
+)
+
+# Shapes from the public Hugging Face config.json of each model. `llama3-8b` and `llama3-70b` use
+# the Llama-3.1 shapes (128k context, RoPE scaling), so long-output seed scenarios fit.
+PRESETS: dict[str, ModelSpec] = {
+    "tiny": ModelSpec(
+        name="tiny", vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        head_dim=16, intermediate_size=128, max_context=131_072, rope_theta=10_000.0,
+    ),
+    "small": ModelSpec(  # a CPU-testable model with a real vocabulary size, for replay tests
+        name="small", vocab_size=4096, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+        head_dim=32, intermediate_size=768, max_context=131_072, rope_theta=10_000.0,
+    ),
+    "llama3.2-1b": ModelSpec(
+        name="llama3.2-1b", vocab_size=128_256, hidden_size=2048, num_layers=16, num_heads=32,
+        num_kv_heads=8, head_dim=64, intermediate_size=8192, max_context=131_072,
+        tie_word_embeddings=True,
+        **{**_LLAMA31_ROPE, "rope_scaling_factor": 32.0},
+    ),
+    "llama3.2-3b": ModelSpec(
+        name="llama3.2-3b", vocab_size=128_256, hidden_size=3072, num_layers=28, num_heads=24,
+        num_kv_heads=8, head_dim=128, intermediate_size=8192, max_context=131_072,
+        tie_word_embeddings=True,
+        **{**_LLAMA31_ROPE, "rope_scaling_factor": 32.0},
+    ),
+    "llama3-8b": ModelSpec(
+        name="llama3-8b", vocab_size=128_256, hidden_size=4096, num_layers=32, num_heads=32,
+        num_kv_heads=8, head_dim=128, intermediate_size=14_336, max_context=131_072,
+        **_LLAMA31_ROPE,
+    ),
+    "llama3-70b": ModelSpec(
+        name="llama3-70b", vocab_size=128_256, hidden_size=8192, num_layers=80, num_heads=64,
+        num_kv_heads=8, head_dim=128, intermediate_size=28_672, max_context=131_072,
+        **_LLAMA31_ROPE,
+    ),
+}
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A preset by name, or the shapes of a checkpoint folder (its config.json)."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    p = Path(name_or_path)
+    if (p / "config.json").is_file():
+        return ModelSpec.from_hf_config(p / "config.json", name=p.name)
+    raise ValueError(
+        f"config key 'model': '{name_or_path}' is neither a preset {sorted(PRESETS)} "
+        "nor a folder with config.json"
+    )
+
+
+def with_context(spec: ModelSpec, max_model_len: int) -> ModelSpec:
+    return spec if max_model_len <= 0 else replace(spec, max_context=max_model_len)
