@@ -1,0 +1,188 @@
+"""Paged KV block accounting with prefix caching.
+
+Invariants (checked by `check_invariants`, used in tests):
+- every block is either referenced (refcount > 0) by >= 1 request or on the free queue, never both;
+- a block referenced by several requests is a cached prefix block (it has a content hash);
+- `hash_to_block[h] == b` implies `block_hash[b] == h`.
+Free blocks keep their hash (a cached prefix may be reused) until they are handed out again;
+the free queue is ordered so the least recently freed block is reused first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from core.request import Request
+
+_NONE = -1
+
+
+class _FreeQueue:
+    """Doubly linked list over block ids: O(1) popleft, append and remove of any block."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.prev = [i - 1 for i in range(num_blocks)]
+        self.next = [i + 1 for i in range(num_blocks)]
+        if num_blocks:
+            self.next[-1] = _NONE
+        self.head = 0 if num_blocks else _NONE
+        self.tail = num_blocks - 1 if num_blocks else _NONE
+        self.on = [True] * num_blocks
+        self.size = num_blocks
+
+    def popleft(self) -> int:
+        b = self.head
+        self.remove(b)
+        return b
+
+    def remove(self, b: int) -> None:
+        p, n = self.prev[b], self.next[b]
+        if p == _NONE:
+            self.head = n
+        else:
+            self.next[p] = n
+        if n == _NONE:
+            self.tail = p
+        else:
+            self.prev[n] = p
+        self.on[b] = False
+        self.size -= 1
+
+    def append(self, b: int) -> None:
+        self.prev[b], self.next[b] = self.tail, _NONE
+        if self.tail == _NONE:
+            self.head = b
+        else:
+            self.next[self.tail] = b
+        self.tail = b
+        self.on[b] = True
+        self.size += 1
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError("KV cache has no blocks: the model does not fit in memory")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prefix_caching = prefix_caching
+        self.refcount = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.hash_to_block: dict[int, int] = {}
+        self.free = _FreeQueue(num_blocks)
+
+    # ---- queries ----------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return self.free.size
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_new_blocks(self, req: Request, total_tokens: int) -> int:
+        return max(0, self.blocks_for(total_tokens) - len(req.block_ids))
+
+    # ---- allocation -------------------------------------------------------------------------
+    def allocate(self, req: Request, total_tokens: int) -> bool:
+        """Give `req` blocks for `total_tokens` positions; False (and no change) if short."""
+        need = self.num_new_blocks(req, total_tokens)
+        if need > self.free.size:
+            return False
+        for _ in range(need):
+            b = self.free.popleft()
+            self._evict_hash(b)
+            self.refcount[b] = 1
+            req.block_ids.append(b)
+        return True
+
+    def release(self, req: Request) -> None:
+        """Drop `req`'s references; blocks no longer used return to the free queue.
+        Tail blocks are queued first so that shared prefix heads stay cached longest."""
+        for b in reversed(req.block_ids):
+            self.refcount[b] -= 1
+            if self.refcount[b] == 0:
+                self.free.append(b)
+        req.block_ids = []
+
+    def _evict_hash(self, b: int) -> None:
+        h = self.block_hash[b]
+        if h is not None:
+            if self.hash_to_block.get(h) == b:
+                del self.hash_to_block[h]
+            self.block_hash[b] = None
+
+    # ---- prefix caching ---------------------------------------------------------------------
+    def hashes(self, req: Request) -> list[int]:
+        """Content keys of the request's leading full prompt blocks that can be shared: from the
+        token ids when the trace has them, else from (prefix_id, block index) inside prefix_len."""
+        if req.block_hashes is None:
+            bs = self.block_size
+            out: list[int] = []
+            parent = 0
+            ids = req.prompt_ids
+            if ids is not None:
+                for i in range(req.prompt_len // bs):
+                    parent = hash((parent, tuple(ids[i * bs : (i + 1) * bs])))
+                    out.append(parent)
+            elif req.prefix_id is not None:
+                for i in range(min(req.prefix_len, req.prompt_len) // bs):
+                    parent = hash((parent, req.prefix_id, i))
+                    out.append(parent)
+            req.block_hashes = out
+        return req.block_hashes
+
+    def match_prefix(self, req: Request) -> int:
+        """Attach cached blocks for the request's prompt prefix; returns cached tokens.
+        At least one prompt token is always left to compute (it produces the first logits)."""
+        if not self.prefix_caching or req.block_ids:
+            return 0
+        hit: list[int] = []
+        for h in self.hashes(req):
+            b = self.hash_to_block.get(h)
+            if b is None:
+                break
+            hit.append(b)
+        for b in hit:
+            if self.refcount[b] == 0:
+                self.free.remove(b)
+            self.refcount[b] += 1
+        req.block_ids = hit
+        return min(len(hit) * self.block_size, req.prompt_len - 1)
+
+    def cache_blocks(self, req: Request, num_computed: int) -> None:
+        """Register the request's full prompt blocks whose KV is written (or being written by a
+        launched batch: the stream orders any later reader after it)."""
+        if not self.prefix_caching:
+            return
+        hashes = self.hashes(req)
+        upto = min(len(hashes), num_computed // self.block_size, len(req.block_ids))
+        for i in range(upto):
+            b = req.block_ids[i]
+            if self.block_hash[b] is not None:
+                continue
+            h = hashes[i]
+            if h in self.hash_to_block:
+                continue  # another block already holds this content; keep the first
+            self.block_hash[b] = h
+            self.hash_to_block[h] = b
+
+    # ---- checks -----------------------------------------------------------------------------
+    def check_invariants(self, requests: Sequence[Request]) -> None:
+        refs = [0] * self.num_blocks
+        for r in requests:
+            for b in r.block_ids:
+                refs[b] += 1
+        for b in range(self.num_blocks):
+            assert refs[b] == self.refcount[b], (
+                f"block {b}: refcount {self.refcount[b]} != {refs[b]}"
+            )
+            assert (refs[b] == 0) == self.free.on[b], (
+                f"block {b}: free={self.free.on[b]} refs={refs[b]}"
+            )
+            if refs[b] > 1:
+                assert self.block_hash[b] is not None, (
+                    f"block {b} shared by {refs[b]} without a hash"
+                )
+        assert self.free.size == sum(self.free.on)
+        for h, b in self.hash_to_block.items():
+            assert self.block_hash[b] == h

@@ -1,0 +1,291 @@
+"""The scheduling policy, shared by the engine and the simulator: pure Python over integers.
+
+Continuous batching under `max_num_seqs` and a token budget, chunked prefill, paged KV blocks,
+preemption by recompute, prefix caching and speculative-draft placeholders.
+State advances when a batch is launched (`schedule`) and results apply when it completes
+(`complete`), so how many batches are in flight is a property of the caller's loop.
+
+Rules:
+- running requests are served first in admission order, then waiting ones FCFS;
+- a request is not scheduled once the batches in flight will surely finish it
+  (each emits >= 1 token), and its drafts are capped so it never needs more than `output_len`;
+- when blocks run out, the most recently admitted running request with nothing in flight is
+  preempted (its KV dropped, recomputed later); requests with batches in flight are never
+  preempted (their results would be lost); no new request is admitted in a step that preempted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from core.policy.blocks import BlockManager
+from core.request import Request, Status
+from core.shape import BatchShape
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    chunked_prefill: bool = True
+    prefix_caching: bool = True
+    spec_k: int = 0  # draft tokens per decode step (0 = no speculative decoding)
+
+
+@dataclass(slots=True)
+class Entry:
+    """One request's share of a step: `num_tokens` query tokens at positions
+    `start_pos .. start_pos + num_tokens - 1`; the last `num_drafts` are draft tokens."""
+
+    req: Request
+    start_pos: int
+    num_tokens: int
+    num_drafts: int
+    generates: bool  # the chunk reaches the end of the known tokens: emits 1..1+drafts tokens
+    is_prefill: bool
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    step: int
+    entries: list[Entry]
+    shape: BatchShape
+    preempted: list[Request] = field(default_factory=list)
+    completed: bool = False
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.blocks = BlockManager(cfg.num_blocks, cfg.block_size, cfg.prefix_caching)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_steps = 0
+        self.num_preemptions = 0
+        self._pending_free: list[Request] = []  # finished with batches still in flight
+
+    # ---- intake -----------------------------------------------------------------------------
+    def check_fits(self, req: Request) -> str | None:
+        """Why the request can never run, or None."""
+        total = req.prompt_len + req.output_len
+        if total > self.cfg.max_model_len:
+            return f"needs {total} tokens > max_model_len {self.cfg.max_model_len}"
+        if self.blocks.blocks_for(total) > self.cfg.num_blocks:
+            return (
+                f"needs {self.blocks.blocks_for(total)} KV blocks but the cache has "
+                f"{self.cfg.num_blocks}"
+            )
+        if not self.cfg.chunked_prefill and total > self.cfg.max_num_batched_tokens:
+            return "prompt exceeds max_num_batched_tokens and chunked_prefill is off"
+        return None
+
+    def add(self, req: Request) -> None:
+        why = self.check_fits(req)
+        if why is not None:
+            raise ValueError(f"request {req.request_id!r} {why}")
+        self.waiting.append(req)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- schedule ---------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        """Pick the next batch and advance state as if it were launched now."""
+        budget = self.cfg.max_num_batched_tokens
+        entries: list[Entry] = []
+        preempted: list[Request] = []
+        scheduled: set[int] = set()  # request indices (ints: iteration order never used)
+        for req in list(self.running):
+            if budget <= 0:
+                break
+            if req.status != Status.RUNNING:
+                continue  # preempted earlier in this loop
+            e = self._plan(req, budget)
+            if e is None:
+                continue
+            if not self._allocate_or_preempt(req, e, scheduled, preempted):
+                continue
+            entries.append(e)
+            scheduled.add(req.index)
+            budget -= e.num_tokens
+        if not preempted:
+            budget = self._admit(entries, budget)
+        if not entries:
+            return None
+        batch = ScheduledBatch(self.num_steps, entries, self._shape(entries), preempted)
+        for e in entries:
+            self._launch(e)
+        self.num_steps += 1
+        return batch
+
+    def _plan(self, req: Request, budget: int) -> Entry | None:
+        if req.outputs_guaranteed >= req.output_len:
+            return None  # batches in flight will finish it
+        known = req.num_tokens - req.num_computed_tokens
+        start = req.num_computed_tokens
+        if req.in_decode:
+            drafts = 0
+            if self.cfg.spec_k > 0:
+                want = self.cfg.spec_k if req.draft_hint is None else req.draft_hint
+                room_out = req.output_len - req.outputs_guaranteed - 1
+                room_ctx = self.cfg.max_model_len - req.num_tokens
+                drafts = max(0, min(want, room_out, room_ctx, budget - 1))
+            return Entry(req, start, 1 + drafts, drafts, True, False)
+        n = known
+        if n > budget:
+            if not self.cfg.chunked_prefill:
+                return None
+            n = budget
+        return Entry(req, start, n, 0, n == known, True)
+
+    def _allocate_or_preempt(
+        self, req: Request, e: Entry, scheduled: set[int], preempted: list[Request]
+    ) -> bool:
+        total = e.start_pos + e.num_tokens
+        while not self.blocks.allocate(req, total):
+            victim = self._victim(req, scheduled)
+            if victim is None:
+                return False
+            self._preempt(victim)
+            preempted.append(victim)
+        return True
+
+    def _victim(self, req: Request, scheduled: set[int]) -> Request | None:
+        for cand in reversed(self.running):
+            if cand is req or cand.index in scheduled or cand.num_inflight_batches:
+                continue
+            return cand
+        return None
+
+    def _preempt(self, req: Request) -> None:
+        self.blocks.release(req)
+        self.running.remove(req)
+        req.status = Status.WAITING
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _admit(self, entries: list[Entry], budget: int) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            if not req.block_ids:
+                req.num_cached_tokens = self.blocks.match_prefix(req)
+                req.num_computed_tokens = req.num_cached_tokens
+            e = self._plan(req, budget)
+            if e is None or not self.blocks.allocate(req, e.start_pos + e.num_tokens):
+                self.blocks.release(req)  # waiting requests hold no blocks (no deadlock)
+                req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            entries.append(e)
+            budget -= e.num_tokens
+        return budget
+
+    def _launch(self, e: Entry) -> None:
+        req = e.req
+        req.num_computed_tokens += e.num_tokens
+        req.num_inflight_batches += 1
+        if e.generates:
+            req.num_placeholders += 1 + e.num_drafts
+            req.num_inflight_gen += 1
+        if e.is_prefill:
+            self.blocks.cache_blocks(req, req.num_computed_tokens)
+
+    @staticmethod
+    def _shape(entries: Sequence[Entry]) -> BatchShape:
+        n_pf = pf_tok = dec_tok = drafts = kv = pairs = hist = ctx = 0
+        for e in entries:
+            n, s = e.num_tokens, e.start_pos
+            if e.is_prefill:
+                n_pf += 1
+                pf_tok += n
+            else:
+                dec_tok += n
+                drafts += e.num_drafts
+            kv += s + n
+            pairs += n * s + n * (n + 1) // 2
+            r = e.req
+            if r.needs_history and e.generates:
+                hist += r.num_output_tokens + r.num_placeholders
+            ctx += r.prompt_len + r.num_output_tokens
+        return BatchShape(
+            num_reqs=len(entries),
+            num_prefill_reqs=n_pf,
+            prefill_tokens=pf_tok,
+            decode_tokens=dec_tok,
+            draft_tokens=drafts,
+            kv_read_tokens=kv,
+            attn_pairs=pairs,
+            history_tokens=hist,
+            context_tokens=ctx,
+            new_reqs=sum(
+                1 for e in entries if e.is_prefill and e.start_pos == e.req.num_cached_tokens
+            ),
+        )
+
+    # ---- complete ---------------------------------------------------------------------------
+    def complete(self, batch: ScheduledBatch, emitted: Sequence[int]) -> list[Request]:
+        """Apply a finished batch. `emitted[i]` = tokens entry i produced before truncation
+        (accepted drafts + 1 for generating entries, ignored otherwise). Returns requests that
+        finished with this batch; each gets exactly `output_len` tokens."""
+        assert not batch.completed, "batch completed twice"
+        batch.completed = True
+        finished: list[Request] = []
+        for e, n_emit in zip(batch.entries, emitted):
+            req = e.req
+            req.num_inflight_batches -= 1
+            if e.generates:
+                assert 1 <= n_emit <= 1 + e.num_drafts, f"{req.request_id}: emitted {n_emit}"
+                req.num_placeholders -= 1 + e.num_drafts
+                req.num_inflight_gen -= 1
+                req.num_computed_tokens -= 1 + e.num_drafts - n_emit  # rejected drafts' KV
+                req.num_accepted_drafts += n_emit - 1
+                if req.status != Status.FINISHED:
+                    take = min(n_emit, req.output_len - req.num_output_tokens)
+                    req.num_output_tokens += take
+                    if req.num_output_tokens == req.output_len:
+                        self._finish(req)
+                        finished.append(req)
+            if req.status == Status.FINISHED and req.block_ids:
+                if req.num_inflight_batches == 0:
+                    self.blocks.release(req)
+                    if req in self._pending_free:
+                        self._pending_free.remove(req)
+                elif req not in self._pending_free:
+                    self._pending_free.append(req)
+        return finished
+
+    def emitted_tokens(self, batch: ScheduledBatch, emitted: Sequence[int]) -> list[int]:
+        """Tokens each entry adds to its request's output after truncation (call before
+        `complete`): what the engine appends and the sim counts."""
+        out = []
+        for e, n in zip(batch.entries, emitted):
+            r = e.req
+            out.append(min(n, r.output_len - r.num_output_tokens) if e.generates else 0)
+        return out
+
+    def _finish(self, req: Request) -> None:
+        req.status = Status.FINISHED
+        self.running.remove(req)
+
+    # ---- checks -----------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        live = [*self.running, *self.waiting]
+        self.blocks.check_invariants(live + self._pending_free)
+        for r in self.running:
+            assert r.status == Status.RUNNING
+            assert 0 <= r.num_computed_tokens <= r.num_tokens, r
+            assert r.num_output_tokens <= r.output_len, r
+            assert len(r.block_ids) * self.cfg.block_size >= r.num_computed_tokens, r
+        for r in self.waiting:
+            assert r.status == Status.WAITING and r.num_inflight_batches == 0, r
+        assert len(self.running) <= self.cfg.max_num_seqs
