@@ -1,0 +1,160 @@
+"""Default cost parameters: plausible numbers for a compact Python engine (nano-vllm kind) on a
+datacenter GPU, with their sources. They are placeholders for `replay calibrate`, which fits
+the same keys from measured runs. docs/cost-model.md explains each number.
+
+Units: milliseconds (`*_ms`, and every linear-model coefficient of a time), bytes, objects.
+The structure is exactly the profile-file format (`profile.py` validates both).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+PROFILE_VERSION = 1
+
+US = 1e-3  # one microsecond in ms
+NS = 1e-6  # one nanosecond in ms
+
+DEFAULTS: dict[str, Any] = {
+    "version": PROFILE_VERSION,
+    "notes": "built-in defaults (public data points and estimates), not a calibration",
+    "gpu_pass": {
+        # Analytic roofline over core/models.py shapes and core/gpus.py datasheet ceilings.
+        "roofline": {
+            # Decode at batch 1 reaches ~70-85% of HBM bandwidth (vLLM/TRT-LLM Llama-8B H100
+            # ~5-6 ms/token for 15 GB of weights read at 3.35 TB/s).
+            "mem_efficiency": 0.80,
+            # Large-prefill GEMMs reach ~50-70% of the dense bf16 peak.
+            "matmul_efficiency": 0.60,
+            # FlashAttention-2/3 forward: ~35-75% of peak on H100; take the lower middle.
+            "attn_efficiency": 0.45,
+            # max(memory, compute) smoothed: (m^p + c^p)^(1/p), 19% above max where m == c.
+            "pnorm": 4.0,
+            # Per pass: embedding gather, final norm, sampling kernels; per layer: ~10 kernel
+            # boundaries (ramp-up, tail and gap of ~0.5 us each under a CUDA graph).
+            "overhead_ms": 40 * US,
+            "overhead_ms_per_layer": 5 * US,
+            # Floor: small kernels cost a few us each even with nothing to read, so a layer's
+            # kernel group never runs under ~15 us; tiny models stay launch/CPU bound.
+            "min_ms": 30 * US,
+            "min_ms_per_layer": 15 * US,
+            # Logits traffic per sampled row and vocabulary entry: bf16 write, fp32 cast,
+            # softmax/penalties read and write, sampler read (~16 bytes).
+            "logits_bytes_per_vocab": 16.0,
+        },
+        # Optional fitted linear models that replace the roofline (see linear.py), per kind:
+        # "decode": pure-decode steps (no prefill request), "mixed": any step with a prefill.
+    },
+    "launch": {
+        # CUDA graph replay: ~30 us of Python copying inputs into the static buffers, then
+        # cudaGraphLaunch ~2.5 us + ~1 ns per node (NVIDIA CUDA 12.6 graph blog).
+        "graph_ms": 32.5 * US,
+        "graph_ms_per_node": 1 * NS,
+        "graph_max_tokens": 512,  # larger or mixed batches run eagerly (nano-vllm captures <= 512)
+        # Eager: every op is a Python -> ATen -> cudaLaunchKernel dispatch of ~5-20 us.
+        "eager_ms": 50 * US,  # forward() entry, attention-metadata context
+        "eager_ms_per_kernel": 8 * US,
+        # Llama layer: add+rmsnorm, qkv, rotary, kv store, attention, o_proj, add+rmsnorm,
+        # gate_up, silu*mul, down. Fixed: embedding, final norm, lm_head, logits gather, ...
+        "kernels_per_layer": 10,
+        "kernels_fixed": 6,
+    },
+    # Base CPU phase models, a + b*num_reqs + c*num_tokens (+ other shape fields), for the
+    # fast (after-change) code paths; seed and spec terms below are added per config.
+    "cpu_phases": {
+        # ENGINE-NOTES 3: vLLM ~12.7 us/req all-decode; a nano-vllm scheduler is simpler.
+        "schedule": {
+            "intercept": 50 * US,
+            "num_reqs": 10 * US,
+            "new_reqs": 20 * US,  # block allocation, prefix hashing
+            "prefill_tokens": 0.05 * US,  # a block per 16 tokens
+        },
+        # Python lists of ids/positions/slot mapping, padded block tables, ~6 pinned H2D copies.
+        "prepare_inputs": {
+            "intercept": 150 * US,
+            "num_reqs": 18 * US,
+            "prefill_tokens": 0.1 * US,
+            "context_tokens": 2 * NS,  # block-table entries (one per 16 tokens, ~30 ns each)
+        },
+        "launch": {},  # launch_ms() carries the launch cost; a fit may add a residual here
+        # Sampler launches (temperature, softmax, sample, ~6 ops) and per-request params.
+        "sample": {"intercept": 60 * US, "num_reqs": 1 * US},
+        "draft": {},  # only spec terms (below)
+        # Append tokens, check stop conditions, free finished requests' blocks, build outputs
+        # (V0's _process_model_outputs was 3.4 ms at bs32 for Llama-70B, RFC #6913).
+        "process_outputs": {
+            "intercept": 50 * US,
+            "num_reqs": 8 * US,
+            "draft_tokens": 1 * US,  # accepted-token bookkeeping (upper bound: every draft)
+            "finished_reqs": 30 * US,
+        },
+    },
+    # Seed and speculative-decoding terms, each a linear model added to its target phase
+    # (`<phase>.<name>`) or to the GPU pass (`gpu.<name>`) when its condition holds
+    # (terms.py lists the conditions).
+    "terms": {
+        # Seed 3 (PR 42938): list.index(-1) from the front scans each history;
+        # 10.9 ms for 128 x 60k output tokens = ~1.4 ns per element.
+        "sample.forward_placeholder_scan": {"history_tokens": 1.4 * NS},
+        "sample.reverse_placeholder_scan": {"num_reqs": 0.3 * US},  # O(1) per request
+        # Seed 2 (PR 38372): cat + sentinel + argmax ~6 launches vs (ids != -1).sum ~3.
+        "sample.accept_count_cat": {"intercept": 6 * 8 * US},
+        "sample.accept_count_sum": {"intercept": 3 * 8 * US},
+        # Seed 1 (PR 41043): micro-benchmark 2.1-3.2 us (list + np.array) vs 0.7-2.2 us
+        # (preallocated) for 1-4 requests: the get_token_id loop is shared, the difference
+        # is ~1.5 us per step.
+        "draft.backup_tokens_list": {"intercept": 1.7 * US, "num_reqs": 0.4 * US},
+        "draft.backup_tokens_prealloc": {"intercept": 0.2 * US, "num_reqs": 0.4 * US},
+        # Seed 4 (PR 29184) before: CPU n-gram (KMP-style) lookup over each request's tokens,
+        # ~2 ns per context token plus a per-request Python/numba call.
+        "draft.ngram_cpu": {"intercept": 20 * US, "num_reqs": 8 * US, "context_tokens": 2 * NS},
+        # After: launching a torch.compile'd n-gram kernel (guards + ~5 Triton launches) and
+        # scattering the drafts, no CUDA graph.
+        "draft.ngram_gpu_launch": {"intercept": 100 * US},
+        # Seed 5 (PR 32951): ~4 small correction kernels launched before the forward.
+        "prepare_inputs.optimistic_fix": {"intercept": 4 * 8 * US},
+        # GPU side of the same changes.
+        "gpu.rejection_sample": {"intercept": 15 * US},
+        "gpu.accept_count_cat": {"intercept": 6 * 2 * US},
+        "gpu.accept_count_sum": {"intercept": 3 * 2 * US},
+        "gpu.optimistic_fix": {"intercept": 4 * 3 * US},
+    },
+    # Seed 4 after: n-gram kernel over the padded [num_reqs, max_model_len] token buffer for
+    # each n in [min_n, max_n] (unfold, compare, reduce): time = n_values * ms_per_n +
+    # num_reqs * max_model_len * n_values * bytes_per_position / (HBM bandwidth * efficiency).
+    "ngram_gpu": {"ms_per_n": 8 * US, "bytes_per_position": 12.0},
+    # CPU cost of a device-to-host result copy once the GPU is done (event wake-up, cudaMemcpy,
+    # .tolist()); the waiting itself is the simulator's business.
+    "sync": {"intercept": 15 * US, "num_reqs": 0.05 * US, "draft_tokens": 0.05 * US},
+    # Python GC pause per collection of generation g: pause_ms[g] + pause_ms_per_object[g] * n
+    # (n = unfrozen objects in generations 0..g). SGLang #30596: gen0 0.07 ms (~700 objects),
+    # gen1 0.46 ms (~7.7k), gen2 ~400 ms at ~2.5M objects.
+    "gc": {
+        "pause_ms": [5 * US, 5 * US, 5 * US],
+        "pause_ms_per_object": [0.1 * US, 0.06 * US, 0.16 * US],
+    },
+    # Net tracked-container objects (allocations minus frees, as CPython's gen-0 counter
+    # sees them) left by each phase; temporaries freed within the phase count 0.
+    "alloc_objects": {
+        "schedule": {"new_reqs": 4.0},  # request state: sequence object, token and block lists
+        "prepare_inputs": {},
+        "launch": {},
+        "sample": {},
+        "draft": {},
+        # a step record and an output list retained by the run recorder; a finished request
+        # frees its state (-4) and leaves an output record (+2)
+        "process_outputs": {"intercept": 2.0, "finished_reqs": -2.0},
+    },
+    # Allocation terms, same names and conditions as `terms`. Seed 1's temporaries (a list
+    # from .tolist() and one from the comprehension) are freed in the call: net 0 (ENGINE-NOTES
+    # 6 caveat). Set > 0 in a profile to test the GC explanation of PR 41043.
+    "alloc_terms": {
+        "draft.backup_tokens_list": {},
+    },
+}
+
+
+def default_profile() -> dict[str, Any]:
+    """A deep copy of the built-in defaults (a complete, valid profile)."""
+    return copy.deepcopy(DEFAULTS)

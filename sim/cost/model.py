@@ -1,0 +1,156 @@
+"""`CostModel`: how long each CPU phase and GPU pass of one engine step takes, for one config.
+
+The narrow interface the simulator's step loop calls (several times per simulated step, so
+every method is a few float operations on constants folded in `__init__`):
+
+  gpu_pass_ms(shape)            forward + sampling kernels of one step on the GPU stream
+  draft_gpu_ms(shape)           the n-gram GPU proposer kernel (0 unless spec.method=ngram-gpu)
+  cpu_phase_ms(phase, shape)    one CPU phase (core.phases.CPU_PHASES), seed terms included;
+                                for `launch` only the residual around the forward's issue
+  launch_ms(shape, cuda_graphs) CPU time to issue the forward: the launch phase's time is
+                                cpu_phase_ms("launch", s) + launch_ms(s, config.cuda_graphs)
+  d2h_sync_ms(shape)            CPU cost of a D2H result copy once the GPU is done (no wait)
+  alloc_objects(phase, shape)   net tracked objects a phase leaves behind (GC model input)
+  gc_pause_ms(generation, n)    one collection of `generation` scanning n objects
+
+gpu_pass_ms assumes a shape with at least one query token; CPU phases accept an empty shape
+(a schedule that found nothing to run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from core.config import Config
+from core.gpus import get_gpu
+from core.models import get_model, with_context
+from core.phases import CPU_PHASES
+from core.shape import BatchShape
+
+from .linear import LinearFn, add_linear, compile_linear
+from .profile import ProfileError, load_profile, resolve_profile
+from .roofline import Roofline
+from .terms import GPU_TARGET, active_terms, term_target
+
+
+class CostModel:
+    def __init__(self, config: Config, profile: Mapping[str, Any] | None = None):
+        """`profile`: a validated, possibly partial profile laid over the defaults."""
+        self.config = config
+        self.model = with_context(get_model(config.model), config.max_model_len)
+        self.gpu = get_gpu(config.gpu)
+        self.profile = resolve_profile(profile)  # effective parameters, for run outputs
+        _check_identity(self.profile, config, self.model.name, self.gpu.name)
+        prof = self.profile
+        terms = active_terms(config)
+        self.active_terms = terms
+
+        # GPU pass: a fitted linear model per batch kind if the profile has one, else roofline.
+        self.roofline = Roofline(self.model, self.gpu, config.dtype, prof["gpu_pass"]["roofline"])
+        gpu_extra = add_linear(*(prof["terms"][t] for t in terms if term_target(t) == GPU_TARGET))
+        self._gpu_decode = self._gpu_fn(prof["gpu_pass"].get("decode"), gpu_extra)
+        self._gpu_mixed = self._gpu_fn(prof["gpu_pass"].get("mixed"), gpu_extra)
+        self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
+
+        # Launch: constant per mode; graphs only for pure decode of <= graph_max_tokens.
+        la = prof["launch"]
+        nodes = la["kernels_per_layer"] * self.model.num_layers + la["kernels_fixed"]
+        self._graph_launch_ms = la["graph_ms"] + la["graph_ms_per_node"] * nodes
+        self._eager_launch_ms = la["eager_ms"] + la["eager_ms_per_kernel"] * nodes
+        self._graph_max_tokens = int(la["graph_max_tokens"])
+
+        # CPU phases: base model + active terms targeting the phase, folded into one function.
+        self._phase_fn: dict[str, LinearFn] = {}
+        self._alloc_fn: dict[str, LinearFn] = {}
+        for phase in CPU_PHASES:
+            mine = [t for t in terms if term_target(t) == phase]
+            fn = compile_linear(
+                add_linear(prof["cpu_phases"].get(phase, {}), *(prof["terms"][t] for t in mine))
+            )
+            self._phase_fn[phase] = fn
+            allocs = [prof["alloc_terms"][t] for t in mine if t in prof["alloc_terms"]]
+            self._alloc_fn[phase] = compile_linear(
+                add_linear(prof["alloc_objects"].get(phase, {}), *allocs)
+            )
+        self._sync = compile_linear(prof["sync"])
+        self._gc_a = tuple(float(x) for x in prof["gc"]["pause_ms"])
+        self._gc_b = tuple(float(x) for x in prof["gc"]["pause_ms_per_object"])
+
+    # ---- GPU ---------------------------------------------------------------------------------
+    def gpu_pass_ms(self, shape: BatchShape) -> float:
+        if shape.num_prefill_reqs:
+            return self._gpu_mixed(shape)
+        return self._gpu_decode(shape)
+
+    def draft_gpu_ms(self, shape: BatchShape) -> float:
+        return self._draft_gpu(shape)
+
+    # ---- CPU ---------------------------------------------------------------------------------
+    def cpu_phase_ms(self, phase: str, shape: BatchShape) -> float:
+        try:
+            fn = self._phase_fn[phase]
+        except KeyError:
+            raise ValueError(f"unknown CPU phase {phase!r}, expected one of {CPU_PHASES}") from None
+        return fn(shape)
+
+    def launch_ms(self, shape: BatchShape, cuda_graphs: bool) -> float:
+        graphable = not shape.num_prefill_reqs and shape.decode_tokens <= self._graph_max_tokens
+        if cuda_graphs and graphable:
+            return self._graph_launch_ms
+        return self._eager_launch_ms
+
+    def d2h_sync_ms(self, shape: BatchShape) -> float:
+        return self._sync(shape)
+
+    # ---- GC ----------------------------------------------------------------------------------
+    def alloc_objects(self, phase: str, shape: BatchShape) -> int:
+        try:
+            fn = self._alloc_fn[phase]
+        except KeyError:
+            raise ValueError(f"unknown CPU phase {phase!r}, expected one of {CPU_PHASES}") from None
+        return round(fn(shape))
+
+    def gc_pause_ms(self, generation: int, objects_scanned: int) -> float:
+        return self._gc_a[generation] + self._gc_b[generation] * objects_scanned
+
+    # ---- construction helpers ----------------------------------------------------------------
+    def _gpu_fn(self, fit: Mapping[str, float] | None, extra: Mapping[str, float]) -> LinearFn:
+        if fit is not None:
+            return compile_linear(add_linear(fit, extra))
+        if not extra:
+            return self.roofline
+        roof, add = self.roofline, compile_linear(extra)
+        return lambda s: roof(s) + add(s)
+
+    def _ngram_gpu_model(self, params: Mapping[str, Any]) -> dict[str, float]:
+        """Linear in num_reqs: max_model_len and the number of n values are config constants."""
+        spec = self.config.spec
+        if spec.method != "ngram-gpu":
+            return {}
+        n_values = spec.max_n - spec.min_n + 1
+        mem_eff = self.profile["gpu_pass"]["roofline"]["mem_efficiency"]
+        ms_per_byte = 1e3 / (self.gpu.hbm_gb_per_s * 1e9 * mem_eff)
+        per_req_bytes = self.model.max_context * n_values * params["bytes_per_position"]
+        return {"intercept": n_values * params["ms_per_n"], "num_reqs": per_req_bytes * ms_per_byte}
+
+
+def _check_identity(prof: Mapping[str, Any], config: Config, model: str, gpu: str) -> None:
+    """A profile that names its GPU, model or dtype applies only to that one."""
+    for key, want in (
+        ("gpu", (gpu, config.gpu)),
+        ("model", (model, config.model)),
+        ("dtype", (config.dtype,)),
+    ):
+        have = prof.get(key)
+        if have is not None and have not in want:
+            raise ProfileError(
+                f"cost profile: key '{key}': profile is for {have!r} but config {key} is "
+                f"{want[-1]!r}"
+            )
+
+
+def load_cost_model(config: Config) -> CostModel:
+    """The cost model for `config`: defaults, with `config.profile` (a JSON file) on top."""
+    profile = load_profile(config.profile) if config.profile else None
+    return CostModel(config, profile)

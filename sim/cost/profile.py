@@ -1,0 +1,208 @@
+"""Cost profile files (JSON): validation, merging over the defaults, atomic save and load.
+
+A profile holds any subset of `defaults.DEFAULTS` (docs/cost-model.md describes every key). A
+bad profile gets one `ProfileError` naming the key. Merging rules: parameter tables
+(`gpu_pass.roofline`, `launch`, `ngram_gpu`, `gc`) merge key by key; a linear model (a phase,
+a term, `sync`, `gpu_pass.decode`/`mixed`) is replaced whole, since a fit's coefficients only
+make sense together.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from core.config import ConfigError
+from core.phases import CPU_PHASES
+
+from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
+from .linear import LINEAR_TERMS
+from .terms import TERM_NAMES
+
+
+class ProfileError(ConfigError):
+    """A bad cost profile: the message names the key."""
+
+
+META_STR_KEYS = ("gpu", "model", "dtype", "date", "notes")
+PARAM_TABLES = ("gpu_pass.roofline", "launch", "ngram_gpu")
+GPU_FIT_KINDS = ("decode", "mixed")
+EFFICIENCY_KEYS = ("mem_efficiency", "matmul_efficiency", "attn_efficiency")
+TOP_KEYS = (
+    "version",
+    *META_STR_KEYS,
+    "source_runs",
+    "gpu_pass",
+    "launch",
+    "cpu_phases",
+    "terms",
+    "ngram_gpu",
+    "sync",
+    "gc",
+    "alloc_objects",
+    "alloc_terms",
+)
+
+
+def _fail(where: str, key: str, why: str) -> ProfileError:
+    return ProfileError(f"cost profile{where}: key '{key}': {why}")
+
+
+def _number(where: str, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _fail(where, key, f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _table(where: str, key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(where, key, f"expected an object, got {value!r}")
+    return value
+
+
+def _known(where: str, prefix: str, table: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    for k in table:
+        if k not in allowed:
+            raise _fail(where, f"{prefix}{k}", f"unknown key, expected one of {list(allowed)}")
+
+
+def _check_linear(where: str, key: str, value: Any) -> None:
+    model = _table(where, key, value)
+    _known(where, f"{key}.", model, LINEAR_TERMS)
+    for term, coef in model.items():
+        _number(where, f"{key}.{term}", coef)
+
+
+def _check_params(where: str, key: str, value: Any) -> None:
+    """A parameter table: the keys of the default table, numbers of the same kind."""
+    table = _table(where, key, value)
+    node: Any = DEFAULTS
+    for part in key.split("."):
+        node = node[part]
+    _known(where, f"{key}.", table, tuple(node))
+    for k, v in table.items():
+        full = f"{key}.{k}"
+        x = _number(where, full, v)
+        if isinstance(node[k], int) and x != int(x):
+            raise _fail(where, full, f"expected an integer, got {v!r}")
+        if k in EFFICIENCY_KEYS and not 0 < x <= 1:
+            raise _fail(where, full, f"must be in (0, 1], got {v!r}")
+        if k == "pnorm" and x < 1:
+            raise _fail(where, full, f"must be >= 1, got {v!r}")
+        if k != "pnorm" and x < 0:
+            raise _fail(where, full, f"must be >= 0, got {v!r}")
+
+
+def _check_linear_map(where: str, key: str, value: Any, names: tuple[str, ...]) -> None:
+    table = _table(where, key, value)
+    _known(where, f"{key}.", table, names)
+    for name, model in table.items():
+        _check_linear(where, f"{key}.{name}", model)
+
+
+def _check_gc(where: str, value: Any) -> None:
+    table = _table(where, "gc", value)
+    _known(where, "gc.", table, ("pause_ms", "pause_ms_per_object"))
+    for k, v in table.items():
+        if not isinstance(v, list) or len(v) != 3:
+            raise _fail(where, f"gc.{k}", f"expected a list of 3 numbers (gen 0, 1, 2), got {v!r}")
+        for g, x in enumerate(v):
+            if _number(where, f"gc.{k}[{g}]", x) < 0:
+                raise _fail(where, f"gc.{k}[{g}]", f"must be >= 0, got {x!r}")
+
+
+def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any]:
+    """Check a (partial) profile; return it unchanged. Raises ProfileError naming the key."""
+    where = f" '{path}'" if path is not None else ""
+    prof = _table(where, "(top level)", data)
+    _known(where, "", prof, TOP_KEYS)
+    if "version" not in prof:
+        raise _fail(where, "version", f"missing (this reader knows version {PROFILE_VERSION})")
+    if prof["version"] != PROFILE_VERSION or isinstance(prof["version"], bool):
+        raise _fail(where, "version", f"expected {PROFILE_VERSION}, got {prof['version']!r}")
+    for k in META_STR_KEYS:
+        if k in prof and not isinstance(prof[k], str):
+            raise _fail(where, k, f"expected a string, got {prof[k]!r}")
+    runs = prof.get("source_runs", [])
+    if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
+        raise _fail(where, "source_runs", f"expected a list of strings, got {runs!r}")
+    if "gpu_pass" in prof:
+        gp = _table(where, "gpu_pass", prof["gpu_pass"])
+        _known(where, "gpu_pass.", gp, ("roofline", *GPU_FIT_KINDS))
+        if "roofline" in gp:
+            _check_params(where, "gpu_pass.roofline", gp["roofline"])
+        for kind in GPU_FIT_KINDS:
+            if kind in gp:
+                _check_linear(where, f"gpu_pass.{kind}", gp[kind])
+    for key in ("launch", "ngram_gpu"):
+        if key in prof:
+            _check_params(where, key, prof[key])
+    for key, names in (
+        ("cpu_phases", CPU_PHASES),
+        ("alloc_objects", CPU_PHASES),
+        ("terms", TERM_NAMES),
+        ("alloc_terms", TERM_NAMES),
+    ):
+        if key in prof:
+            _check_linear_map(where, key, prof[key], names)
+    if "sync" in prof:
+        _check_linear(where, "sync", prof["sync"])
+    if "gc" in prof:
+        _check_gc(where, prof["gc"])
+    return prof
+
+
+def merge_profile(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base` (both valid): parameter tables key by key, linear models whole."""
+    out = json.loads(json.dumps(base))  # deep copy of plain JSON data
+    for key, value in over.items():
+        if key == "gpu_pass":
+            gp = out.setdefault("gpu_pass", {})
+            for sub, v in value.items():
+                gp[sub] = {**gp.get(sub, {}), **v} if sub == "roofline" else dict(v)
+        elif key in ("launch", "ngram_gpu", "gc"):
+            out[key] = {**out.get(key, {}), **value}
+        elif key in ("cpu_phases", "alloc_objects", "terms", "alloc_terms"):
+            out[key] = {**out.get(key, {}), **{n: dict(m) for n, m in value.items()}}
+        else:
+            out[key] = json.loads(json.dumps(value))
+    return out
+
+
+def resolve_profile(over: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The defaults with a validated (partial) profile on top."""
+    return merge_profile(default_profile(), over or {})
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """Read and validate a profile file (possibly partial; not merged with the defaults)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ProfileError(f"config key 'profile': file '{p}' does not exist")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileError(f"cost profile '{p}': not valid JSON: {e}") from None
+    return validate_profile(data, p)
+
+
+def save_profile(path: str | Path, profile: Mapping[str, Any]) -> Path:
+    """Validate and write a profile atomically (temp file in the same folder, then rename)."""
+    validate_profile(dict(profile), path)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(profile, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p

@@ -1,0 +1,53 @@
+"""Seed and speculative-decoding cost terms: which apply under a config, and where they land.
+
+A term is named `<target>.<what>`: target is a CPU phase (`core.phases.CPU_PHASES`) or `gpu`
+(added to every GPU pass). Each term is a linear model in the profile's `terms` section (and,
+for allocations, `alloc_terms`); `active_terms(config)` picks the ones the config's switches
+select, so one profile serves both sides of every what-if.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from core.config import Config
+from core.phases import CPU_PHASES
+
+GPU_TARGET = "gpu"
+
+
+def optimistic_active(c: Config) -> bool:
+    """Seed 5 runs only with drafts and async scheduling (with 1 batch in flight there is no
+    next step to prepare optimistically)."""
+    return c.spec.enabled and c.optimistic_spec_decode and c.batches_in_flight > 1
+
+
+# name -> when it applies. Before/after pairs of one switch are listed together.
+TERM_CONDITIONS: dict[str, Callable[[Config], bool]] = {
+    "sample.forward_placeholder_scan": lambda c: not c.reverse_placeholder_scan,  # seed 3
+    "sample.reverse_placeholder_scan": lambda c: c.reverse_placeholder_scan,
+    "sample.accept_count_cat": lambda c: c.spec.enabled and not c.accepted_count_by_sum,  # 2
+    "sample.accept_count_sum": lambda c: c.spec.enabled and c.accepted_count_by_sum,
+    "draft.backup_tokens_list": lambda c: c.spec.enabled and not c.preallocated_backup_tokens,
+    "draft.backup_tokens_prealloc": lambda c: c.spec.enabled and c.preallocated_backup_tokens,
+    "draft.ngram_cpu": lambda c: c.spec.method == "ngram-cpu",  # seed 4
+    "draft.ngram_gpu_launch": lambda c: c.spec.method == "ngram-gpu",
+    "prepare_inputs.optimistic_fix": optimistic_active,  # seed 5
+    "gpu.rejection_sample": lambda c: c.spec.enabled,
+    "gpu.accept_count_cat": lambda c: c.spec.enabled and not c.accepted_count_by_sum,
+    "gpu.accept_count_sum": lambda c: c.spec.enabled and c.accepted_count_by_sum,
+    "gpu.optimistic_fix": optimistic_active,
+}
+TERM_NAMES: tuple[str, ...] = tuple(TERM_CONDITIONS)
+
+for _name in TERM_NAMES:  # invariant: every term targets a CPU phase or the GPU
+    assert _name.split(".")[0] in (*CPU_PHASES, GPU_TARGET), _name
+
+
+def term_target(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def active_terms(config: Config) -> tuple[str, ...]:
+    """Names of the terms that apply under `config`, in table order."""
+    return tuple(n for n in TERM_NAMES if TERM_CONDITIONS[n](config))
