@@ -1,0 +1,237 @@
+"""Write a run folder atomically (Contract 3) and read one back.
+
+`write_run` builds every file into a temp folder next to the target, then renames it into
+place; a previous run folder at the target is replaced (moved aside, then deleted), anything
+else there is refused. An exception at any point removes the temp folder: the target is left
+as it was, never half-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from core.runfmt.bubbles import account_bubbles
+from core.runfmt.records import RunRecorder
+from core.runfmt.summary import FORMAT, FORMAT_VERSION, REQUIRED_KEYS, build_summary
+from core.runfmt.tables import (
+    GC_COLUMNS,
+    REQUEST_COLUMNS,
+    STEP_COLUMNS,
+    gc_table,
+    requests_table,
+    steps_table,
+)
+from core.runfmt.timeline import DEFAULT_MAX_STEPS, build_timeline
+
+SUMMARY, REQUESTS, STEPS, GC_PAUSES, TIMELINE = (
+    "summary.json",
+    "requests.parquet",
+    "steps.parquet",
+    "gc.parquet",
+    "timeline.json",
+)
+RUN_FILES: tuple[str, ...] = (SUMMARY, REQUESTS, STEPS, GC_PAUSES, TIMELINE)
+
+
+class RunFormatError(ValueError):
+    """A folder that is not a (readable) run, or bad arguments to write_run."""
+
+
+def trace_info(path: str | Path) -> dict[str, Any]:
+    """{path, sha256, rows} of a trace parquet file, for summary.json's `trace`."""
+    p = Path(path)
+    digest = hashlib.sha256()
+    with p.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {
+        "path": str(p),
+        "sha256": digest.hexdigest(),
+        "rows": pq.ParquetFile(p).metadata.num_rows,
+    }
+
+
+def _check_source(source: dict[str, Any]) -> None:
+    kind = source.get("kind")
+    if kind not in ("sim", "replay"):
+        raise RunFormatError(f"source: 'kind' must be 'sim' or 'replay', got {kind!r}")
+    if kind == "replay" and not source.get("gpu"):
+        raise RunFormatError("source: a replay run must name its 'gpu'")
+
+
+def _check_trace(trace: dict[str, Any]) -> None:
+    missing = [k for k in ("path", "sha256", "rows") if k not in trace]
+    if missing:
+        raise RunFormatError(f"trace: missing key(s) {missing} (use runfmt.trace_info(path))")
+
+
+def _jsonable(x: Any) -> Any:
+    """NaN/inf -> None, numpy scalars -> Python: summary.json stays strict JSON."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_run(
+    out_dir: str | Path,
+    rec: RunRecorder,
+    *,
+    config: Any,
+    trace: dict[str, Any],
+    source: dict[str, Any],
+    complete: bool = True,
+    extra: dict[str, Any] | None = None,
+    timeline_max_steps: int = DEFAULT_MAX_STEPS,
+) -> dict[str, Any]:
+    """Write the run folder `out_dir`; returns the summary. `config` is a core.config.Config
+    or its dict; `trace` is {path, sha256, rows}; `source` {"kind": "sim"} or
+    {"kind": "replay", "gpu": name, ...}; `extra` keys are added to summary.json."""
+    out = Path(out_dir)
+    _check_source(source)
+    _check_trace(trace)
+    _check_target(out)
+    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    frozen = rec.freeze()
+    bub = account_bubbles(frozen)
+    timeline = build_timeline(frozen, bub, source["kind"], timeline_max_steps)
+    summary = build_summary(
+        frozen,
+        bub,
+        config=cfg,
+        trace=trace,
+        source=source,
+        complete=complete,
+        timeline=timeline["otherData"],
+        extra=extra,
+    )
+    summary = _jsonable(summary)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        pq.write_table(requests_table(frozen), tmp / REQUESTS)
+        pq.write_table(steps_table(frozen, bub), tmp / STEPS)
+        pq.write_table(gc_table(frozen), tmp / GC_PAUSES)
+        with (tmp / TIMELINE).open("w") as f:
+            json.dump(timeline, f, separators=(",", ":"), allow_nan=False)
+        with (tmp / SUMMARY).open("w") as f:
+            json.dump(summary, f, indent=2, allow_nan=False)
+            f.write("\n")
+        _swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return summary
+
+
+def _is_run_dir(p: Path) -> bool:
+    try:
+        summary = json.loads((p / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("format") == FORMAT
+
+
+def _check_target(out: Path) -> None:
+    if out.is_dir() and any(out.iterdir()) and not _is_run_dir(out):
+        raise RunFormatError(f"'{out}' exists and is not a run folder; not replacing it")
+    if out.exists() and not out.is_dir():
+        raise RunFormatError(f"'{out}' exists and is not a folder")
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Rename tmp to out; a previous out is moved aside first and deleted after."""
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.rename(out, old / "run")
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old / "run", out)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(old)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run folder read back: summary.json as a dict and the parquet files as pyarrow tables."""
+
+    path: Path
+    summary: dict[str, Any]
+    requests: pa.Table
+    steps: pa.Table
+    gc: pa.Table
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.summary.get("complete"))
+
+    def arrays(self, table: str) -> dict[str, np.ndarray]:
+        """Columns of `requests`, `steps` or `gc` as numpy arrays (strings as object arrays)."""
+        t: pa.Table = getattr(self, table)
+        return {name: t.column(name).to_numpy() for name in t.column_names}
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a run folder; RunFormatError with one clear line if it is not a valid run."""
+    p = Path(path)
+    if not p.is_dir():
+        raise RunFormatError(f"'{p}' is not a run folder: no such directory")
+    try:
+        summary = json.loads((p / SUMMARY).read_text())
+    except FileNotFoundError:
+        raise RunFormatError(f"'{p}' is not a run folder: no {SUMMARY}") from None
+    except ValueError as e:
+        raise RunFormatError(f"'{p}/{SUMMARY}' is not valid JSON: {e}") from None
+    if not isinstance(summary, dict) or summary.get("format") != FORMAT:
+        raise RunFormatError(f"'{p}/{SUMMARY}' is not a run summary (no format={FORMAT!r})")
+    if summary.get("format_version") != FORMAT_VERSION:
+        raise RunFormatError(
+            f"'{p}': run format version {summary.get('format_version')!r}, "
+            f"this code reads {FORMAT_VERSION}"
+        )
+    missing = [k for k in REQUIRED_KEYS if k not in summary]
+    if missing:
+        raise RunFormatError(f"'{p}/{SUMMARY}': missing key(s) {missing}")
+    return Run(
+        path=p,
+        summary=summary,
+        requests=_read_table(p / REQUESTS, REQUEST_COLUMNS),
+        steps=_read_table(p / STEPS, STEP_COLUMNS),
+        gc=_read_table(p / GC_PAUSES, GC_COLUMNS),
+    )
+
+
+def _read_table(path: Path, columns: tuple[str, ...]) -> pa.Table:
+    if not path.is_file():
+        raise RunFormatError(f"'{path.parent}' is not a complete run folder: no {path.name}")
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as e:
+        raise RunFormatError(f"'{path}' is not readable parquet: {e}") from None
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise RunFormatError(f"'{path}': missing column(s) {missing}")
+    return table

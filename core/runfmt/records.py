@@ -1,0 +1,276 @@
+"""`RunRecorder`: what the step loop (sim or replay) records, cheaply, while it runs.
+
+Per-call cost is a few array stores (`array.array` columns, 8 bytes a value, no Python float
+objects kept), so a simulator can record millions of steps. Columns indexed by step are
+pre-extended in chunks with NaN (times) or 0 (counts); append-only lists (sync waits, GC
+pauses, inter-token gaps) grow by append. `freeze()` validates everything at once, vectorized,
+and returns a `Recording` of numpy arrays.
+
+Times are seconds on one clock whose 0 is the trace start. Invariants the caller keeps:
+- one CPU thread: a CPU phase is recorded at most once per step (a second time raises);
+- one GPU stream: each step has at most one GPU interval, and GPU intervals never overlap;
+- a request's token emissions are recorded in time order (`tokens`).
+
+Inter-token latency (ITL) is per token: an emission of n tokens (speculative decoding) after a
+gap g since the request's previous emission counts n tokens of g / n each, and the extra tokens
+of a request's first emission count as gaps of 0. So a request's ITLs sum to
+last_token_s - first_token_s over output_tokens - 1 tokens, and their mean is its TPOT.
+The first `itl_exact_limit` emissions are kept exactly (8 + 8 bytes each); past that they are
+folded into a `LogHistogram` (relative error 0.1 %), deterministically.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Hashable
+from operator import attrgetter
+
+import numpy as np
+
+from core.phases import ALL_CPU_ACTIVITIES, CPU_PHASES, SYNC
+from core.runfmt.recording import Recording, validate
+from core.runfmt.sketch import LogHistogram
+from core.runfmt.stats import QUANTILES, weighted_quantiles
+from core.shape import SHAPE_FIELDS, BatchShape
+
+_NAN = math.nan
+_shape_values = attrgetter(*SHAPE_FIELDS)
+# GC `phase` codes: index into this tuple ("" = not known)
+GC_PHASE_NAMES: tuple[str, ...] = ("", *ALL_CPU_ACTIVITIES)
+_GC_PHASE_CODE = {name: i for i, name in enumerate(GC_PHASE_NAMES)}
+
+
+class RunRecorder:
+    def __init__(self, itl_exact_limit: int = 1 << 20, chunk_steps: int = 1 << 16) -> None:
+        self.num_steps = 0
+        self._cap = 0
+        self._chunk = chunk_steps
+        self._shape_buf: list[BatchShape] = []
+        self._shape_chunks: list[np.ndarray] = []
+        self._phase: dict[str, tuple[array[float], array[float]]] = {
+            p: (array("d"), array("d")) for p in CPU_PHASES
+        }
+        self._gpu_start: array[float] = array("d")
+        self._gpu_end: array[float] = array("d")
+        self._accepted: array[int] = array("q")
+        self._sync_start: array[float] = array("d")
+        self._sync_end: array[float] = array("d")
+        self._sync_step: array[int] = array("q")
+        self._gc_start: array[float] = array("d")
+        self._gc_dur: array[float] = array("d")
+        self._gc_gen: array[int] = array("q")
+        self._gc_phase: array[int] = array("q")
+        self._gc_step: array[int] = array("q")
+        self._req_ids: list[Hashable] = []
+        self._arrival: array[float] = array("d")
+        self._first: array[float] = array("d")
+        self._last: array[float] = array("d")
+        self._finish: array[float] = array("d")
+        self._out: array[int] = array("q")
+        self._preempt: array[int] = array("q")
+        self._req_acc: array[int] = array("q")
+        self._itl_v: array[float] = array("d")
+        self._itl_w: array[int] = array("q")
+        self._itl_limit = itl_exact_limit
+        self._itl_hist: LogHistogram | None = None
+
+    # ---- steps ----------------------------------------------------------------------------
+    def add_step(self, shape: BatchShape) -> int:
+        """Start recording a step with this batch composition; returns its index (0, 1, ...)."""
+        i = self.num_steps
+        if i == self._cap:
+            self._grow()
+        self._shape_buf.append(shape)
+        if len(self._shape_buf) == self._chunk:
+            self._flush_shapes()
+        self.num_steps = i + 1
+        return i
+
+    def phase(self, step: int, name: str, start_s: float, end_s: float) -> None:
+        """A CPU phase (core.phases.CPU_PHASES, or `sync`) of `step` ran over [start_s, end_s]."""
+        try:
+            starts, ends = self._phase[name]
+        except KeyError:
+            if name == SYNC:
+                return self.sync(step, start_s, end_s)
+            raise ValueError(f"unknown CPU phase {name!r}; expected one of {CPU_PHASES}") from None
+        if not 0 <= step < self.num_steps:
+            raise IndexError(f"phase {name!r}: step {step} was not added")
+        if starts[step] == starts[step]:  # not NaN: already set
+            raise ValueError(f"phase {name!r} recorded twice in step {step}")
+        starts[step] = start_s
+        ends[step] = end_s
+
+    def gpu(self, step: int, start_s: float, end_s: float) -> None:
+        """The GPU work of `step` (forward, sampling, GPU drafting) ran over [start_s, end_s]."""
+        if not 0 <= step < self.num_steps:
+            raise IndexError(f"gpu: step {step} was not added")
+        if self._gpu_start[step] == self._gpu_start[step]:
+            raise ValueError(f"gpu interval recorded twice in step {step}")
+        self._gpu_start[step] = start_s
+        self._gpu_end[step] = end_s
+
+    def sync(self, step: int, start_s: float, end_s: float) -> None:
+        """The CPU thread blocked on the GPU over [start_s, end_s] (any number per step)."""
+        if not 0 <= step < self.num_steps:
+            raise IndexError(f"sync: step {step} was not added")
+        self._sync_start.append(start_s)
+        self._sync_end.append(end_s)
+        self._sync_step.append(step)
+
+    def accepted(self, step: int, num_tokens: int) -> None:
+        """Add draft tokens accepted in `step` (may be called when its results arrive)."""
+        if not 0 <= step < self.num_steps:
+            raise IndexError(f"accepted: step {step} was not added")
+        self._accepted[step] += num_tokens
+
+    def gc_pause(
+        self,
+        start_s: float,
+        duration_s: float,
+        generation: int,
+        phase: str = "",
+        step: int | None = None,
+    ) -> None:
+        """A collector pause; `phase` is the activity it interrupted, `step` defaults to the
+        latest added step (-1 before any)."""
+        try:
+            code = _GC_PHASE_CODE[phase]
+        except KeyError:
+            raise ValueError(
+                f"gc_pause: unknown phase {phase!r}; expected one of {GC_PHASE_NAMES}"
+            ) from None
+        self._gc_start.append(start_s)
+        self._gc_dur.append(duration_s)
+        self._gc_gen.append(generation)
+        self._gc_phase.append(code)
+        self._gc_step.append(self.num_steps - 1 if step is None else step)
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, request_id: Hashable, arrival_s: float) -> int:
+        """A request arrived; returns its dense row (0, 1, ...) for the calls below. Adding
+        requests in trace order makes the row the trace row (`core.request.Request.index`)."""
+        self._req_ids.append(request_id)
+        self._arrival.append(arrival_s)
+        self._first.append(_NAN)
+        self._last.append(_NAN)
+        self._finish.append(_NAN)
+        self._out.append(0)
+        self._preempt.append(0)
+        self._req_acc.append(0)
+        return len(self._req_ids) - 1
+
+    def tokens(self, req: int, t_s: float, n: int = 1, accepted_draft: int = 0) -> None:
+        """Request row `req` emitted `n` tokens at `t_s`, `accepted_draft` of them drafts."""
+        if n < 1:
+            raise ValueError(f"tokens: request row {req}: n must be >= 1, got {n}")
+        count = self._out[req]
+        if count:
+            gap_s = t_s - self._last[req]
+            if gap_s < 0:
+                raise ValueError(f"tokens: request row {req}: emission at {t_s} before the last")
+            self._itl_v.append(gap_s / n)
+            self._itl_w.append(n)
+        else:
+            self._first[req] = t_s
+            if n > 1:
+                self._itl_v.append(0.0)
+                self._itl_w.append(n - 1)
+        self._last[req] = t_s
+        self._out[req] = count + n
+        if accepted_draft:
+            self._req_acc[req] += accepted_draft
+        if len(self._itl_v) >= self._itl_limit:
+            self._fold_itl()
+
+    def preempt(self, req: int) -> None:
+        self._preempt[req] += 1
+
+    def finish(self, req: int, t_s: float) -> None:
+        if self._finish[req] == self._finish[req]:
+            raise ValueError(f"finish: request row {req} finished twice")
+        self._finish[req] = t_s
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._req_ids)
+
+    # ---- freezing -------------------------------------------------------------------------
+    def freeze(self) -> Recording:
+        """Numpy arrays of everything recorded, validated (one clear error on bad data)."""
+        n = self.num_steps
+        self._flush_shapes()
+        shape = (
+            np.concatenate(self._shape_chunks)
+            if self._shape_chunks
+            else np.zeros((0, len(SHAPE_FIELDS)), np.int64)
+        )
+        rec = Recording(
+            shape=shape,
+            phase_start=_stack([self._phase[p][0] for p in CPU_PHASES], n),
+            phase_end=_stack([self._phase[p][1] for p in CPU_PHASES], n),
+            gpu_start=np.array(self._gpu_start, np.float64)[:n],
+            gpu_end=np.array(self._gpu_end, np.float64)[:n],
+            accepted=np.array(self._accepted, np.int64)[:n],
+            sync_start=np.array(self._sync_start, np.float64),
+            sync_end=np.array(self._sync_end, np.float64),
+            sync_step=np.array(self._sync_step, np.int64),
+            gc_start=np.array(self._gc_start, np.float64),
+            gc_dur=np.array(self._gc_dur, np.float64),
+            gc_gen=np.array(self._gc_gen, np.int64),
+            gc_phase=np.array(GC_PHASE_NAMES, dtype=object)[np.array(self._gc_phase, np.int64)],
+            gc_step=np.array(self._gc_step, np.int64),
+            request_id=list(self._req_ids),
+            arrival=np.array(self._arrival, np.float64),
+            first_token=np.array(self._first, np.float64),
+            last_token=np.array(self._last, np.float64),
+            finish=np.array(self._finish, np.float64),
+            output_tokens=np.array(self._out, np.int64),
+            preemptions=np.array(self._preempt, np.int64),
+            req_accepted=np.array(self._req_acc, np.int64),
+            itl_quantiles=self._itl_quantiles(),
+            itl_exact=self._itl_hist is None,
+        )
+        validate(rec)
+        return rec
+
+    def _itl_quantiles(self) -> dict[str, float | None]:
+        qs = list(QUANTILES.values())
+        if self._itl_hist is None:
+            vals = np.array(self._itl_v, np.float64)
+            x = weighted_quantiles(vals, np.array(self._itl_w, np.int64), qs)
+        else:
+            self._fold_itl()
+            x = self._itl_hist.quantiles(qs)
+        return {k: (None if math.isnan(v) else float(v)) for k, v in zip(QUANTILES, x)}
+
+    def _fold_itl(self) -> None:
+        if self._itl_hist is None:
+            self._itl_hist = LogHistogram()
+        self._itl_hist.add(np.array(self._itl_v, np.float64), np.array(self._itl_w, np.int64))
+        del self._itl_v[:]
+        del self._itl_w[:]
+
+    def _flush_shapes(self) -> None:
+        if self._shape_buf:
+            rows = np.array(list(map(_shape_values, self._shape_buf)), dtype=np.int64)
+            self._shape_chunks.append(rows.reshape(len(self._shape_buf), len(SHAPE_FIELDS)))
+            self._shape_buf = []
+
+    def _grow(self) -> None:
+        more = max(self._chunk, self._cap)
+        nans = array("d", [_NAN]) * more
+        for starts, ends in self._phase.values():
+            starts.extend(nans)
+            ends.extend(nans)
+        self._gpu_start.extend(nans)
+        self._gpu_end.extend(nans)
+        self._accepted.extend(array("q", [0]) * more)
+        self._cap += more
+
+
+def _stack(cols: list[array[float]], n: int) -> np.ndarray:
+    if not cols:
+        return np.zeros((n, 0))
+    return np.stack([np.array(c, np.float64)[:n] for c in cols], axis=1)
