@@ -193,7 +193,7 @@ def load_profile(path: str | Path) -> dict[str, Any]:
 
 def save_profile(path: str | Path, profile: Mapping[str, Any]) -> Path:
     """Validate and write a profile atomically (temp file in the same folder, then rename)."""
-    validate_profile(dict(profile), path)
+    validate_profile(profile, path)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
