@@ -29,7 +29,7 @@ from core.phases import CPU_PHASES
 from core.shape import BatchShape
 
 from .linear import LinearFn, add_linear, compile_linear
-from .profile import ProfileError, load_profile, resolve_profile
+from .profile import ProfileError, load_profile, resolve_profile, validate_profile
 from .roofline import Roofline
 from .terms import GPU_TARGET, active_terms, term_target
 
@@ -40,8 +40,11 @@ class CostModel:
         self.config = config
         self.model = with_context(get_model(config.model), config.max_model_len)
         self.gpu = get_gpu(config.gpu)
+        where = config.profile or None
+        if profile is not None:
+            validate_profile(profile, where)
         self.profile = resolve_profile(profile)  # effective parameters, for run outputs
-        _check_identity(self.profile, config, self.model.name, self.gpu.name)
+        _check_identity(self.profile, config, self.model.name, self.gpu.name, where)
         prof = self.profile
         terms = active_terms(config)
         self.active_terms = terms
@@ -135,7 +138,9 @@ class CostModel:
         return {"intercept": n_values * params["ms_per_n"], "num_reqs": per_req_bytes * ms_per_byte}
 
 
-def _check_identity(prof: Mapping[str, Any], config: Config, model: str, gpu: str) -> None:
+def _check_identity(
+    prof: Mapping[str, Any], config: Config, model: str, gpu: str, where: str | None
+) -> None:
     """A profile that names its GPU, model or dtype applies only to that one."""
     for key, want in (
         ("gpu", (gpu, config.gpu)),
@@ -144,9 +149,10 @@ def _check_identity(prof: Mapping[str, Any], config: Config, model: str, gpu: st
     ):
         have = prof.get(key)
         if have is not None and have not in want:
+            name = f" '{where}'" if where else ""
             raise ProfileError(
-                f"cost profile: key '{key}': profile is for {have!r} but config {key} is "
-                f"{want[-1]!r}"
+                f"cost profile{name}: key '{key}': the profile is for {have!r}, "
+                f"the config's {key} is {want[-1]!r}"
             )
 
 
