@@ -1,0 +1,211 @@
+"""Llama-family decoder over a flat token batch and a paged KV cache.
+
+forward(input_ids[T], positions[T], attn, kv_cache) -> final-normed hidden [T, hidden];
+compute_logits(hidden[n]) -> float32 [n, vocab]. All sequences of a step are concatenated with
+no padding (see engine.attention for the batch layout). Weights: `init_random(seed)` or
+`engine.loader.load_checkpoint`. The forward reads no tensor values on the host, so with the
+"triton" backend it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.models import ModelSpec
+from engine.attention import AttentionMetadata, PagedAttention
+
+INIT_STD = 0.02
+
+
+def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """float64 [head_dim // 2] inverse frequencies, with Llama-3 scaling when factor > 0."""
+    dim = spec.head_dim
+    inv_freq = 1.0 / spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    factor = spec.rope_scaling_factor
+    if factor <= 0:
+        return inv_freq
+    low, high = spec.rope_low_freq_factor, spec.rope_high_freq_factor
+    old_len = spec.rope_original_max_context
+    wavelen = 2 * math.pi / inv_freq
+    # long wavelengths (low frequency) are divided by factor, short kept, the middle blended
+    smooth = ((old_len / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    medium = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+    return torch.where(medium, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Precomputed float32 cos/sin [max_positions, head_dim // 2]; rotate-half (HF Llama) form."""
+
+    def __init__(self, spec: ModelSpec, max_positions: int, device: torch.device):
+        super().__init__()
+        inv_freq = rope_inv_freq(spec).to(device)
+        angles = torch.arange(max_positions, dtype=torch.float64, device=device)[:, None]
+        angles = angles * inv_freq[None, :]
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated in fp32; cos/sin [T, 1, D // 2]."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.eps = eps
+        self.weight = _param((size,), dtype, device)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); the residual stream stays in the model dtype."""
+        if residual is not None:
+            x = x + residual
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight, x
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, attention: PagedAttention, dtype, device):
+        super().__init__()
+        self.spec = spec
+        self.attention = attention
+        self.scale = spec.head_dim**-0.5
+        self.qkv_proj = _param((spec.q_size + 2 * spec.kv_size, spec.hidden_size), dtype, device)
+        self.o_proj = _param((spec.hidden_size, spec.q_size), dtype, device)
+
+    def forward(self, x, cos, sin, attn: AttentionMetadata, kv_cache: torch.Tensor):
+        s = self.spec
+        qkv = F.linear(x, self.qkv_proj)
+        q, k, v = qkv.split([s.q_size, s.kv_size, s.kv_size], dim=-1)
+        q = apply_rope(q.view(-1, s.num_heads, s.head_dim), cos, sin)
+        k = apply_rope(k.view(-1, s.num_kv_heads, s.head_dim), cos, sin)
+        v = v.view(-1, s.num_kv_heads, s.head_dim)
+        o = self.attention(q, k, v, kv_cache, attn, self.scale)
+        return F.linear(o.view(-1, s.q_size), self.o_proj)
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, dtype, device):
+        super().__init__()
+        self.gate_up_proj = _param((2 * spec.intermediate_size, spec.hidden_size), dtype, device)
+        self.down_proj = _param((spec.hidden_size, spec.intermediate_size), dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, attention: PagedAttention, dtype, device):
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        self.self_attn = Attention(spec, attention, dtype, device)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        self.mlp = MLP(spec, dtype, device)
+
+    def forward(self, x, residual, cos, sin, attn, kv_cache):
+        x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, cos, sin, attn, kv_cache)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    """Parameters are allocated uninitialised on `device`; call `init_random` or load weights.
+
+    Parameter names follow HF minus the "model." prefix, with q/k/v fused into
+    `self_attn.qkv_proj` ([q; k; v] rows) and gate/up into `mlp.gate_up_proj` ([gate; up])."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cuda",
+        attn_backend: str | None = None,
+        max_positions: int | None = None,
+    ):
+        super().__init__()
+        device = torch.device(device)
+        self.spec, self.dtype, self.device = spec, dtype, device
+        self.attention = PagedAttention(attn_backend, device)
+        self.embed_tokens = _param((spec.vocab_size, spec.hidden_size), dtype, device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, self.attention, dtype, device) for _ in range(spec.num_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        if spec.tie_word_embeddings:
+            self.lm_head = self.embed_tokens
+        else:
+            self.lm_head = _param((spec.vocab_size, spec.hidden_size), dtype, device)
+        self.rotary = RotaryEmbedding(spec, max_positions or spec.max_context, device)
+
+    @property
+    def attn_backend(self) -> str:
+        return self.attention.backend
+
+    @torch.no_grad()
+    def init_random(self, seed: int) -> LlamaModel:
+        """Seeded weights generated on the device: N(0, 0.02), output projections scaled by
+        1/sqrt(2 * num_layers) so the residual stream stays O(1) over many layers; norms = 1."""
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+        out_std = INIT_STD / math.sqrt(2 * self.spec.num_layers)
+        for name, p in self.named_parameters():  # registration order: deterministic
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                std = out_std if name.endswith(("o_proj", "down_proj")) else INIT_STD
+                p.normal_(0.0, std, generator=gen)
+        return self
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # int [T]
+        positions: torch.Tensor,  # int [T]
+        attn: AttentionMetadata,
+        kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, Hkv, D]
+    ) -> torch.Tensor:
+        x = F.embedding(input_ids, self.embed_tokens)
+        cos, sin = self.rotary(positions)
+        residual = None
+        for i, layer in enumerate(self.layers):
+            x, residual = layer(x, residual, cos, sin, attn, kv_cache[i])
+        return self.norm(x, residual)[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden] (already final-normed by forward) -> float32 logits [n, vocab]."""
+        return F.linear(hidden, self.lm_head).float()
+
+
+def kv_cache_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * spec.num_layers * block_size * spec.kv_size * elem
+
+
+def allocate_kv_cache(
+    spec: ModelSpec,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], zero-filled."""
+    shape = (spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+    return torch.zeros(shape, dtype=dtype, device=device)

@@ -1,0 +1,276 @@
+"""Paged attention and KV-cache write: Triton kernels and the torch backend vs a float64 loop.
+
+Triton kernels run on CPU only under TRITON_INTERPRET=1, which must be set before the kernels are
+decorated; so `test_triton_kernels_under_interpreter` reruns this file's `test_interp_*` tests in
+a subprocess with it set (they skip in the parent). GPU tests (bf16) skip without CUDA.
+Errors are relative: ||out - ref|| / ||ref||; outputs are NaN-poisoned before each run, and so
+are all cache slots no sequence owns.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.attention import AttentionMetadata, paged_attention_torch, write_kv_cache_torch
+
+ROOT = Path(__file__).resolve().parents[1]
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_CUDA = torch.cuda.is_available() and not INTERPRET
+interp_only = pytest.mark.skipif(not INTERPRET, reason="runs in the TRITON_INTERPRET subprocess")
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+
+# (query_len, prior context) per sequence: prefill chunk with context, decode, k+1 verification,
+# fresh prefill, first-token decode, long decode.
+MIXED = [(7, 9), (1, 20), (4, 13), (12, 0), (1, 0), (1, 37)]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def make_batch(
+    shapes: list[tuple[int, int]],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    seed: int = 0,
+    spare_blocks: int = 3,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """q, K cache, V cache (all owned slots filled, the rest NaN) and metadata; block ids are a
+    shuffled permutation and unused block-table entries point far out of range."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [q + c for q, c in shapes]
+    need = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(need) + spare_blocks
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, at = [], 0
+    for n in need:
+        tables.append(perm[at : at + n])
+        at += n
+    width = max(need) + 1
+    tables = [t + [num_blocks + 10_000] * (width - len(t)) for t in tables]
+    attn = AttentionMetadata.from_lists(
+        [q for q, _ in shapes], seq_lens, tables, block_size, device=device
+    )
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    v_cache = torch.full(cache_shape, float("nan"), dtype=dtype)
+    owned = [t[p // block_size] * block_size + p % block_size
+             for t, s_len in zip(tables, seq_lens) for p in range(s_len)]  # fmt: skip
+    for cache in (k_cache, v_cache):
+        values = torch.randn(len(owned), num_kv_heads, head_dim, generator=gen)
+        cache.view(-1, num_kv_heads, head_dim)[owned] = values.to(dtype)
+    num_tokens = sum(q for q, _ in shapes)
+    q = torch.randn(num_tokens, num_q_heads, head_dim, generator=gen).to(dtype)
+    return q.to(device), k_cache.to(device), v_cache.to(device), attn
+
+
+def reference_attention(q, k_cache, v_cache, attn: AttentionMetadata, scale: float):
+    """float64, one sequence and one query token at a time."""
+    q, k_cache, v_cache = q.double().cpu(), k_cache.double().cpu(), v_cache.double().cpu()
+    starts = attn.query_start_loc.tolist()
+    seq_lens = attn.seq_lens.tolist()
+    tables = attn.block_tables.tolist()
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = q.shape[1] // num_kv_heads
+    out = torch.zeros_like(q)
+    for b, s_len in enumerate(seq_lens):
+        keys = [tables[b][p // block_size] * block_size + p % block_size for p in range(s_len)]
+        k = k_cache.reshape(-1, num_kv_heads, q.shape[2])[keys]  # [S, Hkv, D]
+        v = v_cache.reshape(-1, num_kv_heads, q.shape[2])[keys]
+        q_len = starts[b + 1] - starts[b]
+        for i in range(q_len):
+            t, pos = starts[b] + i, s_len - q_len + i
+            for h in range(q.shape[1]):
+                kv = h // group
+                w = torch.softmax(k[: pos + 1, kv] @ q[t, h] * scale, dim=0)
+                out[t, h] = w @ v[: pos + 1, kv]
+    return out
+
+
+TORCH_CASES = [  # (Hq, Hkv, D, block_size)
+    (4, 2, 16, 4),
+    (4, 4, 16, 16),
+    (6, 2, 24, 8),  # group 3, head_dim not a power of two
+    (8, 1, 32, 1),
+]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("hq,hkv,d,bs", TORCH_CASES)
+def test_torch_backend_matches_float64(hq, hkv, d, bs, dtype, tol):
+    q, kc, vc, attn = make_batch(MIXED, hq, hkv, d, bs, dtype, seed=hq * 7 + d + bs)
+    ref = reference_attention(q, kc, vc, attn, d**-0.5)
+    out = torch.full_like(q, float("nan"))
+    paged_attention_torch(q, kc, vc, attn, d**-0.5, out=out, max_chunk_elems=2048)
+    assert rel_err(out, ref) < tol
+
+
+def test_torch_backend_padding_tokens_and_bucketed_max_seq_len():
+    q, kc, vc, attn = make_batch([(3, 5), (1, 8)], 4, 2, 16, 4, torch.float32)
+    attn.max_seq_len += 9  # a bucket bound larger than every sequence
+    ref = reference_attention(q, kc, vc, attn, 0.25)
+    padded = torch.cat([q, torch.randn(2, 4, 16)])  # two graph-padding tokens
+    out = paged_attention_torch(padded, kc, vc, attn, 0.25)
+    assert rel_err(out[:4], ref) < 1e-5
+    assert torch.equal(out[4:], torch.zeros(2, 4, 16))
+
+
+def _check_kv_write(write, device: str, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    num_tokens, hkv, d, bs, nb = 9, 2, 16, 4, 6
+    qkv = torch.randn(num_tokens, (4 + 2 * hkv) * d, generator=gen).to(dtype).to(device)
+    k = qkv[:, 4 * d : (4 + hkv) * d].view(num_tokens, hkv, d)  # strided, like the model's
+    v = qkv[:, (4 + hkv) * d :].view(num_tokens, hkv, d)
+    slots = torch.randperm(nb * bs, generator=gen)[:num_tokens]
+    slots[[2, 5]] = -1
+    k_cache = torch.full((nb, bs, hkv, d), float("nan"), dtype=dtype, device=device)
+    v_cache = k_cache.clone()
+    write(k, v, k_cache, v_cache, slots.to(device))
+    k_flat, v_flat = k_cache.view(-1, hkv, d).cpu(), v_cache.view(-1, hkv, d).cpu()
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            assert torch.equal(k_flat[s], k[t].cpu()) and torch.equal(v_flat[s], v[t].cpu())
+    untouched = torch.ones(nb * bs, dtype=torch.bool)
+    untouched[slots[slots >= 0]] = False
+    assert k_flat[untouched].isnan().all() and v_flat[untouched].isnan().all()
+
+
+def test_torch_kv_write():
+    _check_kv_write(write_kv_cache_torch, "cpu", torch.float32)
+
+
+# ---- Triton under the interpreter (subprocess) ------------------------------------------------
+
+
+@pytest.mark.skipif(INTERPRET, reason="this is the interpreter run")
+def test_triton_kernels_under_interpreter():
+    pytest.importorskip("triton")
+    path = os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{path}"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
+    cmd += ["-k", "test_interp_"]
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout, run.stdout[-3000:]
+
+
+@interp_only
+def test_interp_kv_write():
+    from engine.kernels import write_kv_cache
+
+    _check_kv_write(write_kv_cache, "cpu", torch.float32)
+    _check_kv_write(write_kv_cache, "cpu", torch.float16)
+
+
+INTERP_CASES = [  # (Hq, Hkv, D, block_size, block_m, block_n, num_splits)
+    (4, 2, 16, 4, 0, 16, 1),
+    (4, 2, 16, 4, 16, 16, 4),  # 8 query tokens per program: several query blocks
+    (6, 2, 24, 8, 0, 16, 2),  # group 3 (rows padded), head_dim not a power of two
+    (8, 1, 16, 16, 16, 32, 1),  # group 8: 2 query tokens per program
+    (2, 2, 32, 2, 0, 16, 8),  # more splits than some sequences have tiles
+]
+
+
+@interp_only
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-3)])
+@pytest.mark.parametrize("case", INTERP_CASES)
+def test_interp_paged_attention(case, dtype, tol):
+    from engine.kernels import paged_attention
+
+    hq, hkv, d, bs, block_m, block_n, splits = case
+    q, kc, vc, attn = make_batch(MIXED, hq, hkv, d, bs, dtype, seed=sum(case))
+    ref = reference_attention(q, kc, vc, attn, d**-0.5)
+    out = torch.full_like(q, float("nan"))
+    paged_attention(
+        q, kc, vc, attn.query_start_loc, attn.seq_lens, attn.block_tables,
+        attn.max_query_len, attn.max_seq_len, d**-0.5,
+        out=out, num_splits=splits, block_m=block_m, block_n=block_n,
+    )  # fmt: skip
+    assert rel_err(out, ref) < tol
+
+
+@interp_only
+def test_interp_bucketed_grid_and_padding_tokens():
+    """A grid sized for a larger query-length bucket, and tokens past the last sequence."""
+    from engine.kernels import paged_attention
+
+    q, kc, vc, attn = make_batch([(1, 6), (2, 3), (1, 0)], 4, 2, 16, 4, torch.float32, seed=5)
+    ref = reference_attention(q, kc, vc, attn, 0.25)
+    out = torch.full((q.shape[0] + 3, 4, 16), float("nan"))
+    padded_q = torch.cat([q, torch.randn(3, 4, 16)])
+    paged_attention(
+        padded_q, kc, vc, attn.query_start_loc, attn.seq_lens, attn.block_tables,
+        max_query_len=16, max_seq_len=64, scale=0.25, out=out, block_n=16, num_splits=2,
+    )  # fmt: skip
+    assert rel_err(out[: q.shape[0]], ref) < 1e-5
+
+
+@interp_only
+def test_interp_model_triton_backend_matches_torch_backend():
+    try:
+        from tests.test_model import run_mixed_step
+    except ImportError:  # tests/ on sys.path, not the repo root
+        from test_model import run_mixed_step
+
+    out_torch = run_mixed_step("torch")
+    out_triton = run_mixed_step("triton")
+    assert rel_err(out_triton, out_torch) < 1e-5
+
+
+# ---- GPU (bf16) --------------------------------------------------------------------------------
+
+
+def _gpu_attention(q, kc, vc, attn, scale, **kw):
+    from engine.kernels import paged_attention
+
+    out = torch.full_like(q, float("nan"))
+    return paged_attention(
+        q, kc, vc, attn.query_start_loc, attn.seq_lens, attn.block_tables,
+        attn.max_query_len, attn.max_seq_len, scale, out=out, **kw,
+    )  # fmt: skip
+
+
+GPU_MIXED = [(300, 40), (1, 700), (4, 250), (1, 1), (97, 0), (1, 513), (4, 1000)]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("splits", [0, 1, 4])
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (32, 8, 64), (24, 8, 128)])
+def test_gpu_paged_attention_mixed_bf16(hq, hkv, d, splits):
+    q, kc, vc, attn = make_batch(GPU_MIXED, hq, hkv, d, 16, torch.bfloat16, "cuda", seed=hq + d)
+    kc, vc = kc.cuda(), vc.cuda()
+    ref = reference_attention(q, kc, vc, attn, d**-0.5)
+    out = _gpu_attention(q, kc, vc, attn, d**-0.5, num_splits=splits)
+    assert rel_err(out.cpu(), ref) < 1.5e-2
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("splits", [0, 1, 8])
+def test_gpu_decode_batch64_bf16(splits):
+    shapes = [(1, 400 + 7 * i) for i in range(64)]
+    q, kc, vc, attn = make_batch(shapes, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=11)
+    kc, vc = kc.cuda(), vc.cuda()
+    out = _gpu_attention(q, kc, vc, attn, 128**-0.5, num_splits=splits)
+    ref = paged_attention_torch(q.double(), kc.double(), vc.double(), attn, 128**-0.5)
+    assert rel_err(out, ref) < 1.5e-2
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_kv_write_bf16():
+    from engine.kernels import write_kv_cache
+
+    _check_kv_write(write_kv_cache, "cuda", torch.bfloat16)
