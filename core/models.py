@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -62,8 +63,10 @@ class ModelSpec:
 
     def flops_per_token(self) -> int:
         """Matmul FLOPs per token, excluding attention over the context (2 * params read)."""
-        return 2 * (self.num_params - self.vocab_size * self.hidden_size * (
-            0 if self.tie_word_embeddings else 1))
+        return 2 * (
+            self.num_params
+            - self.vocab_size * self.hidden_size * (0 if self.tie_word_embeddings else 1)
+        )
 
     def attn_flops(self, query_tokens: int, context_tokens: int) -> int:
         """QK^T and PV FLOPs for `query_tokens` attending to `context_tokens` each."""
@@ -98,7 +101,7 @@ class ModelSpec:
             raise ValueError(f"checkpoint config '{path}': missing key {e.args[0]!r}") from None
 
 
-_LLAMA31_ROPE = dict(
+_LLAMA31_ROPE: dict[str, Any] = dict(
     rope_theta=500_000.0,
     rope_scaling_factor=8.0,
     rope_low_freq_factor=1.0,
@@ -110,33 +113,77 @@ _LLAMA31_ROPE = dict(
 # the Llama-3.1 shapes (128k context, RoPE scaling), so long-output seed scenarios fit.
 PRESETS: dict[str, ModelSpec] = {
     "tiny": ModelSpec(
-        name="tiny", vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-        head_dim=16, intermediate_size=128, max_context=131_072, rope_theta=10_000.0,
+        name="tiny",
+        vocab_size=512,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_context=131_072,
+        rope_theta=10_000.0,
     ),
     "small": ModelSpec(  # a CPU-testable model with a real vocabulary size, for replay tests
-        name="small", vocab_size=4096, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-        head_dim=32, intermediate_size=768, max_context=131_072, rope_theta=10_000.0,
+        name="small",
+        vocab_size=4096,
+        hidden_size=256,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        intermediate_size=768,
+        max_context=131_072,
+        rope_theta=10_000.0,
     ),
     "llama3.2-1b": ModelSpec(
-        name="llama3.2-1b", vocab_size=128_256, hidden_size=2048, num_layers=16, num_heads=32,
-        num_kv_heads=8, head_dim=64, intermediate_size=8192, max_context=131_072,
+        name="llama3.2-1b",
+        vocab_size=128_256,
+        hidden_size=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        max_context=131_072,
         tie_word_embeddings=True,
         **{**_LLAMA31_ROPE, "rope_scaling_factor": 32.0},
     ),
     "llama3.2-3b": ModelSpec(
-        name="llama3.2-3b", vocab_size=128_256, hidden_size=3072, num_layers=28, num_heads=24,
-        num_kv_heads=8, head_dim=128, intermediate_size=8192, max_context=131_072,
+        name="llama3.2-3b",
+        vocab_size=128_256,
+        hidden_size=3072,
+        num_layers=28,
+        num_heads=24,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=8192,
+        max_context=131_072,
         tie_word_embeddings=True,
         **{**_LLAMA31_ROPE, "rope_scaling_factor": 32.0},
     ),
     "llama3-8b": ModelSpec(
-        name="llama3-8b", vocab_size=128_256, hidden_size=4096, num_layers=32, num_heads=32,
-        num_kv_heads=8, head_dim=128, intermediate_size=14_336, max_context=131_072,
+        name="llama3-8b",
+        vocab_size=128_256,
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14_336,
+        max_context=131_072,
         **_LLAMA31_ROPE,
     ),
     "llama3-70b": ModelSpec(
-        name="llama3-70b", vocab_size=128_256, hidden_size=8192, num_layers=80, num_heads=64,
-        num_kv_heads=8, head_dim=128, intermediate_size=28_672, max_context=131_072,
+        name="llama3-70b",
+        vocab_size=128_256,
+        hidden_size=8192,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=28_672,
+        max_context=131_072,
         **_LLAMA31_ROPE,
     ),
 }

@@ -1,0 +1,73 @@
+"""How many tokens each entry of a completed batch emits (1 + accepted drafts).
+
+Exact when the trace has token ids: the same n-gram proposer the engine runs is applied to the
+trace's text and its drafts are compared with the tokens that really follow (forced decoding).
+Otherwise per-draft-position acceptance with probability `accept_rate` (the trace column, or
+`default_rate`), drawn from a per-request seeded stream so runs are deterministic.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from core.config import SpecConfig
+from core.ngram import accepted_prefix, propose
+from core.policy import ScheduledBatch
+from core.request import Request
+
+
+class AcceptanceModel:
+    def __init__(
+        self,
+        spec: SpecConfig,
+        seed: int,
+        token_ids: Sequence[tuple[Sequence[int], Sequence[int]] | None] | None = None,
+        accept_rate: Sequence[float] | None = None,
+        default_rate: float = 0.0,
+    ) -> None:
+        self.spec = spec
+        self.seed = seed
+        self.token_ids = token_ids  # per request index: (prompt_ids, output_ids) or None
+        self.accept_rate = accept_rate
+        self.default_rate = default_rate
+        self._rngs: dict[int, random.Random] = {}
+
+    def emitted(self, batch: ScheduledBatch) -> list[int]:
+        out = []
+        for e in batch.entries:
+            if not e.generates or e.num_drafts == 0:
+                out.append(1)
+            else:
+                out.append(1 + self._accepted(e.req, e.start_pos, e.num_drafts))
+        return out
+
+    def _accepted(self, req: Request, start_pos: int, k: int) -> int:
+        ids = self.token_ids[req.index] if self.token_ids is not None else None
+        if ids is not None:
+            drafts = self.drafts_at(req, start_pos + 1)[:k]
+            prompt, output = ids
+            done = start_pos + 1 - req.prompt_len  # outputs known before this step's tokens
+            return accepted_prefix(drafts, output[done : done + k])
+        rate = self.default_rate
+        if self.accept_rate is not None:
+            rate = float(self.accept_rate[req.index])
+        rng = self._rngs.get(req.index)
+        if rng is None:
+            rng = self._rngs[req.index] = random.Random(self.seed * 1_000_003 + req.index)
+        n = 0
+        while n < k and rng.random() < rate:
+            n += 1
+        return n
+
+    def drafts_at(self, req: Request, context_len: int) -> list[int]:
+        """n-gram drafts proposed from the first `context_len` tokens of the request's text."""
+        assert self.token_ids is not None
+        ids = self.token_ids[req.index]
+        assert ids is not None
+        prompt, output = ids
+        ctx = list(prompt[:context_len]) + list(output[: max(0, context_len - len(prompt))])
+        return propose(ctx, self.spec.k, self.spec.min_n, self.spec.max_n)
+
+    def has_ids(self, req: Request) -> bool:
+        return self.token_ids is not None and self.token_ids[req.index] is not None
