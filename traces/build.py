@@ -74,37 +74,67 @@ SPEC_IDS = dict(token_ids=True, prompt_len="uniform:256:1024")
 TRACES: dict[str, Callable[[Path], Trace]] = {
     "smoke": synth(
         "smoke test for engine and sim (fits the tiny model)",
-        num_requests=40, rate=10.0, prompt_len="uniform:16:200", output_len="uniform:8:64",
-        needs_history=0.15, token_ids=True, seed=1,
+        num_requests=40,
+        rate=10.0,
+        prompt_len="uniform:16:200",
+        output_len="uniform:8:64",
+        needs_history=0.15,
+        token_ids=True,
+        seed=1,
     ),
     "azure_conv": azure,
     "mooncake": mooncake,
     "reasoning": reasoning,
     "specdec": synth(
         "speculative decoding on real text (Poisson arrivals)",
-        num_requests=64, rate=2.0, output_len="uniform:128:512", seed=5, **SPEC_IDS,
+        num_requests=64,
+        rate=2.0,
+        output_len="uniform:128:512",
+        seed=5,
+        **SPEC_IDS,
     ),
     "seed1_backup_tokens": synth(
         "seed 1 (PR 41043, preallocated backup tokens): spec decode, 64 concurrent",
-        num_requests=64, arrival="burst", output_len=512, seed=11, **SPEC_IDS,
+        num_requests=64,
+        arrival="burst",
+        output_len=512,
+        seed=11,
+        **SPEC_IDS,
     ),
     "seed2_accept_count": synth(
         "seed 2 (PR 38372, accepted count by sum): spec decode, 32 concurrent",
-        num_requests=32, arrival="burst", output_len=512, seed=12, **SPEC_IDS,
+        num_requests=32,
+        arrival="burst",
+        output_len=512,
+        seed=12,
+        **SPEC_IDS,
     ),
     "seed3_placeholder_scan": synth(
         "seed 3 (PR 42938, reverse placeholder scan): 128 concurrent, 4096 in / 60000 out",
-        num_requests=128, arrival="burst", prompt_len=4096, output_len=60_000,
-        needs_history=1.0, seed=13,
+        num_requests=128,
+        arrival="burst",
+        prompt_len=4096,
+        output_len=60_000,
+        needs_history=1.0,
+        seed=13,
     ),
     "seed4_ngram": synth(
         "seed 4 (PR 29184, n-gram proposer on GPU): 16 concurrent, repetitive text for k=3",
-        num_requests=16, arrival="burst", output_len=512, ngram_friendly=True, seed=14,
+        num_requests=16,
+        arrival="burst",
+        output_len=512,
+        ngram_friendly=True,
+        seed=14,
         **SPEC_IDS,
     ),
     "seed5_optimistic": synth(
         "seed 5 (PR 32951, optimistic spec decode): one request every 4 s (low concurrency)",
-        num_requests=8, arrival="fixed", rate=0.25, output_len=512, seed=15, **SPEC_IDS,
+        num_requests=8,
+        arrival="fixed",
+        rate=0.25,
+        output_len=512,
+        seed=15,
+        **SPEC_IDS,
     ),
 }
 
@@ -120,7 +150,9 @@ def main(argv: list[str]) -> int:
         trace.metadata["generator"] = f"traces/build.py {name}"
         path = write_trace(trace, HERE / f"{name}.parquet")
         size_kib = path.stat().st_size / 1024
-        print(f"{path.name:28s} {len(trace):7,} rows {size_kib:8,.0f} KiB  {trace_sha256(path)[:16]}")
+        print(
+            f"{path.name:28s} {len(trace):7,} rows {size_kib:8,.0f} KiB  {trace_sha256(path)[:16]}"
+        )
     return 0
 
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from core.trace import Trace, TraceError, make_trace
+from core.trace import INT32_MAX, Trace, TraceError, make_trace
 from sim.workloads.arrivals import arrival_times
 from sim.workloads.lengths import LENGTH_COLUMNS
 
@@ -44,17 +44,17 @@ def read_csv_strings(path: str | Path, what: str) -> pa.Table:
 
 def int_column(table: pa.Table, col: str, what: str, lo: int = 1) -> np.ndarray:
     arr = pc.utf8_trim_whitespace(table.column(col).combine_chunks())
-    ok = np.asarray(pc.match_substring_regex(arr, r"^[+-]?\d+(\.0*)?$").fill_null(False))
-    vals = np.zeros(len(arr), dtype=np.int64)
-    if ok.all():
-        vals = np.asarray(pc.cast(arr, pa.float64())).astype(np.int64)
-    bad = ~ok | (vals < lo)
+    ok_arr = pc.match_substring_regex(arr, r"^[+-]?\d+(\.0*)?$").fill_null(False)
+    ok = np.asarray(ok_arr)
+    numbers = pc.cast(pc.if_else(ok_arr, arr, pa.scalar("0")), pa.float64())
+    floats = np.asarray(numbers)
+    bad = ~ok | (floats < lo) | (floats > INT32_MAX)
     if bad.any():
         row = int(np.argmax(bad))
         got = arr[row].as_py()
-        why = f"must be an integer >= {lo}, got {got!r}"
+        why = f"must be an integer in {lo}..{INT32_MAX}, got {got!r}"
         raise TraceError(f"{what} line {row + 2} column '{col}': {why}")
-    return vals
+    return floats.astype(np.int64)
 
 
 def _need_columns(table: pa.Table, cols: tuple[str, ...], what: str) -> None:

@@ -103,7 +103,7 @@ def shared_prefixes(
 
 
 def import_mooncake(path: str | Path, max_total_len: int | None = None) -> tuple[Trace, int]:
-    """(trace, rows dropped): arrival = timestamp / 1000 relative to the first row; requests
+    """(trace, rows dropped): arrival = (timestamp - earliest timestamp) / 1000; requests
     with input_length + output_length > max_total_len are dropped (counted) when it is given."""
     p = Path(path)
     if not p.is_file():
@@ -122,11 +122,6 @@ def import_mooncake(path: str | Path, max_total_len: int | None = None) -> tuple
     if not kept:
         raise TraceError(f"mooncake JSONL '{p}': no request within {max_total_len} tokens")
     stamp_ms = np.array([float(r["timestamp"]) for r in kept])
-    if (early := np.flatnonzero(stamp_ms < stamp_ms[0])).size:
-        line = kept[int(early[0])]["_line"]
-        raise TraceError(
-            f"mooncake JSONL '{p}' line {line} column 'timestamp': earlier than the first row"
-        )
     prompt = np.array([r["input_length"] for r in kept], dtype=np.int64)
     output = np.array([r["output_length"] for r in kept], dtype=np.int64)
     # prefixes are derived from the kept requests only: a dropped request shares nothing
@@ -135,7 +130,7 @@ def import_mooncake(path: str | Path, max_total_len: int | None = None) -> tuple
     dropped = len(rows) - len(kept)
     note = f"; {dropped} requests over {max_total_len} tokens dropped" if dropped else ""
     trace = make_trace(
-        (stamp_ms - stamp_ms[0]) / 1000.0,
+        (stamp_ms - stamp_ms.min()) / 1000.0,
         prompt,
         output,
         prefix_group=group,
