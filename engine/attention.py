@@ -178,10 +178,11 @@ class PagedAttention:
 
     def __init__(self, backend: str | None, device: torch.device | str):
         self.backend = check_backend(backend, device)
+        self.kernels = None  # the engine.kernels module with the "triton" backend
         if self.backend == "triton":
             from engine import kernels
 
-            self._kernels = kernels
+            self.kernels = kernels
 
     def __call__(
         self,
@@ -196,8 +197,8 @@ class PagedAttention:
         if self.backend == "torch":
             write_kv_cache_torch(k, v, k_cache, v_cache, attn.slot_mapping)
             return paged_attention_torch(q, k_cache, v_cache, attn, scale)
-        self._kernels.write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
-        return self._kernels.paged_attention(
+        self.kernels.write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+        return self.kernels.paged_attention(
             q,
             k_cache,
             v_cache,

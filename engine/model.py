@@ -46,34 +46,38 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Precomputed float32 cos/sin [max_positions, head_dim // 2]; rotate-half (HF Llama) form."""
 
-    def __init__(self, spec: ModelSpec, max_positions: int, device: torch.device):
+    def __init__(self, spec: ModelSpec, max_positions: int, device: torch.device, kernels=None):
         super().__init__()
+        self.kernels = kernels  # engine.kernels for the fused in-place kernel, else None
         inv_freq = rope_inv_freq(spec).to(device)
         angles = torch.arange(max_positions, dtype=torch.float64, device=device)[:, None]
         angles = angles * inv_freq[None, :]
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] rotated in fp32; cos/sin [T, 1, D // 2]."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H, D] rotated by each token's position, in fp32 (in place with the kernel)."""
+        if self.kernels is not None:
+            return self.kernels.rope_inplace(x, positions, self.cos, self.sin)
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device):
+    def __init__(self, size: int, eps: float, dtype, device, kernels=None):
         super().__init__()
         self.eps = eps
+        self.kernels = kernels  # engine.kernels for the fused kernel, else None
         self.weight = _param((size,), dtype, device)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual); the residual stream stays in the model dtype."""
+        """(norm(x + residual), x + residual); the residual stream stays in the model dtype.
+        The Triton kernel writes x + residual into `residual` in place."""
+        if self.kernels is not None:
+            return self.kernels.rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
         x32 = x.float()
@@ -82,21 +86,21 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: PagedAttention, dtype, device):
+    def __init__(self, spec: ModelSpec, attention: PagedAttention, rotary, dtype, device):
         super().__init__()
         self.spec = spec
         self.attention = attention
+        self.rotary = [rotary]  # shared by all layers; a list keeps it out of the module tree
         self.scale = spec.head_dim**-0.5
         self.qkv_proj = _param((spec.q_size + 2 * spec.kv_size, spec.hidden_size), dtype, device)
         self.o_proj = _param((spec.hidden_size, spec.q_size), dtype, device)
 
-    def forward(self, x, cos, sin, attn: AttentionMetadata, kv_cache: torch.Tensor):
+    def forward(self, x, positions, attn: AttentionMetadata, kv_cache: torch.Tensor):
         s = self.spec
-        qkv = F.linear(x, self.qkv_proj)
-        q, k, v = qkv.split([s.q_size, s.kv_size, s.kv_size], dim=-1)
-        q = apply_rope(q.view(-1, s.num_heads, s.head_dim), cos, sin)
-        k = apply_rope(k.view(-1, s.num_kv_heads, s.head_dim), cos, sin)
-        v = v.view(-1, s.num_kv_heads, s.head_dim)
+        qkv = F.linear(x, self.qkv_proj)  # [T, q | k | v]
+        qk = qkv[:, : s.q_size + s.kv_size].view(-1, s.num_heads + s.num_kv_heads, s.head_dim)
+        q, k = self.rotary[0](positions, qk).split([s.num_heads, s.num_kv_heads], dim=1)
+        v = qkv[:, s.q_size + s.kv_size :].view(-1, s.num_kv_heads, s.head_dim)
         o = self.attention(q, k, v, kv_cache, attn, self.scale)
         return F.linear(o.view(-1, s.q_size), self.o_proj)
 
@@ -113,16 +117,17 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: PagedAttention, dtype, device):
+    def __init__(self, spec: ModelSpec, attention: PagedAttention, rotary, dtype, device, kernels):
         super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(spec, attention, dtype, device)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        h, eps = spec.hidden_size, spec.rms_norm_eps
+        self.input_layernorm = RMSNorm(h, eps, dtype, device, kernels)
+        self.self_attn = Attention(spec, attention, rotary, dtype, device)
+        self.post_attention_layernorm = RMSNorm(h, eps, dtype, device, kernels)
         self.mlp = MLP(spec, dtype, device)
 
-    def forward(self, x, residual, cos, sin, attn, kv_cache):
+    def forward(self, x, residual, positions, attn, kv_cache):
         x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, cos, sin, attn, kv_cache)
+        x = self.self_attn(x, positions, attn, kv_cache)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -131,7 +136,8 @@ class LlamaModel(nn.Module):
     """Parameters are allocated uninitialised on `device`; call `init_random` or load weights.
 
     Parameter names follow HF minus the "model." prefix, with q/k/v fused into
-    `self_attn.qkv_proj` ([q; k; v] rows) and gate/up into `mlp.gate_up_proj` ([gate; up])."""
+    `self_attn.qkv_proj` ([q; k; v] rows) and gate/up into `mlp.gate_up_proj` ([gate; up]).
+    The "triton" attention backend also selects the fused RMSNorm and in-place RoPE kernels."""
 
     def __init__(
         self,
@@ -145,16 +151,18 @@ class LlamaModel(nn.Module):
         device = torch.device(device)
         self.spec, self.dtype, self.device = spec, dtype, device
         self.attention = PagedAttention(attn_backend, device)
+        kernels = self.attention.kernels
+        self.rotary = RotaryEmbedding(spec, max_positions or spec.max_context, device, kernels)
         self.embed_tokens = _param((spec.vocab_size, spec.hidden_size), dtype, device)
         self.layers = nn.ModuleList(
-            DecoderLayer(spec, self.attention, dtype, device) for _ in range(spec.num_layers)
+            DecoderLayer(spec, self.attention, self.rotary, dtype, device, kernels)
+            for _ in range(spec.num_layers)
         )
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device, kernels)
         if spec.tie_word_embeddings:
             self.lm_head = self.embed_tokens
         else:
             self.lm_head = _param((spec.vocab_size, spec.hidden_size), dtype, device)
-        self.rotary = RotaryEmbedding(spec, max_positions or spec.max_context, device)
 
     @property
     def attn_backend(self) -> str:
@@ -183,10 +191,9 @@ class LlamaModel(nn.Module):
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, Hkv, D]
     ) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
-        cos, sin = self.rotary(positions)
         residual = None
         for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, cos, sin, attn, kv_cache[i])
+            x, residual = layer(x, residual, positions, attn, kv_cache[i])
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -217,6 +217,44 @@ def test_interp_bucketed_grid_and_padding_tokens():
 
 
 @interp_only
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
+def test_interp_fused_rms_norm(dtype, tol):
+    from engine.kernels import rms_norm
+    from engine.model import RMSNorm
+
+    gen = torch.Generator().manual_seed(0)
+    x, res = (torch.randn(5, 48, generator=gen).to(dtype) for _ in range(2))
+    norm = RMSNorm(48, 1e-5, dtype, "cpu")
+    norm.weight.copy_(torch.randn(48, generator=gen))
+    ref_out, ref_res = norm(x, res)
+    out, new_res = rms_norm(x, norm.weight, 1e-5, res.clone())
+    assert rel_err(out, ref_out) < tol and torch.equal(new_res, ref_res)
+    out, same = rms_norm(x, norm.weight, 1e-5)
+    assert rel_err(out, norm(x)[0]) < tol and same is x
+
+
+@interp_only
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
+def test_interp_rope_in_place_on_strided_qk(dtype, tol):
+    from dataclasses import replace
+
+    from core.models import PRESETS
+    from engine.kernels import rope_inplace
+    from engine.model import RotaryEmbedding
+
+    spec = replace(PRESETS["tiny"], rope_scaling_factor=8.0, rope_original_max_context=64)
+    rotary = RotaryEmbedding(spec, 300, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(1)
+    qkv = torch.randn(7, 8 * 16, generator=gen).to(dtype)  # 4 q + 2 k + 2 v heads
+    qk = qkv[:, : 6 * 16].view(7, 6, 16)
+    positions = torch.randint(0, 300, (7,), generator=gen)
+    ref = rotary(positions, qk.clone())
+    v_before = qkv[:, 6 * 16 :].clone()
+    rope_inplace(qk, positions, rotary.cos, rotary.sin)
+    assert rel_err(qk, ref) < tol and torch.equal(qkv[:, 6 * 16 :], v_before)
+
+
+@interp_only
 def test_interp_model_triton_backend_matches_torch_backend():
     try:
         from tests.test_model import run_mixed_step
@@ -274,3 +312,24 @@ def test_gpu_kv_write_bf16():
     from engine.kernels import write_kv_cache
 
     _check_kv_write(write_kv_cache, "cuda", torch.bfloat16)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_fused_norm_and_rope_bf16():
+    from core.models import PRESETS
+    from engine.kernels import rms_norm, rope_inplace
+    from engine.model import RMSNorm, RotaryEmbedding
+
+    spec = PRESETS["llama3-8b"]
+    x, res = (torch.randn(33, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    norm = RMSNorm(4096, 1e-5, torch.bfloat16, "cuda")
+    norm.weight.copy_(torch.rand(4096, device="cuda") + 0.5)
+    ref_out, ref_res = norm(x, res)
+    out, new_res = rms_norm(x, norm.weight, 1e-5, res.clone())
+    assert rel_err(out, ref_out) < 1e-2 and torch.equal(new_res, ref_res)
+    rotary = RotaryEmbedding(spec, 4096, torch.device("cuda"))
+    qk = torch.randn(33, 40, 128, device="cuda", dtype=torch.bfloat16)
+    positions = torch.randint(0, 4096, (33,), device="cuda")
+    ref = rotary(positions, qk.clone())
+    assert rel_err(rope_inplace(qk, positions, rotary.cos, rotary.sin), ref) < 1e-2

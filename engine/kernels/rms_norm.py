@@ -1,0 +1,73 @@
+"""RMSNorm with the residual add fused in: one launch instead of ~8 eager ops per norm.
+
+Rounding matches the torch path in engine.model.RMSNorm: the sum x + residual is rounded to the
+model dtype (it is the new residual stream), normalised in fp32, rounded, then scaled by the
+weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,
+    residual_ptr,  # read, then overwritten with x + residual (when HAS_RESIDUAL)
+    weight_ptr,
+    out_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    size,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < size
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        x = (
+            x.to(tl.float32)
+            + tl.load(residual_ptr + row * stride_r + cols, mask=mask).to(tl.float32)
+        ).to(x.dtype)
+        tl.store(residual_ptr + row * stride_r + cols, x, mask=mask)
+    x32 = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, 0) / size + eps)
+    normed = (x32 * rstd).to(x.dtype).to(tl.float32)
+    w = tl.load(weight_ptr + cols, mask=mask).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor,  # [T, H]
+    weight: torch.Tensor,  # [H]
+    eps: float,
+    residual: torch.Tensor | None = None,  # [T, H]; updated in place to x + residual
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual); without a residual, (norm(x), x)."""
+    num_rows, size = x.shape
+    assert x.stride(1) == 1 and (residual is None or residual.stride(1) == 1)
+    out = torch.empty_like(x)
+    if num_rows == 0:
+        return out, x if residual is None else residual
+    block = triton.next_power_of_2(size)
+    _rms_norm_kernel[(num_rows,)](
+        x,
+        x if residual is None else residual,
+        weight,
+        out,
+        x.stride(0),
+        x.stride(0) if residual is None else residual.stride(0),
+        out.stride(0),
+        size,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
+        num_warps=min(max(block // 512, 1), 16),
+    )
+    return out, x if residual is None else residual
