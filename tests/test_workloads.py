@@ -101,6 +101,9 @@ def test_length_pairs_from_csv_and_trace(tmp_path: Path) -> None:
     csv.write_text("num_prefill_tokens,num_decode_tokens\n10,20\n0,40\n")
     with pytest.raises(TraceError, match=r"line 3 column 'num_prefill_tokens'"):
         read_length_pairs(csv)
+    csv.write_text("prompt_len,output_len\n10,abc\n")
+    with pytest.raises(TraceError, match=r"line 2 column 'output_len'.*got 'abc'"):
+        read_length_pairs(csv)
     csv.write_text("a,b\n1,2\n")
     with pytest.raises(TraceError, match="no known length columns"):
         read_length_pairs(csv)

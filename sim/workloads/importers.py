@@ -7,17 +7,15 @@ line 1) and column.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
 
-from core.trace import INT32_MAX, Trace, TraceError, make_trace
+from core.trace import Trace, TraceError, make_trace
 from sim.workloads.arrivals import arrival_times
-from sim.workloads.lengths import LENGTH_COLUMNS
+from sim.workloads.csvfile import int_column, read_csv_strings
+from sim.workloads.lengths import length_columns
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 AZURE_LICENSE = (
@@ -25,36 +23,6 @@ AZURE_LICENSE = (
     "Patel et al., 'Splitwise: Efficient generative LLM inference using phase splitting', "
     "ISCA 2024"
 )
-
-
-def read_csv_strings(path: str | Path, what: str) -> pa.Table:
-    """Every column as strings, so bad values can be reported with their line."""
-    p = Path(path)
-    if not p.is_file():
-        raise TraceError(f"{what} '{p}': no such file")
-    with open(p, newline="", encoding="utf-8", errors="replace") as f:
-        names = next(csv.reader(f), [])
-    try:
-        return pacsv.read_csv(
-            p, convert_options=pacsv.ConvertOptions(column_types={c: pa.string() for c in names})
-        )
-    except pa.ArrowException as e:
-        raise TraceError(f"{what} '{p}': not a readable CSV ({str(e).splitlines()[0]})") from None
-
-
-def int_column(table: pa.Table, col: str, what: str, lo: int = 1) -> np.ndarray:
-    arr = pc.utf8_trim_whitespace(table.column(col).combine_chunks())
-    ok_arr = pc.match_substring_regex(arr, r"^[+-]?\d+(\.0*)?$").fill_null(False)
-    ok = np.asarray(ok_arr)
-    numbers = pc.cast(pc.if_else(ok_arr, arr, pa.scalar("0")), pa.float64())
-    floats = np.asarray(numbers)
-    bad = ~ok | (floats < lo) | (floats > INT32_MAX)
-    if bad.any():
-        row = int(np.argmax(bad))
-        got = arr[row].as_py()
-        why = f"must be an integer in {lo}..{INT32_MAX}, got {got!r}"
-        raise TraceError(f"{what} line {row + 2} column '{col}': {why}")
-    return floats.astype(np.int64)
 
 
 def _need_columns(table: pa.Table, cols: tuple[str, ...], what: str) -> None:
@@ -117,11 +85,7 @@ def import_lengths_csv(
     synthesised by a renewal process (default Poisson) at `rate` req/s."""
     what = f"length CSV '{path}'"
     table = read_csv_strings(path, "length CSV")
-    names = table.column_names
-    pair = next(((a, b) for a, b in LENGTH_COLUMNS if a in names and b in names), None)
-    if pair is None:
-        known = ", ".join(f"{a}+{b}" for a, b in LENGTH_COLUMNS)
-        raise TraceError(f"{what}: no known length columns (one of {known})")
+    pair = length_columns(table, what)
     if limit is not None:
         table = table.slice(0, limit)
     if table.num_rows == 0:

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.csv as pacsv
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.cli import UsageError
 from core.trace import TraceError
+from sim.workloads.csvfile import int_column, read_csv_strings
 
 # known (prompt, output) column pairs of length files, tried in order
 LENGTH_COLUMNS = (
@@ -80,32 +81,43 @@ def parse_length(spec: str, option: str = "--prompt-len") -> LengthDist:
 
 def read_length_pairs(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """(prompt_len, output_len) int64 arrays from a trace parquet or a CSV with a known pair of
-    columns (see LENGTH_COLUMNS). Rows with a length < 1 are refused, naming the line."""
+    columns (see LENGTH_COLUMNS). A value that is not an integer >= 1 is refused with its
+    row (parquet) or line (CSV)."""
     p = Path(path)
     if not p.is_file():
         raise TraceError(f"length file '{p}': no such file")
-    try:
-        table = pq.read_table(p) if p.suffix == ".parquet" else pacsv.read_csv(p)
-    except Exception as e:  # pyarrow raises several kinds for a malformed file
-        raise TraceError(f"length file '{p}': unreadable ({str(e).splitlines()[0]})") from None
-    names = table.column_names
-    pair = next(((a, b) for a, b in LENGTH_COLUMNS if a in names and b in names), None)
-    if pair is None:
-        known = ", ".join(f"{a}+{b}" for a, b in LENGTH_COLUMNS)
-        raise TraceError(f"length file '{p}': no known length columns (one of {known})")
+    if p.suffix == ".parquet":
+        try:
+            table = pq.read_table(p)
+        except (pa.ArrowException, OSError) as e:
+            raise TraceError(f"length file '{p}': unreadable ({str(e).splitlines()[0]})") from None
+    else:
+        table = read_csv_strings(p, "length file")
+    pair = length_columns(table, f"length file '{p}'")
     out = []
     for col in pair:
-        arr = table.column(col)
-        vals = np.asarray(arr.to_numpy(), dtype=np.float64)
-        bad = ~np.isfinite(vals) | (vals < 1) | (vals != np.floor(vals))
-        if bad.any():
-            row = int(np.argmax(bad))
-            where = f"row {row}" if p.suffix == ".parquet" else f"line {row + 2}"
-            raise TraceError(f"length file '{p}' {where} column '{col}': must be an integer >= 1")
+        if p.suffix != ".parquet":
+            out.append(int_column(table, col, f"length file '{p}'"))
+            continue
+        arr = table.column(col).combine_chunks()
+        if not pa.types.is_integer(arr.type):
+            raise TraceError(f"length file '{p}' column '{col}': must be int, got {arr.type}")
+        vals = np.asarray(arr.fill_null(0))
+        if (bad := np.flatnonzero(vals < 1)).size:
+            raise TraceError(f"length file '{p}' row {bad[0]} column '{col}': must be >= 1")
         out.append(vals.astype(np.int64))
     if not len(out[0]):
         raise TraceError(f"length file '{p}': has no rows")
     return out[0], out[1]
+
+
+def length_columns(table: pa.Table, what: str) -> tuple[str, str]:
+    names = table.column_names
+    pair = next(((a, b) for a, b in LENGTH_COLUMNS if a in names and b in names), None)
+    if pair is None:
+        known = ", ".join(f"{a}+{b}" for a, b in LENGTH_COLUMNS)
+        raise TraceError(f"{what}: no known length columns (one of {known})")
+    return pair
 
 
 def sample_pairs(
