@@ -157,7 +157,10 @@ def _write(trace: Trace, args: argparse.Namespace, extra: str = "") -> int:
     out = Path(args.output)
     if out.is_dir():
         raise UsageError(f"-o {out}: is a folder; give a file name")
-    write_trace(trace, out, _model(args))
+    try:
+        write_trace(trace, out, _model(args))
+    except OSError as e:  # unwritable folder, a file where a folder should be, ...
+        raise UsageError(f"-o {out}: cannot write ({e.strerror or e})") from None
     size_kib = out.stat().st_size / 1024
     print(f"wrote {out} ({size_kib:,.0f} KiB): {_summary_line(trace)}{extra}")
     return 0
