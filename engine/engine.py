@@ -1,0 +1,399 @@
+"""The engine: the step loop around the shared scheduling policy.
+
+One loop iteration (`step`), mirrored phase for phase by `sim.loop`:
+
+    schedule -> prepare_inputs -> launch -> sample -> draft     while < depth batches in flight
+    [sync on the oldest batch] -> process_outputs               once depth are in flight
+
+State advances when a batch is launched (`Scheduler.schedule`) and results apply when it completes
+(`Scheduler.complete`), so `batches_in_flight` (depth) is a property of this loop only: depth 1
+is synchronous; with 2 or 3 the CPU schedules and launches batch j+1 before waiting for batch j.
+It can, because nothing it needs to launch lives only on the GPU: a decode's input id is read on
+the device from the slot's last sampled token (engine.sampler), and the CPU output lists hold -1
+placeholders until results arrive. The one deliberate host wait is `OutputRing.wait` (recorded
+as `sync`); every other host<->device transfer is an asynchronous copy from pinned memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from core import phases as P
+from core.config import Config
+from core.models import ModelSpec, get_model
+from core.policy import ScheduledBatch, Scheduler
+from core.policy.sizing import kv_blocks_from_free_bytes, scheduler_config
+from core.request import Request
+from core.trace import Trace
+from engine.attention import AttentionMetadata
+from engine.graphs import DecodeGraphs
+from engine.hooks import StepHooks, StepTrace
+from engine.inputs import InputBuffers, StepInputs
+from engine.model import LlamaModel, allocate_kv_cache, kv_cache_bytes_per_block
+from engine.outputs import OutputRing, first_placeholder, update_async_output_token_ids
+from engine.requests import (
+    RequestInput,
+    RequestOutput,
+    RequestState,
+    SlotPool,
+    check_ids,
+    inputs_from_trace,
+    synth_prompt,
+)
+from engine.sampler import Sampler, SampleRows
+
+CPU_KV_BYTES = 64 << 20  # the KV budget on CPU, where free memory says little
+_now = time.perf_counter_ns
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A launched batch whose results have not been applied yet."""
+
+    batch: ScheduledBatch
+    row: int  # hooks row
+    ring: int  # OutputRing slot
+    num_gen: int  # tokens it samples (one per generating entry, in entry order)
+    hist_rows: dict[int, int] | None  # Request.index -> generating row, needs-history only
+
+
+def engine_dtype(cfg: Config) -> torch.dtype:
+    """The config's dtype on CUDA; float32 on CPU (CPU bf16 matmuls are slow and inexact)."""
+    return getattr(torch, cfg.dtype) if cfg.device == "cuda" else torch.float32
+
+
+def build_model(cfg: Config, max_model_len: int) -> LlamaModel:
+    """Random weights for a preset (seeded), or a checkpoint folder's weights."""
+    dtype, device = engine_dtype(cfg), torch.device(cfg.device)
+    spec = get_model(cfg.model)
+    if spec.name != cfg.model:  # a checkpoint folder
+        from engine.loader import load_checkpoint
+
+        return load_checkpoint(cfg.model, dtype, device, max_positions=max_model_len)
+    return LlamaModel(spec, dtype, device, max_positions=max_model_len).init_random(cfg.seed)
+
+
+class Engine:
+    def __init__(self, cfg: Config, model: LlamaModel | None = None) -> None:
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("config key 'device': cuda, but no CUDA device is available")
+        self.max_model_len = cfg.max_model_len or get_model(cfg.model).max_context
+        self.model = model if model is not None else build_model(cfg, self.max_model_len)
+        self.spec: ModelSpec = self.model.spec
+        self.depth = cfg.batches_in_flight
+        if cfg.spec.enabled:
+            raise NotImplementedError("speculative decoding is not in the engine yet")
+        n = cfg.max_num_seqs
+        max_tokens = max(cfg.max_num_batched_tokens, n)
+        max_blocks = -(-self.max_model_len // cfg.block_size)
+        self.sampler = Sampler(cfg.sampling, cfg.seed, n, self.spec.vocab_size, self.device)
+        self.inputs = InputBuffers(
+            self.depth, n, max_tokens, max_blocks, cfg.block_size, self.sampler.last_sampled
+        )
+        self.outputs = OutputRing(self.depth, n, self.device)
+        self.num_kv_blocks = self._kv_blocks()
+        self.kv_cache = allocate_kv_cache(
+            self.spec, self.num_kv_blocks, cfg.block_size, self.model.dtype, self.device
+        )
+        self.sched = Scheduler(scheduler_config(cfg, self.spec, self.num_kv_blocks))
+        self.graphs: DecodeGraphs | None = None
+        if cfg.cuda_graphs and self.device.type == "cuda":
+            self.graphs = DecodeGraphs(
+                self.model, self.kv_cache, self.inputs, n, self.max_model_len
+            )
+            self.graphs.capture()
+        self.hooks = StepHooks(self.device)
+        self.states: list[RequestState] = []
+        self.slots = SlotPool(n)
+        self.inflight: deque[InFlight] = deque()
+        self.reverse_scan = cfg.reverse_placeholder_scan
+        if cfg.gc_freeze:  # start-up objects leave the collector's view (vLLM freeze_gc_heap)
+            gc.collect()
+            gc.freeze()
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One loop iteration. Returns False when there was nothing to launch or apply."""
+        launched = len(self.inflight) < self.depth and self.sched.has_unfinished and self._launch()
+        if self.inflight and (not launched or len(self.inflight) >= self.depth):
+            self._complete(self.inflight.popleft())
+            return True
+        return launched
+
+    def _launch(self) -> bool:
+        h = self.hooks
+        h.begin(P.SCHEDULE)
+        batch = self.sched.schedule()
+        if batch is None:
+            h.cancel()
+            return False
+        row = h.new_row(batch.shape)
+        h.end(row)
+        h.begin(P.PREPARE_INPUTS)
+        h.gpu_begin(row)
+        step = self._prepare(batch)
+        h.end(row)
+        h.begin(P.LAUNCH)
+        logits = self._forward(step)
+        h.end(row)
+        h.begin(P.SAMPLE)
+        flight = self._sample(batch, row, step, logits)
+        h.end(row)
+        h.begin(P.DRAFT)  # proposers come with speculative decoding; the phase is kept empty
+        h.end(row)
+        self.inflight.append(flight)
+        return True
+
+    def _complete(self, flight: InFlight) -> None:
+        h = self.hooks
+        if not self.outputs.ready(flight.ring):
+            t0 = h.sync_begin()
+            self.outputs.wait(flight.ring)
+            h.sync_end(flight.row, t0)
+        h.begin(P.PROCESS_OUTPUTS)
+        self._process_outputs(flight)
+        h.end(flight.row)
+
+    # ---- phases ------------------------------------------------------------------------------
+    def _prepare(self, batch: ScheduledBatch) -> StepInputs:
+        for r in batch.preempted:  # recomputed later from their confirmed tokens
+            self._release_slot(self.states[r.index])
+        for e in batch.entries:
+            st = self.states[e.req.index]
+            if st.slot < 0:
+                self._assign_slot(st)
+        bucket = 0
+        shape = batch.shape
+        if self.graphs is not None and shape.is_pure_decode and shape.draft_tokens == 0:
+            bucket = self.graphs.bucket_for(shape.num_reqs)
+        return self.inputs.prepare(batch, self.states, bucket, self.sampler.forced_width)
+
+    def _forward(self, step: StepInputs) -> torch.Tensor:
+        """Logits [>= G, vocab] float32; row g belongs to the g-th generating entry."""
+        if step.bucket:
+            assert self.graphs is not None
+            return self.graphs.replay(step.bucket)
+        hidden = self.model(step.input_ids, step.positions, step.attn, self.kv_cache)
+        return self.model.compute_logits(hidden[step.logits_idx])
+
+    def _sample(
+        self, batch: ScheduledBatch, row: int, step: StepInputs, logits: torch.Tensor
+    ) -> InFlight:
+        hist_rows = self._update_async_output_token_ids(batch)
+        g = step.num_gen
+        if g:
+            self.sampler.sample(logits[:g], step.rows, self.outputs.device_tokens[step.ring, :g])
+        self.hooks.gpu_end(row)
+        self.outputs.publish(step.ring, g)
+        for e in batch.entries:  # bookkeeping: one placeholder per token this batch will emit
+            if e.generates:
+                self.states[e.req.index].output.append(-1)
+        return InFlight(batch, row, step.ring, g, hist_rows)
+
+    def _update_async_output_token_ids(self, batch: ScheduledBatch) -> dict[int, int] | None:
+        """vLLM's step of the same name, for needs-history requests (seed 3): fill the -1
+        placeholders of the oldest in-flight batch's tokens in the CPU output lists. The scan
+        that finds them (`first_placeholder`, front or back) runs for every needs-history
+        request of that batch; the fill happens when its copy has landed. vLLM blocks here for
+        it; this engine only polls, so the wait stays in `sync` (the penalties themselves read
+        GPU token counts, not these lists). Returns this batch's needs-history rows."""
+        oldest = self.inflight[0] if self.inflight else None
+        prev = oldest.hist_rows if oldest is not None else None
+        arrived = prev is not None and self.outputs.ready(oldest.ring)  # type: ignore[union-attr]
+        mine: dict[int, int] | None = None
+        g = 0
+        for e in batch.entries:
+            if not e.generates:
+                continue
+            req = e.req
+            if req.needs_history:
+                if mine is None:
+                    mine = {}
+                mine[req.index] = g
+                pg = prev.get(req.index) if prev is not None else None
+                out = self.states[req.index].output
+                if pg is not None and out and out[-1] == -1:
+                    if arrived:
+                        tok = int(self.outputs.host[oldest.ring, pg])  # type: ignore[union-attr]
+                        update_async_output_token_ids(out, (tok,), self.reverse_scan)
+                    else:
+                        first_placeholder(out, self.reverse_scan)
+            g += 1
+        return mine
+
+    def _process_outputs(self, flight: InFlight) -> None:
+        batch = flight.batch
+        emitted = [1] * len(batch.entries)  # no drafts: every generating entry emits one token
+        taken = self.sched.emitted_tokens(batch, emitted)
+        tokens = self.outputs.tokens(flight.ring, flight.num_gen).tolist()
+        now = _now()
+        g = 0
+        for e, n in zip(batch.entries, taken):
+            if e.generates:
+                if n:
+                    self.states[e.req.index].apply(tokens[g], now)
+                g += 1
+        finished = self.sched.complete(batch, emitted)
+        for r in finished:
+            st = self.states[r.index]
+            st.finish_ns = now
+            self._release_slot(st)
+        self.hooks.finished[flight.row] = len(finished)
+
+    # ---- slots -------------------------------------------------------------------------------
+    def _assign_slot(self, st: RequestState) -> None:
+        slot = self.slots.take()
+        st.slot = slot
+        self.inputs.reset_slot(slot)
+        history = (st.prompt_ids, st.confirmed_outputs()) if st.req.needs_history else None
+        self.sampler.init_slot(slot, history, st.forced)
+
+    def _release_slot(self, st: RequestState) -> None:
+        if st.slot >= 0:
+            self.slots.give(st.slot)
+            st.slot = -1
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(
+        self, inp: RequestInput, arrival_ns: int | None = None, key: int | None = None
+    ) -> int:
+        """Queue a request; returns its index (`Request.index`, dense over the engine's life).
+        `key` (default: the index) seeds its synthetic prompt and sampling noise: the same key
+        gives the same tokens whatever else runs. Raises ValueError naming the request when it
+        can never run (too long for the model or the cache)."""
+        rid, vocab = inp.request_id, self.spec.vocab_size
+        if inp.prompt_len < 1 or inp.output_len < 1:
+            raise ValueError(f"request {rid!r}: prompt_len and output_len must be >= 1")
+        index = len(self.states)
+        key = index if key is None else key
+        if inp.prompt_ids is not None:
+            prompt = check_ids("prompt_ids", rid, inp.prompt_ids, inp.prompt_len, vocab)
+        else:
+            prompt = synth_prompt(
+                self.cfg.seed, key, inp.prompt_len, vocab, inp.prefix_id, inp.prefix_len
+            )
+        forced = None
+        if inp.output_ids is not None:
+            forced = check_ids("output_ids", rid, inp.output_ids, inp.output_len, vocab)
+        req = Request(
+            index,
+            rid,
+            inp.arrival_s,
+            inp.prompt_len,
+            inp.output_len,
+            needs_history=inp.needs_history,
+            prefix_id=inp.prefix_id,
+            prefix_len=inp.prefix_len,
+            prompt_ids=prompt.tolist() if inp.prompt_ids is not None else None,
+        )
+        self.sched.add(req)
+        st = RequestState(req, key, prompt, forced)
+        st.arrival_ns = _now() if arrival_ns is None else arrival_ns
+        self.states.append(st)
+        return index
+
+    @property
+    def has_work(self) -> bool:
+        return self.sched.has_unfinished or bool(self.inflight)
+
+    def start(self) -> int:
+        """Begin recording (phase hooks, GPU events, GC pauses); returns the run's zero ns."""
+        self.hooks.install_gc()
+        return self.hooks.start()
+
+    def finish(self) -> StepTrace:
+        """Stop recording and return what the hooks saw (synchronizes the device)."""
+        self.hooks.remove_gc()
+        return self.hooks.finish()
+
+    def run(
+        self,
+        requests: Trace | Sequence[RequestInput],
+        arrival: str | None = None,
+        on_step: Callable[[Engine], None] | None = None,
+    ) -> list[RequestOutput]:
+        """Serve `requests` to completion; outputs in the given order (a trace: arrival order).
+        arrival 'asap' queues everything at once, 'realtime' at arrival_s after the start
+        (default: config key `arrival`). A request's key is its arrival rank, so repeated runs
+        give the same tokens. The hooks' record is left in `self.trace`."""
+        mode = arrival or self.cfg.arrival
+        if mode not in ("asap", "realtime"):
+            raise ValueError(f"arrival must be 'asap' or 'realtime', got {mode!r}")
+        items = inputs_from_trace(requests) if isinstance(requests, Trace) else list(requests)
+        order = sorted(range(len(items)), key=lambda i: items[i].arrival_s)
+        index = [0] * len(items)
+        t0 = self.start()
+        i = 0
+        while i < len(order) or self.has_work:
+            now = _now()
+            while i < len(order):
+                inp = items[order[i]]
+                due = t0 + int(inp.arrival_s * 1e9)
+                if mode == "realtime" and due > now:
+                    break
+                arrival_ns = due if mode == "realtime" else now
+                index[order[i]] = self.add_request(inp, arrival_ns, key=i)
+                i += 1
+            if not self.has_work:
+                time.sleep(max(0.0, (due - _now()) / 1e9))
+                continue
+            if not self.step():
+                raise RuntimeError("the scheduler made no progress with requests waiting")
+            if on_step is not None:
+                on_step(self)
+        self.trace = self.finish()
+        return [self.states[j].result() for j in index]
+
+    # ---- start-up ----------------------------------------------------------------------------
+    def _kv_blocks(self) -> int:
+        """config num_kv_blocks if > 0; on CPU a fixed budget; on CUDA what is free after the
+        weights and a profiling run at the largest batch, times kv_memory_fraction."""
+        cfg = self.cfg
+        if cfg.num_kv_blocks > 0:
+            return cfg.num_kv_blocks
+        per_block = kv_cache_bytes_per_block(self.spec, cfg.block_size, self.model.dtype)
+        if self.device.type != "cuda":
+            return max(1, CPU_KV_BYTES // per_block)
+        activation_bytes = self._profile_run()
+        free_bytes, _ = torch.cuda.mem_get_info(self.device)
+        return kv_blocks_from_free_bytes(cfg, self.spec, free_bytes - activation_bytes)
+
+    @torch.no_grad()
+    def _profile_run(self) -> int:
+        """Peak activation bytes of an eager forward over max_num_batched_tokens tokens plus
+        sampling (with penalties) of max_num_seqs rows. Leaves the sampler state zeroed."""
+        cfg, spec, dev = self.cfg, self.spec, self.device
+        n_tok = self.inputs.max_tokens
+        seq_len = min(n_tok, self.max_model_len)
+        q_lens = [seq_len] * (n_tok // seq_len) + ([n_tok % seq_len] if n_tok % seq_len else [])
+        bs = cfg.block_size
+        per_seq = -(-seq_len // bs)
+        tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(len(q_lens))]
+        kv = allocate_kv_cache(spec, per_seq * len(q_lens), bs, self.model.dtype, dev)
+        attn = AttentionMetadata.from_lists(q_lens, q_lens, tables, bs, dev)
+        ids = torch.zeros(n_tok, dtype=torch.int32, device=dev)
+        pos = torch.cat([torch.arange(q, dtype=torch.int32, device=dev) for q in q_lens])
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = torch.cuda.memory_allocated(dev)
+        hidden = self.model(ids, pos, attn, kv)
+        g = cfg.max_num_seqs
+        logits = self.model.compute_logits(hidden[:g])
+        r = torch.arange(g, dtype=torch.int32, device=dev)
+        rows = SampleRows(r, r * 0, r, r * 0 - 1, r)
+        self.sampler.sample(logits, rows, torch.empty_like(r))
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(dev) - before
+        del hidden, logits, kv
+        self.sampler.counts.zero_()
+        self.sampler.last_sampled.zero_()
+        torch.cuda.empty_cache()
+        return peak

@@ -1,0 +1,109 @@
+"""CUDA graphs for pure-decode batches: model forward + logits, one graph per batch-size bucket.
+
+A batch of B decodes (one query token each) replays the graph of the smallest bucket >= B.
+Padded rows B..bucket-1 own no query tokens (query_start_loc stays at B) and their tokens write
+slot -1, so they touch no KV and their logits rows are ignored. Inputs are the fixed-address views
+of `InputBuffers` (engine.inputs); the attention bounds are captured as max_query_len = 1 and
+max_seq_len = max_model_len (the kernel reads the real lengths from seq_lens). Mixed and prefill
+batches run eagerly.
+
+Graphs are captured after a warm-up run of each bucket (Triton compiles then), largest first, in
+one shared memory pool; every graph's logits live in that pool and are valid until the next
+replay, which stream order puts after this step's sampler.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+import torch
+
+from engine.inputs import QSL, SEQ_LENS, InputBuffers
+from engine.model import LlamaModel
+
+
+def decode_buckets(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, 16, 24, ..., 64 (step 8), 80, ..., 128 (step 16), 160, ... (step 32), then
+    max_num_seqs itself, all <= max_num_seqs."""
+    out = [1, 2, 4]
+    b, step = 8, 8
+    while b < max_num_seqs:
+        out.append(b)
+        if b >= 128:
+            step = 32
+        elif b >= 64:
+            step = 16
+        b += step
+    out.append(max_num_seqs)
+    return sorted({x for x in out if x <= max_num_seqs})
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_cache: torch.Tensor,
+        inputs: InputBuffers,
+        max_num_seqs: int,
+        max_seq_len: int,
+    ) -> None:
+        self.model, self.kv_cache, self.inputs = model, kv_cache, inputs
+        self.max_seq_len = max_seq_len
+        self.buckets = decode_buckets(min(max_num_seqs, inputs.max_tokens))
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+
+    @property
+    def max_bucket(self) -> int:
+        return self.buckets[-1]
+
+    def bucket_for(self, num_reqs: int) -> int:
+        """Smallest bucket >= num_reqs, or 0 when the batch is too large for a graph."""
+        i = bisect.bisect_left(self.buckets, num_reqs)
+        return self.buckets[i] if i < len(self.buckets) else 0
+
+    def forward_fn(self, bucket: int) -> Callable[[], torch.Tensor]:
+        """The eager computation a bucket's graph captures: logits [bucket, vocab]."""
+        inp = self.inputs
+        attn = inp.attn_views(bucket, bucket, 1, self.max_seq_len)
+        ids, pos = inp.input_ids[:bucket], inp.positions(bucket)
+
+        def run() -> torch.Tensor:
+            return self.model.compute_logits(self.model(ids, pos, attn, self.kv_cache))
+
+        return run
+
+    def _dummy_inputs(self, bucket: int) -> None:
+        """Decode-shaped placeholders: each row one token at position 0, writing no KV."""
+        inp = self.inputs
+        d = inp.d_rows
+        d[QSL, : bucket + 1] = torch.arange(bucket + 1, dtype=torch.int32, device=d.device)
+        d[SEQ_LENS, :bucket] = 1
+        inp.batch_tables[:bucket].zero_()
+        inp.d_toks[: 2 * bucket].zero_()
+        inp.d_toks[2 * bucket : 3 * bucket].fill_(-1)
+        inp.input_ids[:bucket].zero_()
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()
+        for bucket in reversed(self.buckets):
+            run = self.forward_fn(bucket)
+            self._dummy_inputs(bucket)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[bucket] = run()
+            self.graphs[bucket] = graph
+        torch.cuda.synchronize()
+
+    def replay(self, bucket: int) -> torch.Tensor:
+        """Run the bucket's graph on the current stream; logits [bucket, vocab] float32."""
+        self.graphs[bucket].replay()
+        return self.logits[bucket]

@@ -1,0 +1,242 @@
+"""Preallocated input buffers and their per-step preparation.
+
+Host side, per ring slot k (one per batch in flight, see engine.outputs for the ring rule),
+pinned int32 buffers written through numpy views:
+- `rows[k]` [NUM_ROW_FIELDS, R] (R = max_num_seqs + 1): per-request fields, field-major;
+- `toks[k]` [3 * max_tokens]: per-token [ids | positions | slot_mapping], each T long for a step
+  of T (padded) tokens, so a step needs one contiguous copy of 3T values;
+- `pairs[k]`: block-table updates [flat index (K) | block id (K)].
+Device side: the same blocks once (the compute stream orders every use), the per-slot block table
+[max_num_seqs, max_blocks] and the per-batch gathered table `batch_tables`.
+
+Per step the host sends rows (whole: R * 9 ints), 3T token values, and only the block-table
+entries that changed since the slot's last step (new blocks; a new slot's whole list once); the
+device gathers the batch's table rows from the per-slot table.
+
+Input ids of decode tokens are not known on the host while their producing batch is in flight:
+the host writes -(slot + 1) and the device substitutes `last_sampled[slot]` (engine.sampler).
+For a CUDA graph of bucket size Bk, every view used below has the same address on every replay:
+token fields sit at offsets 0, Bk, 2Bk and row fields at fixed offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from core.policy import ScheduledBatch
+from engine.attention import AttentionMetadata
+from engine.requests import RequestState
+from engine.sampler import SampleRows
+
+# row fields: rows[F, :] (QSL has B + 1 values, the others B or G or H)
+QSL, SEQ_LENS, ROW_SLOT, LOGITS_IDX, GEN_SLOT, GEN_OUT, GEN_KEY, GEN_FORCED, HIST = range(9)
+NUM_ROW_FIELDS = 9
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """A prepared step: device views and the host-known sizes."""
+
+    num_reqs: int  # B
+    num_tokens: int  # T (unpadded)
+    num_gen: int  # G: entries that sample a token
+    bucket: int  # CUDA graph batch size, 0 = eager
+    ring: int  # ring slot k
+    input_ids: torch.Tensor  # [T or bucket]
+    positions: torch.Tensor
+    attn: AttentionMetadata
+    logits_idx: torch.Tensor  # [G] token index of each generating entry's last token
+    rows: SampleRows
+
+
+def _pinned(shape: tuple[int, ...], cuda: bool) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.int32, pin_memory=cuda)
+
+
+class InputBuffers:
+    def __init__(
+        self,
+        depth: int,
+        max_num_seqs: int,
+        max_tokens: int,
+        max_blocks: int,
+        block_size: int,
+        last_sampled: torch.Tensor,
+    ) -> None:
+        device = last_sampled.device
+        self.last_sampled = last_sampled  # the sampler's per-slot newest tokens [max_num_seqs]
+        cuda = device.type == "cuda"
+        self.cuda, self.device, self.depth = cuda, device, depth
+        self.block_size, self.max_blocks, self.max_tokens = block_size, max_blocks, max_tokens
+        r = max_num_seqs + 1
+        self.h_rows = [_pinned((NUM_ROW_FIELDS, r), cuda) for _ in range(depth)]
+        self.h_toks = [_pinned((3 * max_tokens,), cuda) for _ in range(depth)]
+        self.h_pairs = [_pinned((2 * 64,), cuda) for _ in range(depth)]
+        self.d_rows = torch.zeros((NUM_ROW_FIELDS, r), dtype=torch.int32, device=device)
+        self.d_toks = torch.zeros(3 * max_tokens, dtype=torch.int32, device=device)
+        self.d_pairs = torch.zeros(2 * 64, dtype=torch.int32, device=device)
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.int32, device=device)
+        self.block_table = torch.zeros((max_num_seqs, max_blocks), dtype=torch.int32, device=device)
+        self.batch_tables = torch.zeros(
+            (max_num_seqs, max_blocks), dtype=torch.int32, device=device
+        )
+        self.sent_blocks = [0] * max_num_seqs  # block ids of a slot already in block_table
+        self._k = 0
+
+    def reset_slot(self, slot: int) -> None:
+        self.sent_blocks[slot] = 0
+
+    # ---- the device views a step (or a graph of `bucket` rows) reads -------------------------
+    def attn_views(self, b: int, t: int, max_query_len: int, max_seq_len: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            query_start_loc=self.d_rows[QSL, : b + 1],
+            seq_lens=self.d_rows[SEQ_LENS, :b],
+            block_tables=self.batch_tables[:b],
+            slot_mapping=self.d_toks[2 * t : 3 * t],
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+        )
+
+    def positions(self, t: int) -> torch.Tensor:
+        return self.d_toks[t : 2 * t]
+
+    # ---- preparation -------------------------------------------------------------------------
+    def prepare(
+        self,
+        batch: ScheduledBatch,
+        states: list[RequestState],
+        bucket: int,
+        forced_width: int,
+    ) -> StepInputs:
+        """Fill the host buffers for `batch`, enqueue the copies and the device fix-ups.
+        `bucket` > 0: a pure-decode batch padded to `bucket` rows for a CUDA graph."""
+        k = self._k
+        self._k = (k + 1) % self.depth
+        entries = batch.entries
+        b = len(entries)
+        t_real = batch.shape.num_tokens
+        t = bucket or t_real
+        bs, mb = self.block_size, self.max_blocks
+        rows = self.h_rows[k].numpy()
+        toks = self.h_toks[k].numpy()
+        ids, pos, smap = toks[:t], toks[t : 2 * t], toks[2 * t : 3 * t]
+
+        qsl, seq_lens, row_slot = [0], [], []
+        logits_idx, g_slot, g_out, g_key, g_forced, hist = [], [], [], [], [], []
+        d_tok, d_id, d_pos, d_smap = [], [], [], []  # decode tokens, written at once
+        p_idx, p_blk = [], []  # block-table updates
+        tok = 0
+        max_q = 1
+        for e in entries:
+            req = e.req
+            st = states[req.index]
+            slot = st.slot
+            s, n = e.start_pos, e.num_tokens
+            blocks = req.block_ids
+            sent = self.sent_blocks[slot]
+            if len(blocks) > sent:
+                base = slot * mb
+                p_idx.extend(range(base + sent, base + len(blocks)))
+                p_blk.extend(blocks[sent:])
+                self.sent_blocks[slot] = len(blocks)
+            if e.is_prefill:
+                ids[tok : tok + n] = st.token_ids[s : s + n]
+                p = np.arange(s, s + n, dtype=np.int32)
+                pos[tok : tok + n] = p
+                table = np.asarray(blocks[s // bs : (s + n - 1) // bs + 1], dtype=np.int32)
+                smap[tok : tok + n] = table[p // bs - s // bs] * bs + p % bs
+                max_q = max(max_q, n)
+            else:  # one token: its id is the slot's last sampled token, on the device
+                assert n == 1, "draft tokens need the speculative-decoding input path"
+                d_tok.append(tok)
+                d_id.append(-1 - slot)
+                d_pos.append(s)
+                d_smap.append(blocks[s // bs] * bs + s % bs)
+            tok += n
+            qsl.append(tok)
+            seq_lens.append(s + n)
+            row_slot.append(slot)
+            if e.generates:
+                if req.needs_history:
+                    hist.append(len(logits_idx))
+                out_idx = s + n - req.prompt_len
+                logits_idx.append(tok - 1)
+                g_slot.append(slot)
+                g_out.append(out_idx)
+                g_key.append(st.key)
+                g_forced.append(slot * forced_width + out_idx if st.forced is not None else -1)
+        if d_tok:
+            ids[d_tok] = d_id
+            pos[d_tok] = d_pos
+            smap[d_tok] = d_smap
+        if t > t_real:  # graph padding: no sequence owns these tokens, their KV is dropped
+            ids[t_real:] = 0
+            pos[t_real:] = 0
+            smap[t_real:] = -1
+        g, h = len(logits_idx), len(hist)
+        rows[QSL, : b + 1] = qsl
+        rows[QSL, b + 1 :] = t_real  # padded sequences have no query tokens
+        rows[SEQ_LENS, :b] = seq_lens
+        rows[SEQ_LENS, b:] = 0
+        rows[ROW_SLOT, :b] = row_slot
+        rows[LOGITS_IDX, :g] = logits_idx
+        rows[GEN_SLOT, :g] = g_slot
+        rows[GEN_OUT, :g] = g_out
+        rows[GEN_KEY, :g] = g_key
+        rows[GEN_FORCED, :g] = g_forced
+        rows[HIST, :h] = hist
+
+        self._copy(k, t, p_idx, p_blk)
+        self._finish_ids(t)
+        max_seq = max(seq_lens)
+        cols = min(mb, -(-max_seq // bs))
+        # only the columns this step can read; the rest of a row is never looked at
+        self.batch_tables[:b, :cols] = self.block_table[self.d_rows[ROW_SLOT, :b], :cols]
+        d = self.d_rows
+        return StepInputs(
+            num_reqs=b,
+            num_tokens=t_real,
+            num_gen=g,
+            bucket=bucket,
+            ring=k,
+            input_ids=self.input_ids[:t],
+            positions=self.positions(t),
+            attn=self.attn_views(b, t, max_q, max_seq),
+            logits_idx=d[LOGITS_IDX, :g],
+            rows=SampleRows(
+                slot=d[GEN_SLOT, :g],
+                out_idx=d[GEN_OUT, :g],
+                key=d[GEN_KEY, :g],
+                forced_idx=d[GEN_FORCED, :g],
+                hist_rows=d[HIST, :h],
+            ),
+        )
+
+    def _copy(self, k: int, t: int, p_idx: list[int], p_blk: list[int]) -> None:
+        """Host -> device, asynchronous (pinned sources); block-table entries scattered."""
+        self.d_rows.copy_(self.h_rows[k], non_blocking=True)
+        self.d_toks[: 3 * t].copy_(self.h_toks[k][: 3 * t], non_blocking=True)
+        n = len(p_idx)
+        if not n:
+            return
+        if 2 * n > self.h_pairs[k].numel():
+            cap = 1 << (2 * n - 1).bit_length()
+            self.h_pairs[k] = _pinned((cap,), self.cuda)
+            if cap > self.d_pairs.numel():
+                self.d_pairs = torch.zeros(cap, dtype=torch.int32, device=self.device)
+        hp = self.h_pairs[k]
+        hp_np = hp.numpy()
+        hp_np[:n] = p_idx
+        hp_np[n : 2 * n] = p_blk
+        self.d_pairs[: 2 * n].copy_(hp[: 2 * n], non_blocking=True)
+        flat = self.d_pairs[:n].long()
+        self.block_table.view(-1).index_copy_(0, flat, self.d_pairs[n : 2 * n])
+
+    def _finish_ids(self, t: int) -> None:
+        """input_ids[:t] = host ids, with -(slot + 1) replaced by last_sampled[slot]."""
+        raw = self.d_toks[:t]
+        src = (-1 - raw).clamp_(min=0)
+        torch.where(raw < 0, self.last_sampled[src], raw, out=self.input_ids[:t])
