@@ -284,7 +284,7 @@ def paged_attention(
         BLOCK_Q=block_q,
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
-        num_warps=4,
+        num_warps=8 if block_m >= 64 else 4,  # sm_90: no register spills either way
     )
     if num_splits > 1:
         _reduce_splits_kernel[(num_tokens, num_q_heads)](
