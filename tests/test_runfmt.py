@@ -209,6 +209,16 @@ def test_bubble_invariants_random(r: RunRecorder) -> None:
     s, e = rec.gpu_start[has_gpu], rec.gpu_end[has_gpu]
     order = np.argsort(s)
     assert np.all(s[order][1:] >= e[order][:-1])
+    # chunking the gaps changes nothing
+    small = account_bubbles(rec, chunk_gaps=2)
+    assert small.by_cause == pytest.approx(bub.by_cause, abs=1e-12)
+    assert np.array_equal(small.bubble_cause_code, bub.bubble_cause_code)
+    for a, b in zip(
+        (small.piece_start, small.piece_end, small.piece_cause),
+        (bub.piece_start, bub.piece_end, bub.piece_cause),
+    ):
+        assert np.array_equal(a, b)
+    assert np.sum(bub.piece_end - bub.piece_start) == pytest.approx(bub.bubble_s, abs=1e-9)
     # a step has a cause exactly when it has a bubble
     assert np.array_equal(bub.bubble_cause != "", np.nan_to_num(bub.bubble_before_s) > 0)
 

@@ -7,19 +7,30 @@ Over the run's window W = [first arrival or GPU start, last finish or GPU end]:
 - bubble = (W \\ B) ∩ D; idle = (W \\ B) \\ D, which is not a bubble.
 So busy + bubble + idle = span exactly, and bubble_fraction = bubble / (busy + bubble).
 
-Each idle gap belongs to the step whose GPU work ends it (the gap after the last GPU interval
-belongs to no step). Every piece of a bubble gets the cause of what the CPU thread was doing:
-a GC pause, else a sync wait, else a CPU phase (in CPU_PHASES order if two overlap), else
-`launch_gap` (the CPU in no recorded activity). All of it is numpy over sorted intervals.
+Gap k is the idle time before the k-th GPU interval in time order and belongs to that step;
+the gap after the last GPU interval belongs to no step. Every piece of a bubble gets the cause
+of what the CPU thread was doing: a GC pause, else a sync wait, else a CPU phase (in
+CPU_PHASES order if two overlap), else `launch_gap` (the CPU in no recorded activity).
+All numpy; gaps are processed in chunks so memory stays bounded on runs of millions of steps.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from core.phases import CAUSE_LAUNCH_GAP, CPU_PHASES, GC, SYNC
+from core.runfmt.intervals import (
+    IntArray,
+    SortedIntervals,
+    covered,
+    cut,
+    measure_upto,
+    merge_touching,
+    union,
+)
 from core.runfmt.recording import Recording, RecordingError
 from core.runfmt.stats import FloatArray
 
@@ -39,10 +50,10 @@ class Bubbles:
     by_cause: dict[str, float]  # every cause of CAUSES, in that order
     gpu_idle_before_s: FloatArray  # (steps,), NaN where a step has no GPU interval
     bubble_before_s: FloatArray  # (steps,), NaN likewise
-    bubble_cause: np.ndarray  # (steps,) str: the cause with most seconds, "" without bubble
-    piece_start: FloatArray  # bubble pieces in time order, contiguous same-cause pieces merged
-    piece_end: FloatArray
-    piece_cause: np.ndarray  # int codes into CAUSES
+    bubble_cause_code: np.ndarray  # (steps,) int8 into CAUSES, the cause with most s; -1 none
+    piece_start: FloatArray  # bubble pieces before `pieces_until_s`, in time order,
+    piece_end: FloatArray  # touching same-cause pieces merged (for the timeline)
+    piece_cause: IntArray  # codes into CAUSES
 
     @property
     def span_s(self) -> float:
@@ -53,25 +64,15 @@ class Bubbles:
         denom = self.busy_s + self.bubble_s
         return self.bubble_s / denom if denom > 0 else 0.0
 
-
-class _Intervals:
-    """Possibly overlapping intervals, answering "is x covered?" for many x at once."""
-
-    def __init__(self, starts: FloatArray, ends: FloatArray) -> None:
-        keep = np.isfinite(starts) & np.isfinite(ends) & (ends > starts)
-        order = np.argsort(starts[keep], kind="stable")
-        self.starts = starts[keep][order]
-        self.ends = ends[keep][order]
-        self.reach = np.maximum.accumulate(self.ends) if self.ends.size else self.ends
-
-    def covers(self, x: FloatArray) -> np.ndarray:
-        i = np.searchsorted(self.starts, x, side="right") - 1
-        if self.starts.size == 0:
-            return np.zeros(x.shape, dtype=bool)
-        return (i >= 0) & (self.reach[np.maximum(i, 0)] > x)
+    @property
+    def bubble_cause(self) -> np.ndarray:
+        """(steps,) str: the main cause of the bubble before each step, "" without bubble."""
+        names = np.array(("", *CAUSES), dtype=object)
+        out: np.ndarray = names[self.bubble_cause_code.astype(np.int64) + 1]
+        return out
 
 
-def _gpu_intervals(rec: Recording, tol_s: float) -> tuple[np.ndarray, FloatArray, FloatArray]:
+def _gpu_intervals(rec: Recording, tol_s: float) -> tuple[IntArray, FloatArray, FloatArray]:
     """(step ids, starts, ends) of GPU intervals in time order; overlaps <= tol_s are clipped."""
     sid = np.flatnonzero(~np.isnan(rec.gpu_start))
     sid = sid[np.argsort(rec.gpu_start[sid], kind="stable")]
@@ -90,138 +91,123 @@ def _gpu_intervals(rec: Recording, tol_s: float) -> tuple[np.ndarray, FloatArray
     return sid, s, e
 
 
-def _demand(arrival: FloatArray, finish: FloatArray, end_s: float) -> tuple[FloatArray, ...]:
-    """Merged, sorted, disjoint [start, end] of the union of [arrival, finish]."""
-    if arrival.size == 0:
-        return np.zeros(0), np.zeros(0)
-    f = np.where(np.isnan(finish), end_s, finish)
-    order = np.argsort(arrival, kind="stable")
-    a, reach = arrival[order], np.maximum.accumulate(f[order])
-    new = np.concatenate(([True], a[1:] > reach[:-1]))
-    first = np.flatnonzero(new)
-    last = np.concatenate((first[1:] - 1, [a.size - 1]))
-    return a[first], reach[last]
-
-
-def _measure_upto(ds: FloatArray, de: FloatArray, x: FloatArray) -> FloatArray:
-    """|D ∩ (-inf, x]| for disjoint sorted D = [ds, de]."""
-    if ds.size == 0:
-        return np.zeros(x.shape)
-    cum = np.concatenate(([0.0], np.cumsum(de - ds)))
-    i = np.searchsorted(ds, x, side="right") - 1
-    ic = np.maximum(i, 0)
-    part = np.clip(x - ds[ic], 0.0, de[ic] - ds[ic])
-    out: FloatArray = np.where(i >= 0, cum[ic] + part, 0.0)
-    return out
-
-
-def _activities(rec: Recording) -> dict[int, _Intervals]:
+def _activities(rec: Recording) -> dict[int, SortedIntervals]:
     acts = {
-        j: _Intervals(rec.phase_start[:, j], rec.phase_end[:, j]) for j in range(len(CPU_PHASES))
+        j: SortedIntervals.of(rec.phase_start[:, j], rec.phase_end[:, j])
+        for j in range(len(CPU_PHASES))
     }
-    acts[CAUSES.index(SYNC)] = _Intervals(rec.sync_start, rec.sync_end)
-    acts[CAUSES.index(GC)] = _Intervals(rec.gc_start, rec.gc_start + rec.gc_dur)
+    acts[CAUSES.index(SYNC)] = SortedIntervals.of(rec.sync_start, rec.sync_end)
+    acts[CAUSES.index(GC)] = SortedIntervals.of(rec.gc_start, rec.gc_start + rec.gc_dur)
     return acts
 
 
-def account_bubbles(rec: Recording, overlap_tol_s: float = 1e-6) -> Bubbles:
+def account_bubbles(
+    rec: Recording,
+    overlap_tol_s: float = 1e-6,
+    pieces_until_s: float = math.inf,
+    chunk_gaps: int = 1 << 15,
+) -> Bubbles:
     n = rec.num_steps
     sid, s, e = _gpu_intervals(rec, overlap_tol_s)
-    times = [rec.arrival, s, e, rec.finish, rec.last_token]
-    finite = [t[np.isfinite(t)] for t in times]
+    finite = [t[np.isfinite(t)] for t in (rec.arrival, s, e, rec.finish, rec.last_token)]
     if not any(t.size for t in finite):
         return _empty(n)
     start_s = float(min(t.min() for t in finite if t.size))
     end_s = float(max(t.max() for t in finite if t.size))
-    ds, de = _demand(rec.arrival, rec.finish, end_s)
+    ds, de = union(rec.arrival, np.where(np.isnan(rec.finish), end_s, rec.finish))
 
-    # gap k ends at GPU interval k (the step sid[k]); the last gap ends at end_s
+    # gap k ends where GPU interval k starts; the last gap ends at end_s. Both ends ascend.
     gap_s = np.concatenate(([start_s], e))
     gap_e = np.maximum(np.concatenate((s, [end_s])), gap_s)
-    gap_bubble = _measure_upto(ds, de, gap_e) - _measure_upto(ds, de, gap_s)
+    gap_bubble = measure_upto(ds, de, gap_e) - measure_upto(ds, de, gap_s)
     busy_s = float(np.sum(e - s))
-    gaps_s = float(np.sum(gap_e - gap_s))
     bubble_s = float(np.sum(gap_bubble))
-
     idle_before = np.full(n, np.nan)
     bubble_before = np.full(n, np.nan)
     idle_before[sid] = (gap_e - gap_s)[:-1]
     bubble_before[sid] = gap_bubble[:-1]
 
-    p_start, p_end, p_cause, p_gap = _pieces(rec, gap_s, gap_e, ds, de)
-    lengths = p_end - p_start
-    by_cause = np.bincount(p_cause, weights=lengths, minlength=len(CAUSES))
-    cause = np.full(n, "", dtype=object)
-    # pieces in the trailing gap (index sid.size) belong to no step
-    sid_or_none = np.concatenate((sid, [-1]))
-    step_of_piece = sid_or_none[p_gap]
-    steps, main = _main_cause(step_of_piece, p_cause, lengths)
-    cause[steps] = np.array(CAUSES, dtype=object)[main]
-    m_start, m_end, m_cause = _merge(p_start, p_end, p_cause)
+    by_cause = np.zeros(len(CAUSES))
+    gap_cause = np.full(gap_s.size, -1, dtype=np.int8)
+    kept: list[tuple[FloatArray, FloatArray, IntArray]] = []
+    acts = _activities(rec)
+    demand = SortedIntervals.of(ds, de)
+    with_bubble = np.flatnonzero(gap_bubble > 0)
+    for c0 in range(0, with_bubble.size, chunk_gaps):
+        gaps = with_bubble[c0 : c0 + chunk_gaps]
+        lo, hi, cause, gap = _pieces(gaps, gap_s, gap_e, demand, acts)
+        length = hi - lo
+        by_cause += np.bincount(cause, weights=length, minlength=len(CAUSES))
+        g, main = _main_cause(gap, cause, length)
+        gap_cause[g] = main
+        if lo.size and lo[0] < pieces_until_s:
+            kept.append(merge_touching(*(x[lo < pieces_until_s] for x in (lo, hi, cause))))
+    cause_code = np.full(n, -1, dtype=np.int8)
+    cause_code[sid] = gap_cause[:-1]
+    p_start, p_end, p_cause = (
+        merge_touching(*(np.concatenate(parts) for parts in zip(*kept)))
+        if kept
+        else (np.zeros(0), np.zeros(0), np.zeros(0, np.int64))
+    )
     return Bubbles(
         start_s=start_s,
         end_s=end_s,
         busy_s=busy_s,
         bubble_s=bubble_s,
-        idle_s=gaps_s - bubble_s,
+        idle_s=float(np.sum(gap_e - gap_s)) - bubble_s,
         by_cause={c: float(x) for c, x in zip(CAUSES, by_cause)},
         gpu_idle_before_s=idle_before,
         bubble_before_s=bubble_before,
-        bubble_cause=cause,
-        piece_start=m_start,
-        piece_end=m_end,
-        piece_cause=m_cause,
+        bubble_cause_code=cause_code,
+        piece_start=p_start,
+        piece_end=p_end,
+        piece_cause=p_cause,
     )
 
 
 def _pieces(
-    rec: Recording, gap_s: FloatArray, gap_e: FloatArray, ds: FloatArray, de: FloatArray
-) -> tuple[FloatArray, FloatArray, np.ndarray, np.ndarray]:
-    """Bubble cut at every activity boundary: (start, end, cause code, gap index)."""
-    gaps = _Intervals(gap_s, gap_e)
-    demand = _Intervals(ds, de)
-    # 1. the bubble intervals themselves: elementary segments of gap and demand boundaries
-    pts = np.unique(np.concatenate((gaps.starts, gaps.ends, ds, de)))
-    mid = (pts[:-1] + pts[1:]) / 2
-    inside = gaps.covers(mid) & demand.covers(mid)
-    bubble = _Intervals(pts[:-1][inside], pts[1:][inside])
-    # 2. cut them at the activity boundaries that fall inside
-    acts = _activities(rec)
-    cuts = np.concatenate([np.concatenate((a.starts, a.ends)) for a in acts.values()])
-    cuts = cuts[bubble.covers(cuts)]
-    pts = np.unique(np.concatenate((bubble.starts, bubble.ends, cuts)))
-    mid = (pts[:-1] + pts[1:]) / 2
-    keep = bubble.covers(mid)
-    lo, hi, mid = pts[:-1][keep], pts[1:][keep], mid[keep]
-    cause = np.full(mid.shape, _LAUNCH_GAP, dtype=np.int64)
-    open_ = np.ones(mid.shape, dtype=bool)
+    gaps: IntArray,
+    gap_s: FloatArray,
+    gap_e: FloatArray,
+    demand: SortedIntervals,
+    acts: dict[int, SortedIntervals],
+) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
+    """The bubble inside the given gaps (ascending ids), cut at every demand and activity
+    boundary: (start, end, cause, gap id) per piece, in time order."""
+    lo_s, hi_s = float(gap_s[gaps[0]]), float(gap_e[gaps[-1]])
+    labels = list(acts)
+    sets = [(gap_s[gaps], gap_e[gaps]), demand.window(lo_s, hi_s)]
+    sets += [acts[k].window(lo_s, hi_s) for k in labels]
+    pts, idx = cut(sets)
+    nseg = max(pts.size - 1, 0)
+    bubble = np.flatnonzero(covered(*idx[0], nseg) & covered(*idx[1], nseg))
+    cause = np.full(bubble.size, _LAUNCH_GAP, dtype=np.int64)
+    open_ = np.ones(bubble.size, dtype=bool)
     for label in _PRIORITY:
-        hit = open_ & acts[label].covers(mid)
+        hit = open_ & covered(*idx[2 + labels.index(label)], nseg)[bubble]
         cause[hit] = label
         open_ &= ~hit
-    gap = np.searchsorted(gap_s, mid, side="right") - 1
-    return lo, hi, cause, gap
+    # the gaps are disjoint and ascending: a segment's gap is the last one starting at or before
+    started = np.cumsum(np.bincount(idx[0][0], minlength=nseg + 1)[:nseg]) - 1
+    return pts[bubble], pts[bubble + 1], cause, gaps[started[bubble]]
 
 
-def _main_cause(step: np.ndarray, cause: np.ndarray, length: FloatArray) -> tuple[np.ndarray, ...]:
-    """For each step with bubble pieces: the cause with the most seconds (ties: lower code)."""
-    ok = step >= 0
-    key = step[ok] * len(CAUSES) + cause[ok]
-    uniq, inv = np.unique(key, return_inverse=True)
-    total = np.bincount(inv, weights=length[ok])
-    k_step, k_cause = uniq // len(CAUSES), uniq % len(CAUSES)
-    order = np.lexsort((k_cause, -total, k_step))
-    first = order[np.concatenate(([True], np.diff(k_step[order]) != 0))] if order.size else order
-    return k_step[first], k_cause[first]
-
-
-def _merge(start: FloatArray, end: FloatArray, cause: np.ndarray) -> tuple[np.ndarray, ...]:
-    if start.size == 0:
-        return start, end, cause
-    new = np.concatenate(([True], (start[1:] != end[:-1]) | (cause[1:] != cause[:-1])))
-    first = np.flatnonzero(new)
-    last = np.concatenate((first[1:] - 1, [start.size - 1]))
-    return start[first], end[last], cause[first]
+def _main_cause(gap: IntArray, cause: IntArray, length: FloatArray) -> tuple[IntArray, IntArray]:
+    """Per gap holding bubble: (gap, the cause with the most seconds; ties: the lower code)."""
+    if gap.size == 0:
+        return gap, cause
+    key = gap * len(CAUSES) + cause  # pieces are in time order, so keys are nearly sorted
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+    total = np.add.reduceat(length[order], first)
+    k_gap, k_cause = key[first] // len(CAUSES), key[first] % len(CAUSES)
+    group = np.flatnonzero(np.concatenate(([True], k_gap[1:] != k_gap[:-1])))
+    best = np.maximum.reduceat(total, group)
+    is_best = total == np.repeat(best, np.diff(np.append(group, total.size)))
+    winners = np.flatnonzero(is_best)  # in key order: the first per gap has the lowest code
+    winners = winners[np.concatenate(([True], k_gap[winners][1:] != k_gap[winners][:-1]))]
+    return k_gap[winners], k_cause[winners]
 
 
 def _empty(n: int) -> Bubbles:
@@ -235,7 +221,7 @@ def _empty(n: int) -> Bubbles:
         by_cause=dict.fromkeys(CAUSES, 0.0),
         gpu_idle_before_s=np.full(n, np.nan),
         bubble_before_s=np.full(n, np.nan),
-        bubble_cause=np.full(n, "", dtype=object),
+        bubble_cause_code=np.full(n, -1, dtype=np.int8),
         piece_start=none,
         piece_end=none,
         piece_cause=np.zeros(0, np.int64),

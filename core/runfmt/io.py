@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.runfmt.bubbles import account_bubbles
+from core.runfmt.recording import Recording, validate
 from core.runfmt.records import RunRecorder
 from core.runfmt.summary import FORMAT, FORMAT_VERSION, REQUIRED_KEYS, build_summary
 from core.runfmt.tables import (
@@ -34,7 +35,7 @@ from core.runfmt.tables import (
     requests_table,
     steps_table,
 )
-from core.runfmt.timeline import DEFAULT_MAX_STEPS, build_timeline
+from core.runfmt.timeline import DEFAULT_MAX_STEPS, build_timeline, cut_time
 
 SUMMARY, REQUESTS, STEPS, GC_PAUSES, TIMELINE = (
     "summary.json",
@@ -44,6 +45,7 @@ SUMMARY, REQUESTS, STEPS, GC_PAUSES, TIMELINE = (
     "timeline.json",
 )
 RUN_FILES: tuple[str, ...] = (SUMMARY, REQUESTS, STEPS, GC_PAUSES, TIMELINE)
+_COMPRESSION = "zstd"
 
 
 class RunFormatError(ValueError):
@@ -93,7 +95,7 @@ def _jsonable(x: Any) -> Any:
 
 def write_run(
     out_dir: str | Path,
-    rec: RunRecorder,
+    rec: RunRecorder | Recording,
     *,
     config: Any,
     trace: dict[str, Any],
@@ -110,8 +112,9 @@ def write_run(
     _check_trace(trace)
     _check_target(out)
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    frozen = rec.freeze()
-    bub = account_bubbles(frozen)
+    frozen = rec.freeze() if isinstance(rec, RunRecorder) else rec
+    validate(frozen)
+    bub = account_bubbles(frozen, pieces_until_s=cut_time(frozen, timeline_max_steps))
     timeline = build_timeline(frozen, bub, source["kind"], timeline_max_steps)
     summary = build_summary(
         frozen,
@@ -127,14 +130,12 @@ def write_run(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        pq.write_table(requests_table(frozen), tmp / REQUESTS)
-        pq.write_table(steps_table(frozen, bub), tmp / STEPS)
-        pq.write_table(gc_table(frozen), tmp / GC_PAUSES)
-        with (tmp / TIMELINE).open("w") as f:
-            json.dump(timeline, f, separators=(",", ":"), allow_nan=False)
-        with (tmp / SUMMARY).open("w") as f:
-            json.dump(summary, f, indent=2, allow_nan=False)
-            f.write("\n")
+        pq.write_table(requests_table(frozen), tmp / REQUESTS, compression=_COMPRESSION)
+        pq.write_table(steps_table(frozen, bub), tmp / STEPS, compression=_COMPRESSION)
+        pq.write_table(gc_table(frozen), tmp / GC_PAUSES, compression=_COMPRESSION)
+        # json.dumps, not json.dump: the C encoder, ~5x faster on a 20k-step timeline
+        (tmp / TIMELINE).write_text(json.dumps(timeline, separators=(",", ":"), allow_nan=False))
+        (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from core.phases import CPU_PHASES
-from core.runfmt.bubbles import Bubbles
+from core.runfmt.bubbles import CAUSES, Bubbles
 from core.runfmt.recording import Recording
 from core.shape import SHAPE_FIELDS
 
@@ -97,7 +97,9 @@ def steps_table(rec: Recording, bub: Bubbles) -> pa.Table:
     cols["gc_count"] = np.bincount(rec.gc_step[gc_ok], minlength=n)[:n].astype(np.int64)
     cols["gpu_idle_before_s"] = bub.gpu_idle_before_s
     cols["bubble_before_s"] = bub.bubble_before_s
-    cols["bubble_cause"] = pa.array(list(bub.bubble_cause), pa.string())
+    codes = pa.array(bub.bubble_cause_code.astype(np.int32) + 1)
+    names = pa.array(("", *CAUSES), pa.string())
+    cols["bubble_cause"] = pa.DictionaryArray.from_arrays(codes, names).dictionary_decode()
     cols["accepted_draft_tokens"] = rec.accepted
     assert tuple(cols) == STEP_COLUMNS
     return pa.table(cols)

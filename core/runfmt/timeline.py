@@ -95,7 +95,7 @@ def _spans(
     ]
 
 
-def _cut_time(rec: Recording, max_steps: int) -> float:
+def cut_time(rec: Recording, max_steps: int) -> float:
     """The last time the first `max_steps` steps recorded (inf when nothing is cut)."""
     if rec.num_steps <= max_steps:
         return math.inf
@@ -108,7 +108,7 @@ def _cut_time(rec: Recording, max_steps: int) -> float:
 def build_timeline(
     rec: Recording, bub: Bubbles, source_kind: str, max_steps: int = DEFAULT_MAX_STEPS
 ) -> dict[str, Any]:
-    cut = _cut_time(rec, max_steps)
+    cut = cut_time(rec, max_steps)
     ev = _metadata()
     for j, p in enumerate(CPU_PHASES):
         s, e = rec.phase_start[:, j], rec.phase_end[:, j]
