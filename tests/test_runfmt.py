@@ -8,11 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import core.runfmt.io as runio
+from core.config import Config, from_dict
 from core.phases import CAUSE_LAUNCH_GAP, CPU_PHASES, GC, SYNC
 from core.runfmt import (
     CAUSES,
@@ -21,6 +23,7 @@ from core.runfmt import (
     RunRecorder,
     account_bubbles,
     load_run,
+    trace_info,
     write_run,
 )
 from core.runfmt.sketch import LogHistogram
@@ -246,6 +249,8 @@ def test_recorder_refuses_misuse() -> None:
     r.tokens(q, 2.0)
     with pytest.raises(ValueError, match="before the last"):
         r.tokens(q, 1.0)
+    r.phase(s, "sync", 1.0, 1.25)  # routed to sync(): any number per step
+    r.phase(s, "sync", 1.5, 1.75)
     r.phase(s, "prepare_inputs", 2.0, 1.5)
     with pytest.raises(RecordingError, match="step 0: phase 'prepare_inputs' ends before"):
         r.freeze()
@@ -254,6 +259,18 @@ def test_recorder_refuses_misuse() -> None:
     r2.add_request(1, 1.0)
     with pytest.raises(RecordingError, match="request row 1: duplicate request_id 1"):
         r2.freeze()
+
+
+def test_sync_waits_any_number_per_step(tmp_path: Path) -> None:
+    r = hand_built()
+    r.phase(1, "sync", 4.7, 4.8)  # a second wait in step 1, via phase(): routed to sync()
+    rec = r.freeze()
+    assert rec.sync_step.tolist() == [1, 1]
+    _write(tmp_path / "run", r)
+    steps = load_run(tmp_path / "run").arrays("steps")
+    assert steps["sync_count"].tolist() == [0, 2, 0]
+    np.testing.assert_allclose(steps["sync_s"], [0.0, 0.6, 0.0])
+    assert (steps["sync_start_s"][1], steps["sync_end_s"][1]) == (3.5, 4.0)  # the longest
 
 
 def test_many_steps_grow_chunks() -> None:
@@ -391,6 +408,16 @@ def test_write_and_load_roundtrip(tmp_path: Path) -> None:
     assert run.gc.column("phase").to_pylist() == ["launch"]
 
 
+def test_config_object_and_trace_info(tmp_path: Path) -> None:
+    trace_path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"request_id": [1, 2, 3]}), trace_path)
+    info = trace_info(trace_path)
+    assert info["rows"] == 3 and len(info["sha256"]) == 64
+    summary = _write(tmp_path / "run", hand_built(), config=Config(), trace=info)
+    assert from_dict(summary["config"]) == Config()
+    assert summary["trace"] == info
+
+
 def test_int_request_ids_stay_int(tmp_path: Path) -> None:
     r = RunRecorder()
     q = r.add_request(np.int64(5), 0.0)
@@ -457,6 +484,8 @@ def test_bad_arguments(tmp_path: Path) -> None:
         _write(tmp_path / "a", hand_built(), trace={"path": "x"})
     with pytest.raises(ValueError, match="clashes"):
         _write(tmp_path / "a", hand_built(), extra={"span_s": 1})
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        _write(tmp_path / "a", hand_built(), extra={"obj": object()})
     assert list(tmp_path.iterdir()) == []
 
 

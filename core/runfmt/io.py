@@ -112,8 +112,11 @@ def write_run(
     _check_trace(trace)
     _check_target(out)
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    frozen = rec.freeze() if isinstance(rec, RunRecorder) else rec
-    validate(frozen)
+    if isinstance(rec, RunRecorder):
+        frozen = rec.freeze()  # validates
+    else:
+        frozen = rec
+        validate(frozen)
     bub = account_bubbles(frozen, pieces_until_s=cut_time(frozen, timeline_max_steps))
     timeline = build_timeline(frozen, bub, source["kind"], timeline_max_steps)
     summary = build_summary(
@@ -126,21 +129,23 @@ def write_run(
         timeline=timeline["otherData"],
         extra=extra,
     )
-    summary = _jsonable(summary)
+    # serialized before anything touches the disk: a bad `extra` value fails here
+    summary_text = json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n"
+    timeline_text = json.dumps(timeline, separators=(",", ":"), allow_nan=False)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         pq.write_table(requests_table(frozen), tmp / REQUESTS, compression=_COMPRESSION)
         pq.write_table(steps_table(frozen, bub), tmp / STEPS, compression=_COMPRESSION)
         pq.write_table(gc_table(frozen), tmp / GC_PAUSES, compression=_COMPRESSION)
-        # json.dumps, not json.dump: the C encoder, ~5x faster on a 20k-step timeline
-        (tmp / TIMELINE).write_text(json.dumps(timeline, separators=(",", ":"), allow_nan=False))
-        (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+        (tmp / TIMELINE).write_text(timeline_text)
+        (tmp / SUMMARY).write_text(summary_text)  # last: a folder with it is complete
         _swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return summary
+    loaded: dict[str, Any] = json.loads(summary_text)
+    return loaded
 
 
 def _is_run_dir(p: Path) -> bool:
