@@ -287,6 +287,7 @@ def _compile_sm90(fn, signature: dict[str, str], constexprs: dict, num_warps: in
 
 
 @pytest.mark.skipif(INTERPRET or HAS_CUDA, reason="CPU-only check; GPU tests compile for real")
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 def test_kernels_lower_to_sm90_cubin():
     """The interpreter skips Triton's compiler; this catches what only lowering rejects."""
     import importlib
