@@ -157,7 +157,6 @@ def test_triton_kernels_under_interpreter():
     pytest.importorskip("triton")
     path = os.environ.get("PYTHONPATH", "")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{path}"}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
     cmd += ["-k", "test_interp_"]
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
