@@ -138,8 +138,7 @@ class Engine:
         row = h.new_row(batch.shape)
         h.end(row)
         h.begin(P.PREPARE_INPUTS)
-        h.gpu_begin(row)
-        step = self._prepare(batch)
+        step = self._prepare(batch, row)
         h.end(row)
         h.begin(P.LAUNCH)
         logits = self._forward(step)
@@ -163,18 +162,34 @@ class Engine:
         h.end(flight.row)
 
     # ---- phases ------------------------------------------------------------------------------
-    def _prepare(self, batch: ScheduledBatch) -> StepInputs:
+    def _prepare(self, batch: ScheduledBatch, row: int) -> StepInputs:
+        """Host work first, then the step's first GPU work (the hooks' GPU start mark sits
+        between them, so a synchronous step's GPU interval excludes this host time)."""
         for r in batch.preempted:  # recomputed later from their confirmed tokens
             self._release_slot(self.states[r.index])
+        new = []
         for e in batch.entries:
             st = self.states[e.req.index]
             if st.slot < 0:
-                self._assign_slot(st)
+                st.slot = self.slots.take()
+                self.inputs.reset_slot(st.slot)
+                new.append(st)
+        width = self.sampler.forced_width  # what `init_slot` will widen `forced` to
+        for st in new:
+            if st.forced is not None:
+                width = max(width, len(st.forced))
         bucket = 0
         shape = batch.shape
         if self.graphs is not None and shape.is_pure_decode and shape.draft_tokens == 0:
             bucket = self.graphs.bucket_for(shape.num_reqs)
-        return self.inputs.prepare(batch, self.states, bucket, self.sampler.forced_width)
+        step = self.inputs.fill(batch, self.states, bucket, width)
+        self.hooks.gpu_begin(row)
+        for st in new:  # device state of the new slots, enqueued before their first use
+            history = (st.prompt_ids, st.confirmed_outputs()) if st.req.needs_history else None
+            self.sampler.init_slot(st.slot, history, st.forced)
+        assert self.sampler.forced_width == width
+        self.inputs.send(step)
+        return step
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         """Logits [>= G, vocab] float32; row g belongs to the g-th generating entry."""
@@ -249,13 +264,6 @@ class Engine:
         self.hooks.finished[flight.row] = len(finished)
 
     # ---- slots -------------------------------------------------------------------------------
-    def _assign_slot(self, st: RequestState) -> None:
-        slot = self.slots.take()
-        st.slot = slot
-        self.inputs.reset_slot(slot)
-        history = (st.prompt_ids, st.confirmed_outputs()) if st.req.needs_history else None
-        self.sampler.init_slot(slot, history, st.forced)
-
     def _release_slot(self, st: RequestState) -> None:
         if st.slot >= 0:
             self.slots.give(st.slot)

@@ -50,6 +50,9 @@ class StepInputs:
     attn: AttentionMetadata
     logits_idx: torch.Tensor  # [G] token index of each generating entry's last token
     rows: SampleRows
+    padded_tokens: int  # t: tokens laid out in the token block (bucket or T)
+    num_pairs: int  # block-table entries to send
+    table_cols: int  # block-table columns this step reads
 
 
 def _pinned(shape: tuple[int, ...], cuda: bool) -> torch.Tensor:
@@ -111,8 +114,20 @@ class InputBuffers:
         bucket: int,
         forced_width: int,
     ) -> StepInputs:
-        """Fill the host buffers for `batch`, enqueue the copies and the device fix-ups.
-        `bucket` > 0: a pure-decode batch padded to `bucket` rows for a CUDA graph."""
+        step = self.fill(batch, states, bucket, forced_width)
+        self.send(step)
+        return step
+
+    def fill(
+        self,
+        batch: ScheduledBatch,
+        states: list[RequestState],
+        bucket: int,
+        forced_width: int,
+    ) -> StepInputs:
+        """Host work only: write the pinned buffers of the next ring slot for `batch` (every
+        entry's request holds a slot). `bucket` > 0: a pure-decode batch padded to `bucket` rows
+        for a CUDA graph. `send` then enqueues the device work."""
         k = self._k
         self._k = (k + 1) % self.depth
         entries = batch.entries
@@ -188,13 +203,9 @@ class InputBuffers:
         rows[GEN_KEY, :g] = g_key
         rows[GEN_FORCED, :g] = g_forced
         rows[HIST, :h] = hist
+        self._stage_pairs(k, p_idx, p_blk)
 
-        self._copy(k, t, p_idx, p_blk)
-        self._finish_ids(t)
         max_seq = max(seq_lens)
-        cols = min(mb, -(-max_seq // bs))
-        # only the columns this step can read; the rest of a row is never looked at
-        self.batch_tables[:b, :cols] = self.block_table[self.d_rows[ROW_SLOT, :b], :cols]
         d = self.d_rows
         return StepInputs(
             num_reqs=b,
@@ -213,12 +224,13 @@ class InputBuffers:
                 forced_idx=d[GEN_FORCED, :g],
                 hist_rows=d[HIST, :h],
             ),
+            padded_tokens=t,
+            num_pairs=len(p_idx),
+            table_cols=min(mb, -(-max_seq // bs)),
         )
 
-    def _copy(self, k: int, t: int, p_idx: list[int], p_blk: list[int]) -> None:
-        """Host -> device, asynchronous (pinned sources); block-table entries scattered."""
-        self.d_rows.copy_(self.h_rows[k], non_blocking=True)
-        self.d_toks[: 3 * t].copy_(self.h_toks[k][: 3 * t], non_blocking=True)
+    def _stage_pairs(self, k: int, p_idx: list[int], p_blk: list[int]) -> None:
+        """Block-table updates into pinned h_pairs[k]: [flat index (n) | block id (n)]."""
         n = len(p_idx)
         if not n:
             return
@@ -227,13 +239,24 @@ class InputBuffers:
             self.h_pairs[k] = _pinned((cap,), self.cuda)
             if cap > self.d_pairs.numel():
                 self.d_pairs = torch.zeros(cap, dtype=torch.int32, device=self.device)
-        hp = self.h_pairs[k]
-        hp_np = hp.numpy()
-        hp_np[:n] = p_idx
-        hp_np[n : 2 * n] = p_blk
-        self.d_pairs[: 2 * n].copy_(hp[: 2 * n], non_blocking=True)
-        flat = self.d_pairs[:n].long()
-        self.block_table.view(-1).index_copy_(0, flat, self.d_pairs[n : 2 * n])
+        hp = self.h_pairs[k].numpy()
+        hp[:n] = p_idx
+        hp[n : 2 * n] = p_blk
+
+    def send(self, step: StepInputs) -> None:
+        """Enqueue the step's device work: host -> device copies (pinned, asynchronous), the
+        block-table update, decode ids from the last sampled tokens, the batch's table rows."""
+        k, t, n, b = step.ring, step.padded_tokens, step.num_pairs, step.num_reqs
+        self.d_rows.copy_(self.h_rows[k], non_blocking=True)
+        self.d_toks[: 3 * t].copy_(self.h_toks[k][: 3 * t], non_blocking=True)
+        if n:
+            self.d_pairs[: 2 * n].copy_(self.h_pairs[k][: 2 * n], non_blocking=True)
+            flat = self.d_pairs[:n].long()
+            self.block_table.view(-1).index_copy_(0, flat, self.d_pairs[n : 2 * n])
+        self._finish_ids(t)
+        # only the columns this step can read; the rest of a row is never looked at
+        cols = step.table_cols
+        self.batch_tables[:b, :cols] = self.block_table[self.d_rows[ROW_SLOT, :b], :cols]
 
     def _finish_ids(self, t: int) -> None:
         """input_ids[:t] = host ids, with -(slot + 1) replaced by last_sampled[slot]."""

@@ -24,8 +24,9 @@ from core.request import Status
 from core.trace import read_trace
 from engine.attention import AttentionMetadata
 from engine.engine import Engine
-from engine.graphs import decode_buckets
+from engine.graphs import DecodeGraphs, decode_buckets
 from engine.hooks import PHASE
+from engine.inputs import QSL, SEQ_LENS
 from engine.model import allocate_kv_cache
 from engine.requests import RequestInput, inputs_from_trace
 
@@ -288,6 +289,46 @@ def test_small_preset_runs_on_cpu():
     tokens, eng = run(make_cfg(model="small", max_model_len=256), reqs)
     assert [len(t) for t in tokens] == [5, 5, 5]
     assert eng.model.dtype == torch.float32
+
+
+class EagerGraphs(DecodeGraphs):
+    """The CUDA-graph input layout (padded bucket, fixed views) run eagerly on CPU; each replay
+    is checked against the unpadded batch run first: padding rows must own no tokens, write no
+    KV and leave the real rows' logits alone."""
+
+    def capture(self) -> None:
+        self.replays = 0
+
+    def replay(self, bucket: int) -> torch.Tensor:
+        inp = self.inputs
+        b = int(inp.d_rows[QSL, bucket])  # decode: one token per real row
+        attn = AttentionMetadata(
+            query_start_loc=inp.d_rows[QSL, : b + 1],
+            seq_lens=inp.d_rows[SEQ_LENS, :b],
+            block_tables=inp.batch_tables[:b],
+            slot_mapping=inp.d_toks[2 * bucket : 2 * bucket + b],
+            max_query_len=1,
+            max_seq_len=int(inp.d_rows[SEQ_LENS, :b].max()),
+        )
+        pos = inp.d_toks[bucket : bucket + b]
+        ref = self.model.compute_logits(self.model(inp.input_ids[:b], pos, attn, self.kv_cache))
+        logits = self.forward_fn(bucket)()
+        torch.testing.assert_close(logits[:b], ref, atol=1e-5, rtol=1e-5)
+        self.replays += bucket > b
+        return logits
+
+
+def test_graph_input_layout_with_padding_gives_the_same_logits_and_tokens():
+    reqs = workload(12, history=True)
+    cfg = make_cfg(max_num_seqs=12, num_kv_blocks=48)  # blocks get reused: stray writes show
+    plain = run(cfg, reqs)[0]
+    eng = Engine(cfg)
+    eng.graphs = EagerGraphs(eng.model, eng.kv_cache, eng.inputs, 12, eng.max_model_len)
+    eng.graphs.capture()
+    assert eng.graphs.buckets == [1, 2, 4, 8, 12]
+    padded = [o.token_ids for o in eng.run(reqs, arrival="asap")]
+    assert eng.graphs.replays > 10  # steps that really were padded
+    assert padded == plain
 
 
 def test_decode_buckets():
