@@ -1,0 +1,240 @@
+"""`python -m replay run|compare|calibrate|ablate ...` (DESIGN.md Contract 4)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from core.cli import UsageError, add_config_args, config_from_args, run_main
+
+
+class _Progress:
+    """One status line on stderr (a terminal only), redrawn at most twice a second."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self._last = 0.0
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if self.enabled and now - self._last > 0.5:
+            self._last = now
+            sys.stderr.write(f"\r\033[K{text}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+
+
+# ---- run ----------------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace) -> int:
+    from core.config import ConfigError
+    from core.trace import TraceError
+    from replay.report import print_run_summary
+    from replay.run import ReplayTimeout, replay
+
+    cfg = config_from_args(args)
+    out = Path(args.output or Path("runs") / f"replay-{Path(args.trace).stem}")
+    if args.repeat < 1:
+        raise UsageError("--repeat must be >= 1")
+    bar = _Progress(not args.quiet)
+    try:
+        res = replay(cfg, args.trace, out, args.repeat, args.max_seconds, not args.no_warmup, bar)
+    except ReplayTimeout:
+        bar.close()
+        print(
+            f"out of time (--max-seconds {args.max_seconds:g}): partial run -> {out}",
+            file=sys.stderr,
+        )
+        return 3
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"interrupted: partial run -> {out}", file=sys.stderr)
+        return 130
+    except (ConfigError, TraceError, UsageError, FileNotFoundError):
+        raise  # bad input: one line, exit 2 (core.cli.run_main)
+    except Exception as e:
+        bar.close()
+        where = f"; partial run -> {out}" if getattr(e, "partial_run", None) else ""
+        print(f"error: engine failed: {type(e).__name__}: {e}{where}", file=sys.stderr)
+        return 1
+    finally:
+        bar.close()
+    print_run_summary(res.summary, out, res.wall_s)
+    if args.repeat > 1:
+        sp = res.summary["repeat_spread"]
+        for name in ("output_tok_per_s", "tpot_s.p50", "tpot_s.p99", "ttft_s.p50"):
+            r = sp[name].get("range_rel")
+            print(
+                f"  spread {name:<16} {'-' if r is None else f'{100 * r:.2f} %':>9} "
+                f"over {args.repeat} repeats"
+            )
+    if args.profile_kernels:
+        from replay.kernels import profile_kernels
+
+        path = profile_kernels(cfg, args.trace, out.with_name(out.name + ".kernels"))
+        print(f"kernel profile -> {path}")
+    return 0
+
+
+# ---- compare ------------------------------------------------------------------------------------
+def cmd_compare(args: argparse.Namespace) -> int:
+    from core.runfmt import RunFormatError, load_run
+    from replay.compare import CompareError, compare_runs
+    from replay.outdir import atomic_dir
+    from replay.report import print_targets, write_report
+
+    try:
+        pred, meas = load_run(args.predicted), load_run(args.measured)
+        fid = compare_runs(pred, meas, allow_other_trace=args.allow_other_trace)
+    except (RunFormatError, CompareError) as e:
+        raise UsageError(str(e)) from None
+    m = Path(args.measured)
+    out = Path(args.output or m.with_name(f"fidelity-{m.name}"))
+    with atomic_dir(out, "fidelity.json") as tmp:
+        (tmp / "fidelity.json").write_text(json.dumps(fid, indent=2, allow_nan=False) + "\n")
+        write_report(fid, pred, meas, tmp)
+    print_targets(fid, out)
+    return 1 if args.strict and not fid["passed"] else 0
+
+
+# ---- calibrate ----------------------------------------------------------------------------------
+def _gpu_terms(items: list[str]) -> dict[str, tuple[str, ...]]:
+    from replay.calibrate import GPU_TERMS
+
+    out = {}
+    for item in items:
+        kind, sep, terms = item.partition("=")
+        if not sep or kind not in GPU_TERMS:
+            raise UsageError(f"--gpu-terms '{item}': expected decode=a,b,... or mixed=a,b,...")
+        out[kind] = tuple(t.strip() for t in terms.split(",") if t.strip())
+    return out
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from core.runfmt import RunFormatError, load_run
+    from replay.calibrate import (
+        CalibrationError,
+        calibrate,
+        evaluate,
+        print_quality,
+        write_calibration,
+    )
+
+    if not args.output:
+        raise UsageError("calibrate: -o PROFILE is required")
+    gpu = next((s.partition("=")[2] for s in args.sets if s.partition("=")[0] == "gpu"), None)
+    try:
+        cal = calibrate(args.runs, _gpu_terms(args.gpu_terms), gpu)
+        checks = {}
+        if args.check:
+            checks = evaluate(cal.profile, [load_run(d) for d in args.check])
+    except (RunFormatError, CalibrationError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    side = write_calibration(cal, args.output, checks)
+    print_quality(f"fit on {len(args.runs)} run(s):", cal.quality)
+    if checks:
+        print_quality(f"check on {len(args.check)} other run(s):", checks)
+    for note in cal.notes:
+        print(f"note: {note}")
+    print(f"profile -> {args.output}  (fit report: {side})")
+    return 0
+
+
+# ---- ablate -------------------------------------------------------------------------------------
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from replay.ablate import ablate, parse_switches, print_table
+
+    cfg = config_from_args(args)
+    switches = parse_switches(args.switches)
+    out = Path(args.output or Path("runs") / f"ablate-{Path(args.trace).stem}")
+    bar = _Progress(not args.quiet)
+    try:
+        result = ablate(
+            cfg,
+            args.trace,
+            out,
+            switches,
+            args.repeat,
+            not args.no_measure,
+            not args.no_predict,
+            args.max_seconds,
+            bar,
+        )
+    finally:
+        bar.close()
+    print_table(result)
+    print(f"ablation -> {out / 'ablate.json'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m replay", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="a measured run of a trace on the engine (Contract 3)")
+    p.add_argument("trace", help="trace parquet file")
+    add_config_args(p)
+    p.add_argument("--repeat", type=int, default=1, help="run N times; report the spread")
+    p.add_argument("--max-seconds", type=float, help="stop after this long (partial run)")
+    p.add_argument(
+        "--profile-kernels",
+        action="store_true",
+        help="an extra run under torch.profiler -> DIR.kernels/",
+    )
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up requests")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("compare", help="fidelity of a predicted run against a measured one")
+    p.add_argument("predicted", help="predicted run folder (python -m sim run)")
+    p.add_argument("measured", help="measured run folder (python -m replay run)")
+    add_config_args(p)
+    p.add_argument(
+        "--allow-other-trace",
+        action="store_true",
+        help="compare runs of different traces (metrics only make sense loosely)",
+    )
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target fails")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("calibrate", help="fit the simulator's cost profile from measured runs")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="measured run folders")
+    add_config_args(p)
+    p.add_argument(
+        "--check",
+        nargs="+",
+        default=[],
+        metavar="RUN_DIR",
+        help="other runs to check the fitted profile on",
+    )
+    p.add_argument(
+        "--gpu-terms",
+        action="append",
+        default=[],
+        metavar="KIND=T1,T2",
+        help="GPU pass regressors for decode or mixed (default: see replay.calibrate)",
+    )
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("ablate", help="each seed switch off/on: measured beside predicted")
+    p.add_argument("trace", help="trace parquet file")
+    add_config_args(p)
+    p.add_argument("--switches", help="comma-separated switches (default: the five seeds)")
+    p.add_argument("--repeat", type=int, default=3, help="measured repeats per side")
+    p.add_argument("--max-seconds", type=float, help="limit per measured run")
+    p.add_argument("--no-measure", action="store_true", help="predictions only (no engine)")
+    p.add_argument("--no-predict", action="store_true", help="measurements only (no sim)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=cmd_ablate)
+
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

@@ -1,0 +1,55 @@
+"""`replay run --profile-kernels`: one extra run of the trace under torch.profiler, apart from
+the measured runs (the profiler adds overhead, so its times never enter a run folder).
+
+Writes DIR/kernels.txt (torch.profiler's table, by device time), DIR/kernels.json (the top
+kernels as data) and DIR/trace.json (Chrome trace, openable in Perfetto), atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from core.config import Config
+from replay.outdir import atomic_dir
+
+TOP_KERNELS = 40
+
+
+def profile_kernels(cfg: Config, trace_path: str | Path, out: Path) -> Path:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from replay.run import _new_engine, _warm_up, check_trace
+
+    trace = check_trace(cfg, trace_path)
+    engine, _ = _new_engine(cfg, None)
+    _warm_up(engine)
+    acts = [ProfilerActivity.CPU]
+    if cfg.device == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    with profile(activities=acts, record_shapes=False) as prof:
+        engine.run(trace)
+    if cfg.device == "cuda":
+        torch.cuda.synchronize()
+    key = "self_cuda_time_total" if cfg.device == "cuda" else "self_cpu_time_total"
+    averages = prof.key_averages()
+    with atomic_dir(out, "kernels.txt") as tmp:
+        (tmp / "kernels.txt").write_text(averages.table(sort_by=key, row_limit=TOP_KERNELS))
+        (tmp / "kernels.json").write_text(json.dumps(_top(averages, key), indent=2) + "\n")
+        prof.export_chrome_trace(str(tmp / "trace.json"))
+    return out
+
+
+def _top(averages: Any, key: str) -> list[dict[str, Any]]:
+    rows = sorted(averages, key=lambda e: getattr(e, key, 0), reverse=True)[:TOP_KERNELS]
+    return [
+        {
+            "name": e.key,
+            "count": e.count,
+            "self_us": getattr(e, key, 0),
+            "mean_us": getattr(e, key, 0) / e.count if e.count else None,
+        }
+        for e in rows
+    ]

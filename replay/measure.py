@@ -1,0 +1,158 @@
+"""Turn what the engine's hooks recorded (`engine.hooks.StepTrace`) and its per-request outputs
+(`engine.requests.RequestOutput`) into a `RunRecorder`, in exactly the form the simulator fills:
+
+- one clock: seconds since the run's zero (`StepTrace.t0_ns`, perf_counter_ns);
+- steps in launch order (hooks row == recorder step), each with its `BatchShape`, its CPU
+  phases, its GPU interval (CUDA events on the compute stream, put on the host clock by the
+  hooks' base event), the sync waits and GC pauses (gc.callbacks) as recorded;
+- token emission at the END of the `process_outputs` phase of the step whose results carry it,
+  the sim's convention: the engine stamps a token when it applies it, inside that phase, so
+  each stamp is moved to the end of the phase interval that contains it;
+- request arrival = the engine's arrival stamp (realtime: the trace's arrival time, asap: when
+  it was queued).
+Also: the instrumentation's own cost (`hook_overhead`), measured on a spare `StepHooks`.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from core.phases import ALL_CPU_ACTIVITIES, CPU_PHASES, PROCESS_OUTPUTS
+from core.runfmt import RunRecorder
+
+_PO = CPU_PHASES.index(PROCESS_OUTPUTS)
+
+
+@dataclass
+class Converted:
+    recorder: RunRecorder
+    dropped_gpu_rows: int  # GPU intervals left out: never completed (an interrupted step)
+    unfinished: int  # requests that had arrived but not finished
+
+
+def to_recorder(trace: Any, outputs: Sequence[Any]) -> Converted:
+    """`trace`: engine.hooks.StepTrace; `outputs`: RequestOutput of every request that reached
+    the engine during the run, in arrival order (recorder rows follow it)."""
+    t0 = trace.t0_ns
+    rec = RunRecorder()
+    n = trace.num_steps
+    for shape in trace.shapes:
+        rec.add_step(shape)
+    ph = trace.phase_ns
+    for j, name in enumerate(CPU_PHASES):
+        for row in np.flatnonzero((ph[:n, j, 0] >= 0) & (ph[:n, j, 1] >= ph[:n, j, 0])).tolist():
+            rec.phase(row, name, (ph[row, j, 0] - t0) / 1e9, (ph[row, j, 1] - t0) / 1e9)
+    g = trace.gpu_ns[:n]
+    ok = (g[:, 0] >= 0) & (g[:, 1] >= g[:, 0])
+    for row in np.flatnonzero(ok).tolist():
+        rec.gpu(row, (g[row, 0] - t0) / 1e9, (g[row, 1] - t0) / 1e9)
+    for (s, e), row in zip(trace.sync_ns.tolist(), trace.sync_row.tolist()):
+        if 0 <= row < n and e >= s:
+            rec.sync(row, (s - t0) / 1e9, (e - t0) / 1e9)
+    for (s, e), gen, act, row in zip(
+        trace.gc_ns.tolist(),
+        trace.gc_generation.tolist(),
+        trace.gc_activity.tolist(),
+        trace.gc_row.tolist(),
+    ):
+        phase = ALL_CPU_ACTIVITIES[act] if 0 <= act < len(ALL_CPU_ACTIVITIES) else ""
+        rec.gc_pause((s - t0) / 1e9, (e - s) / 1e9, gen, phase, row if row < n else n - 1)
+    emit = _EmissionClock(ph[:n, _PO], t0)
+    unfinished = 0
+    for out in outputs:
+        r = rec.add_request(out.request_id, (out.arrival_ns - t0) / 1e9)
+        for t_s, count in _runs(emit.at(out.token_ns)):
+            rec.tokens(r, t_s, count)
+        for _ in range(out.num_preemptions):
+            rec.preempt(r)
+        if out.finish_ns >= 0:
+            rec.finish(r, emit.at([out.finish_ns])[0])
+        else:
+            unfinished += 1
+    return Converted(rec, int(n - ok.sum()), unfinished)
+
+
+class _EmissionClock:
+    """Maps an engine time stamp taken inside a process_outputs phase to that phase's end."""
+
+    def __init__(self, po_ns: np.ndarray, t0_ns: int) -> None:
+        ok = (po_ns[:, 0] >= 0) & (po_ns[:, 1] >= po_ns[:, 0])
+        iv = po_ns[ok]
+        order = np.argsort(iv[:, 0], kind="stable")
+        self.start, self.end = iv[order, 0], iv[order, 1]
+        self.t0 = t0_ns
+
+    def at(self, stamps_ns: Sequence[int]) -> list[float]:
+        t = np.asarray(stamps_ns, np.int64)
+        i = np.searchsorted(self.start, t, side="right") - 1
+        inside = (i >= 0) & (t <= self.end[np.maximum(i, 0)]) if self.start.size else i >= 0
+        moved = np.where(inside, self.end[np.maximum(i, 0)] if self.start.size else t, t)
+        return ((moved - self.t0) / 1e9).tolist()
+
+
+def _runs(times: list[float]) -> list[tuple[float, int]]:
+    """Equal consecutive times -> (time, count): tokens one step emitted together."""
+    out: list[tuple[float, int]] = []
+    for t in times:
+        if out and out[-1][0] == t:
+            out[-1] = (t, out[-1][1] + 1)
+        else:
+            out.append((t, 1))
+    return out
+
+
+# ---- instrumentation overhead --------------------------------------------------------------------
+def hook_overhead(device: Any, steps: int = 2000) -> dict[str, float]:
+    """Per-step cost of the hooks the engine calls in one step (six phases, a new row, the GPU
+    begin/end events, one sync wait) and of one GC callback pair, timed on a spare StepHooks."""
+    import torch
+
+    from core.shape import BatchShape
+    from engine.hooks import StepHooks
+
+    h = StepHooks(torch.device(device), capacity=steps + 1)
+    shape = BatchShape(num_reqs=1, decode_tokens=1)
+    h.start()
+    t = time.perf_counter_ns()
+    for _ in range(steps):
+        row = h.new_row(shape)
+        for p in CPU_PHASES:
+            h.begin(p)
+            if p == CPU_PHASES[1]:
+                h.gpu_begin(row)
+            if p == CPU_PHASES[3]:
+                h.gpu_end(row)
+            h.end(row)
+        h.sync_end(row, h.sync_begin())
+    per_step_ns = (time.perf_counter_ns() - t) / steps
+    h.finish()
+    info = {"generation": 0, "collected": 0, "uncollectable": 0}
+    t = time.perf_counter_ns()
+    for _ in range(steps):
+        h._on_gc("start", info)
+        h._on_gc("stop", info)
+    gc_pair_ns = (time.perf_counter_ns() - t) / steps
+    if gc.isenabled():
+        gc.collect(0)
+    return {"per_step_us": per_step_ns / 1e3, "gc_callback_us": gc_pair_ns / 1e3}
+
+
+def overhead_summary(cost: dict[str, float], summary: dict[str, Any]) -> dict[str, Any]:
+    """Instrumentation time as a fraction of the mean step time (span / steps)."""
+    steps = summary.get("num_steps") or 0
+    span = summary.get("span_s") or 0.0
+    gcs = (summary.get("gc") or {}).get("count", 0)
+    total_us = cost["per_step_us"] * steps + cost["gc_callback_us"] * gcs
+    mean_step_us = span * 1e6 / steps if steps else None
+    return {
+        **cost,
+        "calls_per_step": 2 * len(CPU_PHASES) + 5,
+        "mean_step_us": mean_step_us,
+        "overhead_fraction": total_us / (span * 1e6) if span > 0 else None,
+    }

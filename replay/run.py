@@ -1,0 +1,351 @@
+"""A measured run (`python -m replay run`): trace + config -> the engine -> run folder (Contract 3).
+
+Per repeat: a fresh `engine.Engine` (weights built once and shared, so no repeat sees another's
+prefix cache or GC heap), a warm-up of a few synthetic requests (first-call costs: allocator,
+Triton, lazy init) with fresh hooks afterwards, then `Engine.run` over the trace with arrivals in
+real time (config `arrival=realtime`, open loop) or all at once (`asap`). The hooks' record and
+the per-request outputs become a `RunRecorder` (replay.measure) and `write_run` writes the folder
+atomically.
+
+Interruptions (Ctrl-C, an engine error, `--max-seconds`): whatever was measured up to then is
+written as a run with `complete: false`, and the error is re-raised (Ctrl-C: exit 130).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import platform
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.config import Config
+from core.models import get_model, with_context
+from core.runfmt import trace_info, write_run
+from core.trace import Trace, TraceError, read_trace
+from replay.measure import hook_overhead, overhead_summary, to_recorder
+from replay.metrics import flat_metrics, spread
+
+WARMUP_SHAPES = ((48, 6), (200, 4), (16, 3))  # (prompt, output) of the warm-up requests
+WARMUP_KEY = 1 << 30  # warm-up requests' sampling/prompt keys, far from the trace's 0..n-1
+
+
+class ReplayTimeout(Exception):
+    """--max-seconds ran out."""
+
+
+@dataclass
+class Measured:
+    """One repeat: the recorder, summary numbers (write_run's own), and how it ended."""
+
+    recorder: Any  # RunRecorder
+    extra: dict[str, Any]  # summary["replay"]
+    summary: dict[str, Any]  # build_summary of the recorder (no trace/source)
+    complete: bool
+    error: BaseException | None
+
+
+@dataclass
+class ReplayResult:
+    summary: dict[str, Any]  # of the folder written
+    out: Path
+    wall_s: float
+    repeats: list[dict[str, Any]] = field(default_factory=list)  # flat metrics per repeat
+
+
+def gpu_name(cfg: Config) -> str:
+    import torch
+
+    if cfg.device == "cuda":
+        return torch.cuda.get_device_name()
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def check_trace(cfg: Config, trace_path: str | Path) -> Trace:
+    model = with_context(get_model(cfg.model), cfg.max_model_len)
+    return read_trace(trace_path, model)
+
+
+def replay(
+    cfg: Config,
+    trace_path: str | Path,
+    out_dir: str | Path,
+    repeat: int = 1,
+    max_seconds: float | None = None,
+    warmup: bool = True,
+    progress: Callable[[str], None] | None = None,
+    fail_after_steps: int | None = None,
+) -> ReplayResult:
+    """Run the trace `repeat` times; write the run folder of the median repeat (by output
+    tokens/s) with the spread of every metric over the repeats in `repeat_spread`. On an
+    interruption, write the interrupted repeat (complete: false) and re-raise.
+    `fail_after_steps` injects an engine error after that many steps (tests)."""
+    trace = check_trace(cfg, trace_path)
+    deadline = time.monotonic() + max_seconds if max_seconds else None
+    out = Path(out_dir)
+    t_start = time.monotonic()
+    model = None
+    done: list[Measured] = []
+    for k in range(repeat):
+        engine, model = _new_engine(cfg, model)
+        _check_fits(engine, trace, trace_path)
+        if warmup:
+            _warm_up(engine)
+        m = _measure(engine, cfg, trace, deadline, progress, fail_after_steps)
+        del engine
+        if not m.complete:
+            _write(m, cfg, trace_path, out, _repeat_extra(done, None) if done else None)
+            err = m.error or RuntimeError("the run ended with requests unfinished")
+            with contextlib.suppress(AttributeError):  # for the CLI's message
+                err.partial_run = out  # type: ignore[attr-defined]
+            raise err
+        done.append(m)
+        if progress is not None and k < repeat - 1:
+            progress(f"repeat {k + 1}/{repeat}: {m.summary['output_tok_per_s'] or 0:.1f} tok/s")
+    best = _median_index(done)
+    extra = _repeat_extra(done, best) if repeat > 1 else None
+    summary = _write(done[best], cfg, trace_path, out, extra)
+    return ReplayResult(
+        summary, out, time.monotonic() - t_start, [flat_metrics(m.summary) for m in done]
+    )
+
+
+# ---- one repeat ----------------------------------------------------------------------------------
+def _new_engine(cfg: Config, model: Any) -> tuple[Any, Any]:
+    import torch
+
+    from engine.engine import Engine
+
+    if cfg.device == "cpu":
+        # intra-op threads spin-wait: on a shared host a CPU step's time jumps 100x with the
+        # load of other processes; the tiny/small models gain nothing from them
+        torch.set_num_threads(1)
+    gc.collect()
+    if cfg.device == "cuda":
+        torch.cuda.empty_cache()  # the previous repeat's KV cache and graphs
+    try:
+        engine = Engine(cfg, model=model)
+    except NotImplementedError as e:
+        raise TraceError(f"the engine cannot run this config: {e}") from None
+    return engine, engine.model
+
+
+def _check_fits(engine: Any, trace: Trace, trace_path: str | Path) -> None:
+    from core.request import Request
+
+    for row in trace.rows():
+        r = Request(row.row, row.request_id, row.arrival_s, row.prompt_len, row.output_len)
+        why = engine.sched.check_fits(r)
+        if why is not None:
+            where = f"trace '{trace_path}' row {row.row} request {row.request_id!r}"
+            raise TraceError(f"{where}: {why}")
+
+
+def _warm_up(engine: Any) -> None:
+    """A few synthetic requests through the loop, then fresh hooks: the measured run starts warm
+    but records nothing of this. Synthetic random prompts share no prefix with the trace."""
+    from engine.hooks import StepHooks
+    from engine.requests import RequestInput
+
+    for i, (p, o) in enumerate(WARMUP_SHAPES):
+        inp = RequestInput(f"warmup-{i}", min(p, engine.max_model_len - o), o)
+        engine.add_request(inp, key=WARMUP_KEY + i)
+    while engine.has_work:
+        engine.step()
+    if engine.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+    engine.hooks = StepHooks(engine.device)
+    if engine.cfg.gc_freeze:  # warm-up objects join the frozen start-up heap
+        gc.collect()
+        gc.freeze()
+
+
+def _measure(
+    engine: Any,
+    cfg: Config,
+    trace: Trace,
+    deadline: float | None,
+    progress: Callable[[str], None] | None,
+    fail_after_steps: int | None,
+) -> Measured:
+    first_state = len(engine.states)
+    steps = 0
+    last_note = time.monotonic()
+
+    def on_step(eng: Any) -> None:
+        nonlocal steps, last_note
+        steps += 1
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
+            raise ReplayTimeout("--max-seconds ran out")
+        if fail_after_steps is not None and steps >= fail_after_steps:
+            raise RuntimeError(f"injected engine error after {steps} steps")
+        if progress is not None and now - last_note > 0.5:
+            last_note = now
+            done = sum(1 for s in eng.states[first_state:] if s.finish_ns >= 0)
+            progress(f"step {steps:,}, {done}/{len(trace)} requests done")
+
+    error: BaseException | None = None
+    t0 = time.monotonic()
+    with _alarm(deadline):
+        try:
+            engine.run(trace, on_step=on_step)
+            step_trace = engine.trace
+        except (KeyboardInterrupt, Exception) as e:
+            error = e
+            step_trace = _finish_after_error(engine)
+    wall = time.monotonic() - t0
+    outputs = [s.result() for s in engine.states[first_state:]]
+    outputs.sort(key=lambda o: o.arrival_ns)  # recorder rows in arrival order, like the sim
+    conv = to_recorder(step_trace, outputs)
+    complete = error is None and conv.unfinished == 0 and len(outputs) == len(trace)
+    extra = _extra(engine, cfg, conv, wall, error, len(outputs), len(trace))
+    return Measured(conv.recorder, extra, _summarize(conv.recorder, cfg), complete, error)
+
+
+def _finish_after_error(engine: Any) -> Any:
+    """The hooks' record after an interruption. A step cut short may have a GPU start event
+    without its end event: its GPU interval is dropped (to_recorder skips end < start)."""
+    try:
+        return engine.finish()
+    except RuntimeError:
+        h = engine.hooks
+        h.remove_gc()
+        for k in range(h._ring):  # adapt: harvest what can be read, slot by slot
+            try:
+                h._harvest(k)
+            except RuntimeError:
+                row = int(h._ring_row[k])
+                h.gpu_ns[row] = -1
+                h._ring_row[k] = -1
+        h.cuda = False  # everything readable is harvested; finish() must not touch events
+        return h.finish()
+
+
+class _alarm:
+    """SIGALRM shortly after the deadline, for waits where no step runs (an idle gap in a
+    realtime trace); the per-step check normally stops the run first."""
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+        self.armed = False
+
+    def __enter__(self) -> None:
+        if self.deadline is None or not hasattr(signal, "SIGALRM"):
+            return
+        try:
+            self.prev = signal.signal(signal.SIGALRM, self._fire)
+        except ValueError:  # not the main thread
+            return
+        self.armed = True
+        signal.setitimer(signal.ITIMER_REAL, max(0.01, self.deadline - time.monotonic() + 0.25))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.prev)
+
+    @staticmethod
+    def _fire(signum: int, frame: object) -> None:
+        raise ReplayTimeout("--max-seconds ran out")
+
+
+def _extra(
+    engine: Any,
+    cfg: Config,
+    conv: Any,
+    wall: float,
+    error: BaseException | None,
+    arrived: int,
+    trace_rows: int,
+) -> dict[str, Any]:
+    import torch
+
+    return {
+        "wall_s": wall,
+        "engine": {
+            "num_kv_blocks": engine.num_kv_blocks,
+            "graph_buckets": list(engine.graphs.buckets) if engine.graphs is not None else [],
+            "preemptions": engine.sched.num_preemptions,
+        },
+        "versions": {
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "triton": _version("triton"),
+        },
+        "requests_arrived": arrived,
+        "trace_rows": trace_rows,
+        "unfinished_requests": conv.unfinished,
+        "gpu_intervals_dropped": conv.dropped_gpu_rows,
+        "interrupted": None if error is None else f"{type(error).__name__}: {error}",
+        "device": cfg.device,
+    }
+
+
+def _version(mod: str) -> str | None:
+    try:
+        return __import__(mod).__version__
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return None
+
+
+def _summarize(rec: Any, cfg: Config) -> dict[str, Any]:
+    """The summary numbers write_run will compute (same freeze and bubble accounting), without
+    writing: a repeat's metrics for the spread."""
+    from core.runfmt.bubbles import account_bubbles
+    from core.runfmt.summary import build_summary
+
+    frozen = rec.freeze()
+    return build_summary(
+        frozen,
+        account_bubbles(frozen),
+        config=cfg.to_dict(),
+        trace={},
+        source={},
+        complete=True,
+        timeline={},
+    )
+
+
+def _write(
+    m: Measured, cfg: Config, trace_path: str | Path, out: Path, repeat_extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    extra = dict(m.extra)
+    extra["instrumentation"] = overhead_summary(hook_overhead(cfg.device), m.summary)
+    summary_extra: dict[str, Any] = {"replay": extra, **(repeat_extra or {})}
+    return write_run(
+        out,
+        m.recorder,
+        config=cfg,
+        trace=trace_info(trace_path),
+        source={"kind": "replay", "gpu": gpu_name(cfg)},
+        complete=m.complete,
+        extra=summary_extra,
+    )
+
+
+def _median_index(done: list[Measured]) -> int:
+    vals = [m.summary.get("output_tok_per_s") or 0.0 for m in done]
+    order = sorted(range(len(vals)), key=lambda i: vals[i])
+    return order[(len(order) - 1) // 2]
+
+
+def _repeat_extra(done: list[Measured], chosen: int | None) -> dict[str, Any]:
+    flats = [flat_metrics(m.summary) for m in done]
+    names = list(flats[0]) if flats else []
+    return {
+        "repeat_spread": {n: spread([f[n] for f in flats]) for n in names},
+        "repeats": {
+            "count": len(done),
+            "chosen": chosen,
+            "output_tok_per_s": [f["output_tok_per_s"] for f in flats],
+            "metrics": flats,
+        },
+    }
