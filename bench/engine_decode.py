@@ -1,0 +1,196 @@
+"""Decode step time of the whole engine against the HBM floor, and GPU busy fraction in steady
+decode with 1 vs 2 batches in flight; prints a table, writes JSON rows with --json PATH.
+
+    python bench/engine_decode.py [--json PATH]                 # H100: llama3-8b, llama3.2-1b
+    python bench/engine_decode.py --device cpu --cases tiny:1,4 # checks the script runs
+
+Each case serves `batch` requests of CONTEXT prompt tokens and DECODE output tokens through
+`engine.Engine` (random weights, bf16, CUDA graphs on, asap arrivals) and reads the engine's own
+hooks: per step a GPU interval from CUDA events on the compute stream.
+- step_ms: median GPU interval of the steady pure-decode steps (all `batch` requests decoding,
+  first WARMUP and last 2 dropped): input copies + graph replay + sampler.
+- wall_ms: wall time per steady step (first to last GPU start / steps).
+- floor_ms = (weight bytes a forward reads + KV bytes read) / copy bandwidth, where the KV read
+  is the steps' mean kv_read_tokens x bytes per token and the bandwidth comes from a large
+  device-to-device copy in the same run (read + write bytes / time).
+- busy_fraction: GPU busy time / wall time over the steady steps (1.0 = no bubbles).
+The KV cache is sized for the cases (config num_kv_blocks), not from free memory, so the run
+stays short; everything else is the engine as replay runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from core.config import Config  # noqa: E402
+from core.models import get_model  # noqa: E402
+from engine.engine import Engine  # noqa: E402
+from engine.requests import RequestInput  # noqa: E402
+
+CONTEXT = 512
+DECODE = 72
+WARMUP = 8
+BLOCK_SIZE = 16
+CASES = "llama3-8b:1,8,64;llama3.2-1b:1,64"
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 20) -> float:
+    """Bytes per second of a large device-to-device copy, counting read + write."""
+    if device.type != "cuda":
+        return float("nan")
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes * iters / seconds
+
+
+def make_engine(model: str, max_batch: int, depth: int, device: str) -> Engine:
+    per_req = -(-(CONTEXT + DECODE + 1) // BLOCK_SIZE)
+    cfg = Config(
+        model=model,
+        device=device,
+        dtype="bfloat16",
+        max_num_seqs=max_batch,
+        max_num_batched_tokens=8192,
+        max_model_len=2048,
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=max_batch * per_req + 64,
+        cuda_graphs=True,
+        gc_freeze=True,
+        batches_in_flight=depth,
+        arrival="asap",
+    )
+    return Engine(cfg)
+
+
+def measure(eng: Engine, batch: int, bandwidth: float) -> dict:
+    reqs = [RequestInput(f"b{i}", CONTEXT, DECODE) for i in range(batch)]
+    eng.run(reqs)
+    tr = eng.trace
+    rows = [i for i, s in enumerate(tr.shapes) if s.is_pure_decode and s.num_reqs == batch]
+    rows = rows[WARMUP:-2]
+    if len(rows) < 8:
+        raise RuntimeError(f"only {len(rows)} steady decode steps")
+    lo, hi = rows[0], rows[-1] + 1
+    assert rows == list(range(lo, hi)), "steady decode steps are consecutive"
+    g = tr.gpu_ns[lo:hi]
+    step_ms = float(np.median(g[:, 1] - g[:, 0])) / 1e6
+    wall_ms = (g[-1, 0] - g[0, 0]) / (len(g) - 1) / 1e6
+    spec, dtype = eng.spec, eng.cfg.dtype
+    kv_tokens = float(np.mean([tr.shapes[i].kv_read_tokens for i in rows]))
+    read_bytes = spec.decode_weight_bytes(dtype) + kv_tokens * spec.kv_bytes_per_token(dtype)
+    floor_ms = read_bytes / bandwidth * 1e3
+    return {
+        "model": spec.name,
+        "batch": batch,
+        "batches_in_flight": eng.depth,
+        "step_ms": round(step_ms, 4),
+        "wall_ms": round(float(wall_ms), 4),
+        "floor_ms": round(floor_ms, 4),
+        "ratio": round(step_ms / floor_ms, 3),
+        "busy_fraction": round(tr.gpu_busy_fraction(lo, hi), 4),
+        "steps": len(rows),
+        "kv_read_tokens": round(kv_tokens),
+        "copy_gbps": round(bandwidth / 1e9, 1),
+        "gpu": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu",
+    }
+
+
+def free_engine(eng: Engine | None) -> None:
+    del eng
+    gc.unfreeze()  # the engine froze its start-up objects; let them go
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def parse_cases(text: str) -> list[tuple[str, list[int]]]:
+    out = []
+    for part in text.split(";"):
+        model, _, batches = part.partition(":")
+        get_model(model)  # a bad name fails here, before any GPU work
+        out.append((model, [int(b) for b in batches.split(",")]))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default=CASES, help="model:b1,b2;model:b1 (default %(default)s)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: use --device cpu --cases tiny:1,4 to check the script")
+        return 2
+    device = torch.device(args.device)
+    cases = parse_cases(args.cases)
+    t_start = time.perf_counter()
+    bandwidth = copy_bandwidth(device)
+    if device.type != "cuda":
+        bandwidth = 20e9  # a nominal figure: CPU runs only check the script
+    print(f"copy bandwidth (read + write): {bandwidth / 1e9:.0f} GB/s", flush=True)
+    results, failed = [], []
+    for model, batches in cases:
+        for depth in (1, 2):
+            eng = None
+            try:
+                t0 = time.perf_counter()
+                eng = make_engine(model, max(batches), depth, args.device)
+                print(f"{model} depth {depth}: engine ready in {time.perf_counter() - t0:.1f} s")
+                for batch in batches:
+                    row = measure(eng, batch, bandwidth)
+                    results.append(row)
+                    print(
+                        f"  batch {batch:3d}: step {row['step_ms']:.3f} ms, floor "
+                        f"{row['floor_ms']:.3f} ms, busy {row['busy_fraction']:.3f}",
+                        flush=True,
+                    )
+            except Exception as e:  # keep going: the other cases still tell something
+                traceback.print_exc()
+                failed.append(f"{model} depth {depth}: {type(e).__name__}: {e}")
+            finally:
+                free_engine(eng)
+    print()
+    head = f"{'model':<14}{'batch':>6}{'depth':>6}{'step_ms':>10}{'wall_ms':>10}"
+    head += f"{'floor_ms':>10}{'ratio':>8}{'busy':>8}"
+    print(head)
+    for r in results:
+        print(
+            f"{r['model']:<14}{r['batch']:>6}{r['batches_in_flight']:>6}{r['step_ms']:>10.3f}"
+            f"{r['wall_ms']:>10.3f}{r['floor_ms']:>10.3f}{r['ratio']:>8.2f}"
+            f"{r['busy_fraction']:>8.3f}"
+        )
+    print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
+    if args.json:
+        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        os.replace(tmp, args.json)
+    for f in failed:
+        print("FAILED:", f)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
