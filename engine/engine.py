@@ -26,7 +26,7 @@ import torch
 
 from core import phases as P
 from core.config import Config
-from core.models import ModelSpec, get_model
+from core.models import PRESETS, ModelSpec, get_model
 from core.policy import ScheduledBatch, Scheduler
 from core.policy.sizing import kv_blocks_from_free_bytes, scheduler_config
 from core.request import Request
@@ -71,11 +71,11 @@ def engine_dtype(cfg: Config) -> torch.dtype:
 def build_model(cfg: Config, max_model_len: int) -> LlamaModel:
     """Random weights for a preset (seeded), or a checkpoint folder's weights."""
     dtype, device = engine_dtype(cfg), torch.device(cfg.device)
-    spec = get_model(cfg.model)
-    if spec.name != cfg.model:  # a checkpoint folder
+    if cfg.model not in PRESETS:  # a checkpoint folder
         from engine.loader import load_checkpoint
 
         return load_checkpoint(cfg.model, dtype, device, max_positions=max_model_len)
+    spec = PRESETS[cfg.model]
     return LlamaModel(spec, dtype, device, max_positions=max_model_len).init_random(cfg.seed)
 
 
@@ -339,25 +339,27 @@ class Engine:
         order = sorted(range(len(items)), key=lambda i: items[i].arrival_s)
         index = [0] * len(items)
         t0 = self.start()
-        i = 0
-        while i < len(order) or self.has_work:
-            now = _now()
-            while i < len(order):
-                inp = items[order[i]]
-                due = t0 + int(inp.arrival_s * 1e9)
-                if mode == "realtime" and due > now:
-                    break
-                arrival_ns = due if mode == "realtime" else now
-                index[order[i]] = self.add_request(inp, arrival_ns, key=i)
-                i += 1
-            if not self.has_work:
-                time.sleep(max(0.0, (due - _now()) / 1e9))
-                continue
-            if not self.step():
-                raise RuntimeError("the scheduler made no progress with requests waiting")
-            if on_step is not None:
-                on_step(self)
-        self.trace = self.finish()
+        try:
+            i = 0
+            while i < len(order) or self.has_work:
+                now = _now()
+                while i < len(order):
+                    inp = items[order[i]]
+                    due = t0 + int(inp.arrival_s * 1e9)
+                    if mode == "realtime" and due > now:
+                        break
+                    arrival_ns = due if mode == "realtime" else now
+                    index[order[i]] = self.add_request(inp, arrival_ns, key=i)
+                    i += 1
+                if not self.has_work:  # idle until the next arrival (not a bubble)
+                    time.sleep(max(0.0, (due - _now()) / 1e9))
+                    continue
+                if not self.step():
+                    raise RuntimeError("the scheduler made no progress with requests waiting")
+                if on_step is not None:
+                    on_step(self)
+        finally:
+            self.trace = self.finish()
         return [self.states[j].result() for j in index]
 
     # ---- start-up ----------------------------------------------------------------------------

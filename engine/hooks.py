@@ -17,6 +17,7 @@ their ring slot is reused, 256 steps later, or in `finish()`. No dicts or object
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from array import array
@@ -93,7 +94,8 @@ class StepHooks:
         self.gc_generation: array[int] = array("q")
         self.gc_activity: array[int] = array("q")
         self.gc_row: array[int] = array("q")
-        self._ring_row = np.full(self._ring, -1, np.int64)
+        self._ring_row = np.full(self._ring, -1, np.int64)  # row whose events a slot holds
+        self._ring_ended = [False] * self._ring  # the row's end event is recorded
         self.t0_ns = _now()
 
     def _alloc(self, cap: int) -> None:
@@ -121,9 +123,11 @@ class StepHooks:
         return self.t0_ns
 
     def finish(self) -> StepTrace:
-        """Read every outstanding GPU event (synchronizes the device) and freeze the record."""
+        """Read every outstanding GPU event (synchronizes the device) and freeze the record.
+        After an engine error it still returns what could be read."""
         if self.cuda:
-            torch.cuda.synchronize()
+            with contextlib.suppress(RuntimeError):  # a failed device: keep what is readable
+                torch.cuda.synchronize()
             for k in range(self._ring):
                 self._harvest(k)
         n = self.num_steps
@@ -192,6 +196,7 @@ class StepHooks:
         if self._ring_row[k] >= 0:
             self._harvest(k)  # recorded `ring` steps ago: long done
         self._ring_row[k] = row
+        self._ring_ended[k] = False
         self._ev[k][0].record()
 
     def gpu_end(self, row: int) -> None:
@@ -199,16 +204,27 @@ class StepHooks:
         if not self.cuda:
             self.gpu_ns[row, 1] = _now()
             return
-        self._ev[row % self._ring][1].record()
+        k = row % self._ring
+        self._ev[k][1].record()
+        self._ring_ended[k] = True
 
     def _harvest(self, k: int) -> None:
+        """Read ring slot k's events into its row. A step cut short (an error between its two
+        marks) or events that cannot be read (a failed device) leave the row at -1."""
         row = int(self._ring_row[k])
         if row < 0:
             return
-        start, end = self._ev[k]
-        self.gpu_ns[row, 0] = self._base_ns + int(self._base.elapsed_time(start) * 1e6)
-        self.gpu_ns[row, 1] = self._base_ns + int(self._base.elapsed_time(end) * 1e6)
         self._ring_row[k] = -1
+        if not self._ring_ended[k]:
+            return
+        start, end = self._ev[k]
+        try:
+            t0 = self._base.elapsed_time(start)
+            t1 = self._base.elapsed_time(end)
+        except RuntimeError:
+            return
+        self.gpu_ns[row, 0] = self._base_ns + int(t0 * 1e6)
+        self.gpu_ns[row, 1] = self._base_ns + int(t1 * 1e6)
 
     # ---- GC pauses ---------------------------------------------------------------------------
     def install_gc(self) -> None:
