@@ -4,9 +4,10 @@
 For every switch the same trace runs twice on the engine (`--repeat N` each, the median run
 kept, its spread recorded) and twice in the simulator, with only that key changed from the
 given config: the sim's `whatif` variants of the same switch. `rel_change` = (on - off) / off
-per metric. A switch that has no effect under the config (seeds 1, 2 and 5 without speculative
-decoding) is skipped with the reason; a config the engine refuses is recorded as an error and
-the prediction still runs. The simulator (and so simpy) is imported only here, lazily.
+per metric (fractions also as `change_points`, absolute). A switch that has no effect under
+the config (seeds 1, 2 and 5 without speculative decoding) is skipped with the reason; a config
+the engine refuses is recorded as an error and the prediction still runs. The simulator (and
+so simpy) is imported only here, lazily.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import Config
-from replay.metrics import flat_metrics, rel_error
+from replay.metrics import flat_metrics, is_fraction, rel_error
 
 # switch -> (off value, on value, why it may not apply)
 SWITCHES: dict[str, tuple[Any, Any]] = {
@@ -80,6 +81,7 @@ def ablate(
         why = skip_reason(cfg, sw)
         if why:
             result[sw] = {"skipped": why}
+            write_ablation(result, out)
             continue
         entry: dict[str, Any] = {"values": dict(zip(("off", "on"), values(sw)))}
         variants = {side: cfg.replace(**{sw: v}) for side, v in zip(("off", "on"), values(sw))}
@@ -126,6 +128,11 @@ def _side_by_side(variants: dict[str, Config], run: Callable[[str, Config], Any]
         "off": off,
         "on": on,
         "rel_change": {m: rel_error(on[m], off[m]) for m in METRICS},
+        "change_points": {
+            m: None if on[m] is None or off[m] is None else 100 * (on[m] - off[m])
+            for m in METRICS
+            if is_fraction(m)
+        },
         "runs": {"off": sides["off"]["path"], "on": sides["on"]["path"]},
     }
     spreads = {s: sides[s].get("spread") for s in ("off", "on") if sides[s].get("spread")}

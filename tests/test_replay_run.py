@@ -1,0 +1,131 @@
+"""`replay run` / `replay ablate` on CPU with the tiny model: complete runs with exactly the trace's
+output lengths, the sim's token-emission convention, and interrupted runs left whole but marked
+incomplete."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from core.config import Config  # noqa: E402
+from core.runfmt import load_run  # noqa: E402
+from core.trace import make_trace, write_trace  # noqa: E402
+from replay.run import ReplayTimeout, replay  # noqa: E402
+
+CPU_TINY = Config(model="tiny", device="cpu")
+OUTPUT_LENS = [5, 3, 7, 4, 6]
+
+
+@pytest.fixture(scope="module")
+def few(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    t = make_trace(
+        [0.0, 0.004, 0.008, 0.012, 0.03],
+        [20, 35, 8, 50, 12],
+        OUTPUT_LENS,
+        request_id=np.array(["a", "b", "c", "d", "e"], dtype=object),
+        needs_history=np.array([True, False, True, False, False]),
+    )
+    return write_trace(t, tmp_path_factory.mktemp("trace") / "few.parquet")
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_replay_run_cpu_is_a_complete_run(few: Path, tmp_path: Path):
+    res = replay(CPU_TINY, few, tmp_path / "run")
+    run = load_run(tmp_path / "run")
+    assert run.complete and run.summary["source"]["kind"] == "replay"
+    assert run.summary["source"]["gpu"].startswith("cpu")
+    req = run.arrays("requests")
+    got = dict(zip(req["request_id"].tolist(), req["output_tokens"].tolist()))
+    assert got == dict(zip("abcde", OUTPUT_LENS))  # exactly the trace's output lengths
+    assert np.isfinite(req["finish_s"]).all()
+    steps = run.arrays("steps")
+    assert run.summary["num_steps"] == len(steps["step"]) > 0
+    # the sim's convention: tokens are emitted at the end of a process_outputs phase
+    ends = set(steps["process_outputs_end_s"].tolist())
+    assert set(req["first_token_s"].tolist()) <= ends
+    assert set(req["finish_s"].tolist()) <= ends
+    assert np.isfinite(steps["gpu_start_s"]).all()
+    for phase in ("schedule", "prepare_inputs", "launch", "sample", "process_outputs"):
+        assert np.isfinite(steps[f"{phase}_start_s"]).all(), phase
+    inst = res.summary["replay"]["instrumentation"]
+    assert inst["per_step_us"] > 0 and inst["overhead_fraction"] < 0.05
+    assert res.summary["replay"]["requests_arrived"] == 5
+    assert _leftovers(tmp_path) == []
+
+
+def test_replay_repeat_reports_the_spread(few: Path, tmp_path: Path, capsys):
+    from replay.__main__ import main
+
+    out = tmp_path / "rep"
+    args = ["run", str(few), "--set", "device=cpu", "--set", "model=tiny", "-o", str(out)]
+    assert main([*args, "--repeat", "2", "-q"]) == 0
+    assert "spread output_tok_per_s" in capsys.readouterr().out
+    s = load_run(out).summary
+    sp = s["repeat_spread"]
+    assert sp["output_tok_per_s"]["n"] == 2 and sp["tpot_s.p50"]["range_rel"] is not None
+    assert s["repeats"]["count"] == 2 and len(s["repeats"]["output_tok_per_s"]) == 2
+
+
+def test_replay_out_of_time_leaves_an_incomplete_run(few: Path, tmp_path: Path):
+    out = tmp_path / "partial"
+    with pytest.raises(ReplayTimeout):
+        replay(CPU_TINY, few, out, max_seconds=1e-3)
+    run = load_run(out)  # a whole, readable run folder
+    assert not run.complete
+    assert "ReplayTimeout" in run.summary["replay"]["interrupted"]
+    assert _leftovers(tmp_path) == []  # no temp folder, nothing half-written
+
+
+def test_replay_engine_error_leaves_what_was_measured(few: Path, tmp_path: Path):
+    out = tmp_path / "err"
+    with pytest.raises(RuntimeError, match="injected"):
+        replay(CPU_TINY, few, out, fail_after_steps=3)
+    run = load_run(out)
+    assert not run.complete and run.summary["num_steps"] >= 3
+    assert run.summary["replay"]["unfinished_requests"] > 0
+    req = run.arrays("requests")
+    assert (req["output_tokens"] > 0).any()
+    assert _leftovers(tmp_path) == []
+
+
+def test_replay_cli_bad_input_is_one_line(few: Path, tmp_path: Path, capsys):
+    from core.cli import run_main
+    from replay.__main__ import main
+
+    args = ["run", str(few), "--set", "device=cpu", "--set", "model=tiny", "--set", "bogus=1"]
+    assert _exit_code(lambda: run_main(main, args)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bogus" in err[0]
+    assert not (tmp_path / "x").exists()
+
+
+def _exit_code(fn) -> int:
+    try:
+        return fn()
+    except SystemExit as e:
+        return int(e.code)
+
+
+def test_ablate_measures_beside_the_prediction(few: Path, tmp_path: Path):
+    pytest.importorskip("simpy")
+    from replay.ablate import ablate
+
+    cfg = CPU_TINY.replace(arrival="asap")
+    out = tmp_path / "abl"
+    res = ablate(cfg, few, out, ["reverse_placeholder_scan", "accepted_count_by_sum"], repeat=1)
+    assert "skipped" in res["accepted_count_by_sum"]  # no effect without spec decoding
+    sw = res["reverse_placeholder_scan"]
+    for kind in ("measured", "predicted"):
+        assert set(sw[kind]["off"]) == set(sw[kind]["on"]), kind
+        assert sw[kind]["rel_change"]["output_tok_per_s"] is not None, kind
+    assert load_run(out / "reverse_placeholder_scan-off").complete
+    assert load_run(out / "reverse_placeholder_scan-on.sim").summary["source"]["kind"] == "sim"
+    assert json.loads((out / "ablate.json").read_text()) == json.loads(json.dumps(res))
