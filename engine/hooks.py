@@ -100,6 +100,7 @@ class StepHooks:
 
     def _alloc(self, cap: int) -> None:
         self.phase_ns = np.full((cap, _NP, 2), -1, np.int64)
+        self._phase_flat = self.phase_ns.reshape(-1)  # a view
         self.gpu_ns = np.full((cap, 2), -1, np.int64)
         self.finished = np.zeros(cap, np.int32)
 
@@ -159,9 +160,10 @@ class StepHooks:
 
     def end(self, row: int) -> None:
         """Close the phase opened by `begin` and store it in `row`."""
-        t = self.phase_ns[row, self.activity]
-        t[0] = self._t0
-        t[1] = _now()
+        i = 2 * (row * _NP + self.activity)  # flat index into phase_ns: two scalar stores
+        flat = self._phase_flat
+        flat[i] = self._t0
+        flat[i + 1] = _now()
         self.activity = -1
 
     def cancel(self) -> None:
