@@ -52,6 +52,7 @@ def compare_runs(pred: Run, meas: Run, allow_other_trace: bool = False) -> dict[
         "predicted": _describe(pred),
         "measured": _describe(meas),
         "config_differences": config_differences(pred.summary, meas.summary),
+        "notes": caveats(pred.summary, meas.summary),
         "metrics": metrics,
         "targets": targets,
         "passed": all(t["passed"] for t in targets.values()),
@@ -118,6 +119,34 @@ def check_targets(metrics: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any
             "error": err,
             "passed": err is not None and abs(err) <= bound,
         }
+    return out
+
+
+def _kv_blocks(s: dict[str, Any]) -> int | None:
+    for path in (("sim", "num_kv_blocks"), ("replay", "engine", "num_kv_blocks")):
+        node: Any = s
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, int):
+            return node
+    return None
+
+
+def caveats(pred: dict[str, Any], meas: dict[str, Any]) -> list[str]:
+    """What makes the two runs differ other than timing, in words for the report."""
+    out = []
+    for name, s in (("predicted", pred), ("measured", meas)):
+        if not s.get("complete"):
+            out.append(f"the {name} run is incomplete (interrupted): its metrics cover part of it")
+    kp, km = _kv_blocks(pred), _kv_blocks(meas)
+    if kp is not None and km is not None and kp != km:
+        out.append(
+            f"KV cache sizes differ ({kp} predicted vs {km} measured blocks): preemptions and "
+            "so schedules may differ; set num_kv_blocks in both for a step-by-step comparison"
+        )
+    arrivals = {(s.get("config") or {}).get("arrival") for s in (pred, meas)}
+    if "asap" in arrivals:
+        out.append("arrival=asap: check that both runs queued every request at the start")
     return out
 
 

@@ -29,12 +29,23 @@ def profile_kernels(cfg: Config, trace_path: str | Path, out: Path) -> Path:
     acts = [ProfilerActivity.CPU]
     if cfg.device == "cuda":
         acts.append(ProfilerActivity.CUDA)
-    with profile(activities=acts, record_shapes=False) as prof:
-        engine.run(trace)
+    try:
+        with profile(activities=acts, record_shapes=False) as prof:
+            engine.run(trace)
+    finally:
+        import gc
+
+        gc.unfreeze()  # see replay.run.replay
     if cfg.device == "cuda":
         torch.cuda.synchronize()
-    key = "self_cuda_time_total" if cfg.device == "cuda" else "self_cpu_time_total"
     averages = prof.key_averages()
+    key = "self_cpu_time_total"
+    if cfg.device == "cuda":  # torch >= 2.4 names device time generically; older: cuda
+        sample = averages[0] if len(averages) else None
+        key = next(
+            (k for k in ("self_device_time_total", "self_cuda_time_total") if hasattr(sample, k)),
+            "self_cpu_time_total",
+        )
     with atomic_dir(out, "kernels.txt") as tmp:
         (tmp / "kernels.txt").write_text(averages.table(sort_by=key, row_limit=TOP_KERNELS))
         (tmp / "kernels.json").write_text(json.dumps(_top(averages, key), indent=2) + "\n")

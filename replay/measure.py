@@ -4,7 +4,8 @@
 - one clock: seconds since the run's zero (`StepTrace.t0_ns`, perf_counter_ns);
 - steps in launch order (hooks row == recorder step), each with its `BatchShape`, its CPU
   phases, its GPU interval (CUDA events on the compute stream, put on the host clock by the
-  hooks' base event), the sync waits and GC pauses (gc.callbacks) as recorded;
+  hooks' base event; its start no earlier than the launch phase, see `_kernel_intervals`),
+  the sync waits and GC pauses (gc.callbacks) as recorded;
 - token emission at the END of the `process_outputs` phase of the step whose results carry it,
   the sim's convention: the engine stamps a token when it applies it, inside that phase, so
   each stamp is moved to the end of the phase interval that contains it;
@@ -23,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from core.phases import ALL_CPU_ACTIVITIES, CPU_PHASES, PROCESS_OUTPUTS
+from core.phases import ALL_CPU_ACTIVITIES, CPU_PHASES, LAUNCH, PROCESS_OUTPUTS
 from core.runfmt import RunRecorder
 
 _PO = CPU_PHASES.index(PROCESS_OUTPUTS)
+_LAUNCH = CPU_PHASES.index(LAUNCH)
 
 
 @dataclass
@@ -34,6 +36,22 @@ class Converted:
     recorder: RunRecorder
     dropped_gpu_rows: int  # GPU intervals left out: never completed (an interrupted step)
     unfinished: int  # requests that had arrived but not finished
+    gpu_start_moved_ns: np.ndarray  # per step: how far the GPU start was moved to the launch
+
+
+def _kernel_intervals(gpu_ns: np.ndarray, launch_start_ns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The hooks' GPU start event is recorded before the step's input copies, at the start of
+    prepare_inputs: on an idle GPU it fires then, and the interval would hold the CPU's whole
+    prepare phase. No kernel of the step can start before its launch phase begins, so the
+    start is moved to max(event, launch start) (clamped to the end); the input copies' few
+    microseconds are the price. Returns the intervals and how far each start moved."""
+    g = gpu_ns.copy()
+    has = (g[:, 0] >= 0) & (launch_start_ns >= 0)
+    start = np.where(has, np.maximum(g[:, 0], launch_start_ns), g[:, 0])
+    start = np.where(has & (g[:, 1] >= 0), np.minimum(start, g[:, 1]), start)
+    moved = np.where(has, start - g[:, 0], 0)
+    g[:, 0] = start
+    return g, moved
 
 
 def to_recorder(trace: Any, outputs: Sequence[Any]) -> Converted:
@@ -48,7 +66,7 @@ def to_recorder(trace: Any, outputs: Sequence[Any]) -> Converted:
     for j, name in enumerate(CPU_PHASES):
         for row in np.flatnonzero((ph[:n, j, 0] >= 0) & (ph[:n, j, 1] >= ph[:n, j, 0])).tolist():
             rec.phase(row, name, (ph[row, j, 0] - t0) / 1e9, (ph[row, j, 1] - t0) / 1e9)
-    g = trace.gpu_ns[:n]
+    g, moved_ns = _kernel_intervals(trace.gpu_ns[:n], ph[:n, _LAUNCH, 0])
     ok = (g[:, 0] >= 0) & (g[:, 1] >= g[:, 0])
     for row in np.flatnonzero(ok).tolist():
         rec.gpu(row, (g[row, 0] - t0) / 1e9, (g[row, 1] - t0) / 1e9)
@@ -75,7 +93,7 @@ def to_recorder(trace: Any, outputs: Sequence[Any]) -> Converted:
             rec.finish(r, emit.at([out.finish_ns])[0])
         else:
             unfinished += 1
-    return Converted(rec, int(n - ok.sum()), unfinished)
+    return Converted(rec, int(n - ok.sum()), unfinished, moved_ns)
 
 
 class _EmissionClock:

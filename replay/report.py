@@ -56,6 +56,8 @@ def print_targets(fid: dict[str, Any], out: Path | None = None) -> None:
         f"steps identical: {100 * st['fraction_identical']:.1f} % "
         f"({st['predicted_steps']} predicted, {st['measured_steps']} measured)"
     )
+    for note in fid.get("notes", []):
+        print(f"note: {note}")
     verdict = "PASS" if fid["passed"] else "FAIL"
     print(f"fidelity: {verdict}" + (f"  -> {out}" if out else ""))
 
@@ -93,6 +95,7 @@ def write_report(fid: dict[str, Any], pred: Run, meas: Run, out: Path) -> Path:
         f"- measured: `{fid['measured']['path']}` ({_source(fid['measured'])})",
         f"- verdict: **{'PASS' if fid['passed'] else 'FAIL'}** against the issue's targets",
     ]
+    lines += [f"- note: {n}" for n in fid.get("notes", [])]
     if fid["config_differences"]:
         diffs = ", ".join(f"`{k}`" for k in fid["config_differences"])
         lines.append(f"- config keys that differ (other than hardware): {diffs}")
@@ -165,9 +168,10 @@ def _request_section(req: dict[str, Any]) -> list[str]:
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         r = req[key]
         e, a = r["rel_error"], r["abs_rel_error"]
+        mean_abs = "-" if a["mean"] is None else f"{100 * a['mean']:.2f} %"
         lines.append(
             f"| {key} | {r['n']} | {_pct(e['p50'])} | {_pct(e['p90'])} | "
-            f"{_pct(e['p99'])} | {_pct(a['mean'])} |"
+            f"{_pct(e['p99'])} | {mean_abs} |"
         )
     return lines
 
@@ -178,8 +182,12 @@ def _step_section(st: dict[str, Any]) -> list[str]:
         "## Per step (matched by index)",
         "",
         f"{st['identical']} of {max(st['predicted_steps'], st['measured_steps'])} steps have "
-        f"identical batch composition ({100 * st['fraction_identical']:.1f} %); first "
-        f"difference at step {st['first_difference']}.",
+        f"identical batch composition ({100 * st['fraction_identical']:.1f} %); "
+        + (
+            "no step differs."
+            if st["first_difference"] is None
+            else f"the first difference is at step {st['first_difference']}."
+        ),
         "",
         "| time | n | predicted mean ms | measured mean ms | error ms p50 | abs. error ms p99 | "
         "rel. error p50 |",
@@ -230,7 +238,8 @@ def _plots(pred: Run, meas: Run, out: Path) -> list[tuple[str, str]]:
     made.append((title, _save_scatter(out, "step_cpu_ms", cp, cm, title, mpl)))
     first = max(0, n // 2 - TIMELINE_STEPS // 2)
     for name, run in (("predicted", p), ("measured", m)):
-        title = f"{name} timeline, steps {first}-{first + TIMELINE_STEPS - 1}"
+        last = min(first + TIMELINE_STEPS, len(run["step"])) - 1
+        title = f"{name} timeline, steps {first}-{last}"
         made.append((title, _save_timeline(out, f"timeline_{name}", run, first, title, mpl)))
     return made
 

@@ -86,8 +86,36 @@ def replay(
     interruption, write the interrupted repeat (complete: false) and re-raise.
     `fail_after_steps` injects an engine error after that many steps (tests)."""
     trace = check_trace(cfg, trace_path)
+    try:
+        return _replay(
+            cfg,
+            trace,
+            trace_path,
+            Path(out_dir),
+            repeat,
+            max_seconds,
+            warmup,
+            progress,
+            fail_after_steps,
+        )
+    finally:
+        # the engine froze its start-up heap (gc_freeze); leave the process as we found it
+        # (a heap left frozen at exit also makes nanobind report Triton's objects as leaks)
+        gc.unfreeze()
+
+
+def _replay(
+    cfg: Config,
+    trace: Trace,
+    trace_path: str | Path,
+    out: Path,
+    repeat: int,
+    max_seconds: float | None,
+    warmup: bool,
+    progress: Callable[[str], None] | None,
+    fail_after_steps: int | None,
+) -> ReplayResult:
     deadline = time.monotonic() + max_seconds if max_seconds else None
-    out = Path(out_dir)
     t_start = time.monotonic()
     model = None
     done: list[Measured] = []
@@ -284,6 +312,10 @@ def _extra(
         "trace_rows": trace_rows,
         "unfinished_requests": conv.unfinished,
         "gpu_intervals_dropped": conv.dropped_gpu_rows,
+        "gpu_start_moved_to_launch": {
+            "steps": int((conv.gpu_start_moved_ns > 0).sum()),
+            "total_s": float(conv.gpu_start_moved_ns.sum() / 1e9),
+        },
         "interrupted": None if error is None else f"{type(error).__name__}: {error}",
         "device": cfg.device,
     }

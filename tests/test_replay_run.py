@@ -129,3 +129,48 @@ def test_ablate_measures_beside_the_prediction(few: Path, tmp_path: Path):
     assert load_run(out / "reverse_placeholder_scan-off").complete
     assert load_run(out / "reverse_placeholder_scan-on.sim").summary["source"]["kind"] == "sim"
     assert json.loads((out / "ablate.json").read_text()) == json.loads(json.dumps(res))
+
+
+def test_to_recorder_conventions():
+    """Hand-made hook record: the GPU start moves to the launch, token stamps to the end of
+    their process_outputs phase, GC pauses keep their phase; a GPU interval with no end event
+    (an interrupted step) is dropped."""
+    from types import SimpleNamespace
+
+    from core.phases import CPU_PHASES
+    from core.runfmt.records import RunRecorder
+    from core.shape import BatchShape
+    from replay.measure import to_recorder
+
+    ms = 1_000_000
+    t0 = 5 * ms
+    ph = np.full((2, len(CPU_PHASES), 2), -1, np.int64)
+    for row, base in ((0, t0), (1, t0 + 10 * ms)):
+        for j in range(len(CPU_PHASES)):  # phase j of a row runs over [base + j ms, + 1 ms]
+            ph[row, j] = (base + j * ms, base + (j + 1) * ms)
+    gpu = np.array([[t0 + 1 * ms, t0 + 4 * ms], [t0 + 11 * ms, -1]], np.int64)
+    trace = SimpleNamespace(
+        t0_ns=t0,
+        num_steps=2,
+        shapes=[BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=4), BatchShape()],
+        phase_ns=ph,
+        gpu_ns=gpu,
+        sync_ns=np.array([[t0 + 5 * ms + 10, t0 + 5 * ms + 20]], np.int64),
+        sync_row=np.array([0]),
+        gc_ns=np.array([[t0 + 3 * ms, t0 + 3 * ms + 500]], np.int64),
+        gc_generation=np.array([1]),
+        gc_activity=np.array([3]),
+        gc_row=np.array([0]),
+    )
+    po_mid = t0 + 5 * ms + 500_000  # inside row 0's process_outputs [5, 6] ms
+    out = SimpleNamespace(
+        request_id="x", arrival_ns=t0, token_ns=[po_mid], finish_ns=po_mid, num_preemptions=0
+    )
+    conv = to_recorder(trace, [out])
+    assert isinstance(conv.recorder, RunRecorder) and conv.dropped_gpu_rows == 1
+    rec = conv.recorder.freeze()
+    assert rec.gpu_start[0] == pytest.approx(0.002)  # launch start (phase 2), not the event
+    assert np.isnan(rec.gpu_start[1])
+    assert rec.first_token[0] == pytest.approx(0.006) and rec.finish[0] == pytest.approx(0.006)
+    assert rec.gc_phase[0] == CPU_PHASES[3] and rec.gc_gen[0] == 1
+    assert conv.gpu_start_moved_ns[0] == ms
