@@ -30,6 +30,11 @@ class _Progress:
             sys.stderr.write("\r\033[K")
 
 
+def _partial(e: BaseException, out: Path) -> str:
+    """replay.run marks the exceptions after which it wrote a partial run folder."""
+    return f": partial run (complete: false) -> {out}" if getattr(e, "partial_run", None) else ""
+
+
 # ---- run ----------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     from core.config import ConfigError
@@ -43,27 +48,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--repeat must be >= 1")
     bar = _Progress(not args.quiet)
     try:
-        res = replay(cfg, args.trace, out, args.repeat, args.max_seconds, not args.no_warmup, bar)
-    except ReplayTimeout:
-        bar.close()
-        print(
-            f"out of time (--max-seconds {args.max_seconds:g}): partial run -> {out}",
-            file=sys.stderr,
-        )
-        return 3
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"interrupted: partial run -> {out}", file=sys.stderr)
-        return 130
+        try:
+            res = replay(
+                cfg, args.trace, out, args.repeat, args.max_seconds, not args.no_warmup, bar
+            )
+        finally:
+            bar.close()
     except (ConfigError, TraceError, UsageError, FileNotFoundError):
         raise  # bad input: one line, exit 2 (core.cli.run_main)
+    except ReplayTimeout as e:
+        print(
+            f"out of time (--max-seconds {args.max_seconds:g}){_partial(e, out)}", file=sys.stderr
+        )
+        return 3
+    except KeyboardInterrupt as e:
+        print(f"interrupted{_partial(e, out)}", file=sys.stderr)
+        return 130
     except Exception as e:
-        bar.close()
-        where = f"; partial run -> {out}" if getattr(e, "partial_run", None) else ""
-        print(f"error: engine failed: {type(e).__name__}: {e}{where}", file=sys.stderr)
+        print(f"error: engine failed: {type(e).__name__}: {e}{_partial(e, out)}", file=sys.stderr)
         return 1
-    finally:
-        bar.close()
     print_run_summary(res.summary, out, res.wall_s)
     if args.repeat > 1:
         sp = res.summary["repeat_spread"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.config import Config
+from core.config import Config, ConfigError
 from core.models import get_model, with_context
 from core.runfmt import trace_info, write_run
 from core.trace import Trace, TraceError, read_trace
@@ -159,7 +159,9 @@ def _new_engine(cfg: Config, model: Any) -> tuple[Any, Any]:
     try:
         engine = Engine(cfg, model=model)
     except NotImplementedError as e:
-        raise TraceError(f"the engine cannot run this config: {e}") from None
+        raise ConfigError(f"the engine cannot run this config: {e}") from None
+    except ValueError as e:  # the engine names the config key (e.g. device=cuda without CUDA)
+        raise ConfigError(str(e)) from None
     return engine, engine.model
 
 
