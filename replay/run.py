@@ -153,6 +153,9 @@ def _new_engine(cfg: Config, model: Any) -> tuple[Any, Any]:
         # intra-op threads spin-wait: on a shared host a CPU step's time jumps 100x with the
         # load of other processes; the tiny/small models gain nothing from them
         torch.set_num_threads(1)
+    # the previous repeat's engine froze its heap (gc_freeze): cycles in it (its KV cache among
+    # them) are only freed once unfrozen; the new engine freezes its own start-up heap again
+    gc.unfreeze()
     gc.collect()
     if cfg.device == "cuda":
         torch.cuda.empty_cache()  # the previous repeat's KV cache and graphs
@@ -380,6 +383,7 @@ def _repeat_extra(done: list[Measured], chosen: int | None) -> dict[str, Any]:
             "count": len(done),
             "chosen": chosen,
             "output_tok_per_s": [f["output_tok_per_s"] for f in flats],
+            "num_kv_blocks": [m.extra["engine"]["num_kv_blocks"] for m in done],
             "metrics": flats,
         },
     }
