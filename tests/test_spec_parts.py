@@ -20,6 +20,7 @@ import torch
 
 from core.ngram import accepted_prefix, propose
 from engine.spec.backup_tokens import BackupTokenIds, next_token_ids
+from engine.spec.ngram_cpu import NgramProposerCPU
 from engine.spec.ngram_gpu import NgramProposerGPU, propose_ngram
 from engine.spec.slot_mapping import correct_inputs, correct_inputs_torch
 from engine.spec.verify import (
@@ -149,6 +150,26 @@ def test_ngram_proposer_buffer_follows_a_growing_sequence():
         assert prop.num_tokens[slot].item() == len(s)
         assert prop.token_ids[slot, : len(s)].tolist() == s
     assert prop.token_ids[1, :200].tolist() == text[:200]
+
+
+def test_cpu_and_gpu_proposers_agree_step_by_step():
+    text = text_ids()
+    cpu = NgramProposerCPU(3, 2, 4)
+    gpu_prop = NgramProposerGPU(2, 512, 3, 2, 4, torch.device("cpu"))
+    cpu.start(7, np.array(text[:50]))
+    gpu_prop.reset_slot(1, np.array(text[:50]))
+    n = 50
+    for step in range(40):
+        d_cpu = cpu.propose(7)
+        d_gpu = gpu_prop.propose(torch.tensor([1]))[0].tolist()
+        assert d_gpu == d_cpu + [-1] * (3 - len(d_cpu)), step
+        new = text[n : n + 1 + step % 3]
+        n += len(new)
+        cpu.extend(7, new)
+        gpu_prop.append(torch.tensor([1]), torch.tensor([new + [-1] * (4 - len(new))]))
+    assert cpu.tokens[7] == text[:n]
+    cpu.drop(7)
+    assert 7 not in cpu.tokens
 
 
 # ---- verification and accepted counts ------------------------------------------------------------
