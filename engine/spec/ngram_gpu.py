@@ -100,6 +100,7 @@ class NgramProposerGPU:
         the valid ones contiguous from column 0 and -1 after (verification output)."""
         c = tokens.shape[1]
         slots = slots.long()
+        tokens = tokens.to(torch.int32)
         valid = tokens >= 0
         start = self.num_tokens[slots].long()  # [B]
         pos = start[:, None] + torch.arange(c, device=self.device)[None, :]
