@@ -162,9 +162,10 @@ def _graph_steps(run: Run, s: dict[str, np.ndarray]) -> np.ndarray:
     cfg = run_config(run)
     decode = s["num_prefill_reqs"] == 0
     if (run.summary.get("source") or {}).get("kind") == "sim":
-        from sim.cost import resolve_profile
+        from sim.cost import load_profile, resolve_profile
 
-        limit = resolve_profile(None)["launch"]["graph_max_tokens"]
+        own = load_profile(cfg.profile) if cfg.profile and Path(cfg.profile).is_file() else None
+        limit = resolve_profile(own)["launch"]["graph_max_tokens"]
         return cfg.cuda_graphs & decode & (s["decode_tokens"] <= limit)
     if not cfg.cuda_graphs or cfg.device != "cuda":
         return np.zeros(len(decode), bool)
