@@ -1,0 +1,195 @@
+"""A fleet: N replicas of one engine config behind a router, in one SimPy environment.
+
+Each replica is a `SimLoop` with its own Scheduler, KV cache, GC model and RunRecorder; the
+router process hands each request, at its arrival, to one replica (`SimLoop.submit`). Requests
+are built once (row = arrival rank) and shared: each is only ever in one replica's scheduler.
+The acceptance model is shared too (its per-request streams do not depend on the replica), so
+a request's drafts are accepted alike whatever the routing.
+
+A replica's `requests` is the whole trace (its loop cannot know in advance how many it will
+get), so its CPU thread idles instead of exiting once the trace is done; `env.run()` returns
+when no event is left. A fleet of one replica takes its own arrivals, which is exactly the
+model of `sim.run.simulate` (and its fast paths).
+Load scaling: arrival_s / load_factor, so factor 2 offers twice the trace's request rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from core.config import Config
+from core.gpus import get_gpu
+from core.models import get_model, with_context
+from core.policy import Scheduler
+from core.policy.sizing import kv_blocks_for_gpu, scheduler_config
+from core.request import Request
+from core.runfmt import RunRecorder
+from core.trace import Trace, TraceError
+from sim.cost import CostModel, load_cost_model
+from sim.gcmodel import GCModel
+from sim.loop import SimLoop
+from sim.plan.merge import fleet_summary
+from sim.plan.router import Router, make_router
+from sim.plan.spec import SLO
+from sim.plan.watch import EarlyStop, SLOWatch
+from sim.run import acceptance_for, build_requests
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    config: Config
+    replicas: int = 1
+    router: str = "least-outstanding"
+    load_factor: float = 1.0
+    prefix_abs_tokens: int = 4096
+    prefix_rel: float = 1.5
+
+
+def kv_blocks(cfg: Config) -> int:
+    """KV blocks one replica gets; TraceError when the model leaves no room on the GPU."""
+    model = with_context(get_model(cfg.model), cfg.max_model_len)
+    gpu = get_gpu(cfg.gpu)
+    n = kv_blocks_for_gpu(cfg, model, gpu.memory_bytes)
+    if n < 1:
+        raise TraceError(
+            f"model '{cfg.model}' does not fit on one {gpu.name}: no room for KV cache"
+        )
+    return n
+
+
+def scaled(trace: Trace, load_factor: float) -> Trace:
+    if load_factor == 1.0:
+        return trace
+    return dataclasses.replace(trace, arrival_s=trace.arrival_s / load_factor)
+
+
+def check_trace_fits(cfg: Config, trace: Trace, name: str) -> None:
+    """TraceError naming the first request that one replica of `cfg` can never run."""
+    model = with_context(get_model(cfg.model), cfg.max_model_len)
+    sched = Scheduler(scheduler_config(cfg, model, kv_blocks(cfg)))
+    total = trace.prompt_len.astype(np.int64) + trace.output_len
+    row = int(np.argmax(total))  # the longest request is the first to not fit
+    req = Request(
+        row, trace.request_id[row], 0.0, int(trace.prompt_len[row]), int(trace.output_len[row])
+    )
+    why = sched.check_fits(req)
+    if why is not None:
+        raise TraceError(f"{name}: trace request {req.request_id!r} {why}")
+
+
+class _Fleet:
+    def __init__(self, spec: FleetSpec, trace: Trace, cost: CostModel) -> None:
+        cfg = spec.config
+        model = with_context(get_model(cfg.model), cfg.max_model_len)
+        self.num_blocks = kv_blocks(cfg)
+        self.env = simpy.Environment()
+        self.requests = build_requests(trace)
+        self.accept = acceptance_for(cfg, trace)
+        self.owner = np.full(len(self.requests), -1, dtype=np.int64)
+        self.router: Router = make_router(
+            spec.router, spec.replicas, spec.prefix_abs_tokens, spec.prefix_rel
+        )
+        self.watch: SLOWatch | None = None
+        self.recorders: list[RunRecorder] = []
+        self.loops: list[SimLoop] = []
+        self.num_routed = 0
+        for _ in range(spec.replicas):
+            rec = RunRecorder()
+            for r in self.requests:
+                rec.add_request(r.request_id, r.arrival_s)
+            sched = Scheduler(scheduler_config(cfg, model, self.num_blocks))
+            gc = GCModel(cfg.gc, cfg.gc_freeze, cost.gc_pause_ms)
+            loop = SimLoop(
+                cfg, sched, cost, rec, self.requests, self.accept, gc, self._tick, env=self.env
+            )
+            self.recorders.append(rec)
+            self.loops.append(loop)
+
+    @property
+    def solo(self) -> bool:
+        """One replica takes its own arrivals: exactly `sim.run.simulate`'s model."""
+        return len(self.loops) == 1
+
+    def _tick(self, step: int) -> None:
+        if self.watch is None:
+            return
+        if self.solo:
+            loop = self.loops[0]
+            self.watch.tick(loop.cpu_s, loop.num_arrived)
+        else:
+            self.watch.tick(self.env.now, self.num_routed)
+
+    def route(self) -> Generator[simpy.events.Event, Any, None]:
+        env = self.env
+        for req in self.requests:
+            if req.arrival_s > env.now:
+                yield env.timeout(req.arrival_s - env.now)
+            i = self.router.route(req)
+            self.owner[req.index] = i
+            self.num_routed += 1
+            self.loops[i].submit(req)
+
+    def run(self, watch: SLOWatch | None) -> dict[str, Any] | None:
+        """Run to the end; returns the early-stop info if the watch stopped it."""
+        self.watch = watch
+        if not self.solo:
+            self.env.process(self.route())
+        for loop in self.loops:
+            loop.start(own_arrivals=self.solo)
+        try:
+            self.env.run()
+        except EarlyStop as stop:
+            return stop.info
+        finally:
+            if self.solo:
+                self.owner[: self.loops[0].num_arrived] = 0
+                self.router.loads.routed[0] = self.loops[0].num_arrived
+        return None
+
+
+def check_interval_s(trace: Trace, slos: tuple[SLO, ...]) -> float:
+    """~256 checks over the trace, but no more often than a quarter of the tightest limit."""
+    span = float(trace.arrival_s.max() - trace.arrival_s.min()) if len(trace) else 0.0
+    tightest = min((s.limit_s for s in slos), default=1.0)
+    return max(span / 256, tightest / 4, 1e-3)
+
+
+def simulate_fleet(
+    spec: FleetSpec,
+    trace: Trace,
+    slos: tuple[SLO, ...] = (),
+    early_stop: bool = True,
+    cost: CostModel | None = None,
+) -> dict[str, Any]:
+    """Simulate the fleet on the trace (in arrival order, unscaled); returns the fleet summary
+    (sim.plan.merge) plus `complete`, `stopped` (early-stop info or None), `router`, `sim`."""
+    if spec.replicas < 1:
+        raise ValueError("a fleet needs at least one replica")
+    cfg = spec.config
+    cost = cost or load_cost_model(cfg)
+    trace = scaled(trace.by_arrival(), spec.load_factor)
+    fleet = _Fleet(spec, trace, cost)
+    watch = None
+    if early_stop and slos:
+        watch = SLOWatch(slos, fleet.recorders, trace.output_len, check_interval_s(trace, slos))
+    t0 = time.perf_counter()
+    stopped = fleet.run(watch)
+    wall_s = time.perf_counter() - t0
+    out = fleet_summary(fleet.recorders, fleet.owner)
+    out["complete"] = stopped is None
+    out["stopped"] = stopped
+    out["router"] = {"name": fleet.router.name, **fleet.router.stats}
+    out["sim"] = {
+        "num_kv_blocks": fleet.num_blocks,
+        "steps": sum(rec.num_steps for rec in fleet.recorders),
+        "preemptions": sum(lp.sched.num_preemptions for lp in fleet.loops),
+        "wall_s": wall_s,
+    }
+    return out

@@ -1,0 +1,241 @@
+"""Run sweep points somewhere: in this process, a local process pool, or a Ray cluster, and
+drive searches that ask for points as they learn.
+
+A search is a generator (sim.plan.search) that yields a list of points and is sent back their
+results in the same order. The driver keeps every worker busy with the points of all searches
+at once; each search sees only its own results, so what it finds does not depend on who ran
+the points or in which order they finished. Finished points are appended to the store at
+once; points the store already holds are not run again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import os
+from collections import deque
+from collections.abc import Callable, Generator, Hashable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from sim.plan.points import Point, PointStore, point_key
+from sim.plan.spec import SLO
+from sim.plan.worker import make_task, run_task
+
+Search = Generator[list[Point], list[dict[str, Any]], Any]
+
+
+class Executor(Protocol):
+    def submit(self, task: dict[str, Any]) -> None: ...
+
+    def next_done(self) -> dict[str, Any]:
+        """Block until some submitted task is done; its output (run_task's dict)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SerialExecutor:
+    def __init__(self) -> None:
+        self.queue: deque[dict[str, Any]] = deque()
+
+    def submit(self, task: dict[str, Any]) -> None:
+        self.queue.append(task)
+
+    def next_done(self) -> dict[str, Any]:
+        return run_task(self.queue.popleft())
+
+    def close(self) -> None:
+        self.queue.clear()
+
+
+class PoolExecutor:
+    """A local process pool (fork where available: workers start in milliseconds)."""
+
+    def __init__(self, jobs: int) -> None:
+        methods = mp.get_all_start_methods()
+        ctx = mp.get_context("fork" if "fork" in methods else None)
+        self.pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
+        self.pending: set[cf.Future[dict[str, Any]]] = set()
+        self.done: deque[cf.Future[dict[str, Any]]] = deque()
+
+    def submit(self, task: dict[str, Any]) -> None:
+        self.pending.add(self.pool.submit(run_task, task))
+
+    def next_done(self) -> dict[str, Any]:
+        if not self.done:
+            finished, self.pending = cf.wait(self.pending, return_when=cf.FIRST_COMPLETED)
+            # several may finish together: hand them out in submission-independent key order
+            self.done.extend(sorted(finished, key=lambda f: f.result()["key"]))
+        return self.done.popleft().result()
+
+    def close(self) -> None:
+        for f in self.pending:
+            f.cancel()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayExecutor:
+    """Points as Ray tasks. ADDRESS: `local` starts a local cluster; anything else goes to
+    `ray.init(address=...)` (`auto`, `ray://host:10001`). The `core` and `sim` packages travel
+    with the job (runtime_env py_modules) and the trace as bytes in the object store, so
+    workers need neither this checkout nor the trace file."""
+
+    def __init__(self, address: str, trace_path: str) -> None:
+        try:
+            import ray
+        except ModuleNotFoundError:
+            raise RuntimeError("--ray needs the 'ray' package: pip install 'ray>=2.9'") from None
+        self.ray = ray
+        root = Path(__file__).resolve().parents[2]
+        env = {"py_modules": [str(root / "core"), str(root / "sim")]}
+        if not ray.is_initialized():
+            if address == "local":
+                ray.init(
+                    num_cpus=os.cpu_count(),
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    runtime_env=env,
+                )
+            else:
+                ray.init(address=address, log_to_driver=False, runtime_env=env)
+        self.trace_ref = ray.put(Path(trace_path).read_bytes())
+        self.remote = ray.remote(run_task)
+        self.pending: list[Any] = []
+
+    def submit(self, task: dict[str, Any]) -> None:
+        self.pending.append(self.remote.remote(task, self.trace_ref))
+
+    def next_done(self) -> dict[str, Any]:
+        ready, self.pending = self.ray.wait(self.pending, num_returns=1)
+        out: dict[str, Any] = self.ray.get(ready[0])
+        return out
+
+    def close(self) -> None:
+        for ref in self.pending:
+            self.ray.cancel(ref)
+        self.pending = []
+
+
+def make_executor(jobs: int, ray_address: str | None, trace_path: str) -> Executor:
+    if ray_address:
+        return RayExecutor(ray_address, trace_path)
+    if jobs <= 1:
+        return SerialExecutor()
+    return PoolExecutor(jobs)
+
+
+@dataclass
+class SweepStats:
+    run: int = 0
+    cached: int = 0  # found in the store from an earlier run
+    repeated: int = 0  # asked again in this run (the store answered)
+    shared: int = 0  # asked while already running, run once
+    wall_s_sum: float = 0.0
+    wall_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Asker:
+    name: Hashable
+    gen: Search
+    points: list[Point]
+    results: list[dict[str, Any] | None]
+    missing: int
+
+
+class Driver:
+    def __init__(
+        self,
+        executor: Executor,
+        store: PointStore,
+        trace_path: str,
+        trace_sha: str,
+        slos: tuple[SLO, ...],
+        early_stop: bool = True,
+        profile_sha: Callable[[Point], str] = lambda p: "",
+        progress: Callable[[SweepStats, int], None] | None = None,
+    ) -> None:
+        self.ex = executor
+        self.store = store
+        self.trace_path, self.trace_sha = trace_path, trace_sha
+        self.slos, self.early = slos, early_stop
+        self.profile_sha = profile_sha
+        self.progress = progress
+        self.stats = SweepStats()
+        self.waiting: dict[str, list[tuple[_Asker, int]]] = {}  # key -> who needs it
+        self.inflight = 0
+
+    def run(self, searches: dict[Hashable, Search]) -> dict[Hashable, Any]:
+        """Drive every search to its end; returns each one's return value."""
+        self.outcome: dict[Hashable, Any] = {}
+        try:
+            fresh = deque(self._step(name, gen, None) for name, gen in searches.items())
+            self._ask(fresh)
+            while self.inflight:
+                out = self.ex.next_done()
+                self.inflight -= 1
+                self._ask(self._finished(out))
+        finally:
+            self.ex.close()
+        return self.outcome
+
+    def _step(self, name: Hashable, gen: Search, results: list[Any] | None) -> _Asker | None:
+        """The search's next request (None when it is done: its outcome is recorded)."""
+        try:
+            pts = next(gen) if results is None else gen.send(results)
+        except StopIteration as stop:
+            self.outcome[name] = stop.value
+            return None
+        return _Asker(name, gen, pts, [None] * len(pts), len(pts))
+
+    def _ask(self, fresh: deque[_Asker | None]) -> None:
+        """Ask for the points of new requests; a request whose points are all known (cached)
+        is answered at once and the search goes on."""
+        while fresh:
+            a = fresh.popleft()
+            if a is None:
+                continue
+            for i, p in enumerate(a.points):
+                self._need(a, i, p)
+            if a.missing == 0:
+                fresh.append(self._step(a.name, a.gen, a.results))
+
+    def _need(self, a: _Asker, i: int, p: Point) -> None:
+        key = point_key(p, self.trace_sha, self.profile_sha(p))
+        rec = self.store.get(key, self.slos)
+        if rec is not None:
+            if key in self.store.earlier:
+                self.stats.cached += 1
+            else:
+                self.stats.repeated += 1
+            a.results[i] = {**rec["result"], "wall_s": rec["wall_s"], "key": key}
+            a.missing -= 1
+            return
+        if key in self.waiting:
+            self.stats.shared += 1
+        else:
+            self.waiting[key] = []
+            self.ex.submit(
+                make_task(key, p, self.trace_path, self.trace_sha, self.slos, self.early)
+            )
+            self.inflight += 1
+        self.waiting[key].append((a, i))
+
+    def _finished(self, out: dict[str, Any]) -> deque[_Asker | None]:
+        key = out["key"]
+        askers = self.waiting.pop(key)
+        self.store.add(key, askers[0][0].points[askers[0][1]], out["result"], out["wall_s"])
+        self.stats.run += 1
+        self.stats.wall_s_sum += out["wall_s"]
+        self.stats.wall_s.append(out["wall_s"])
+        nxt: deque[_Asker | None] = deque()
+        for a, i in askers:
+            a.results[i] = {**out["result"], "wall_s": out["wall_s"], "key": key}
+            a.missing -= 1
+            if a.missing == 0:
+                nxt.append(self._step(a.name, a.gen, a.results))
+        if self.progress is not None:
+            self.progress(self.stats, self.inflight)
+        return nxt

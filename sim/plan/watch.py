@@ -1,0 +1,114 @@
+"""Stop a run as soon as its SLO verdict is certain to be "violated".
+
+For n values and quantile q (the linear definition of core/runfmt/stats.py), with
+lo = floor((n - 1) q), the quantile is >= the (lo+1)-th smallest value. So once at least
+n - lo values are known to exceed the limit, the quantile exceeds it whatever the rest are.
+A value is known to exceed the limit when it did (a finished TTFT, E2E or TPOT) or must
+(a request still waiting for its first token, or unfinished, for longer than the limit).
+The loops call `tick(now, arrived)` after each step (their `progress` hook); a check runs when
+`now` has passed the next multiple of `check_s`. `now` must be a time up to which every
+replica's state is known: the CPU clock of a lone replica, `env.now` behind a router (each
+CPU thread is at or ahead of it). Checks only read, so a run that is not stopped is identical
+to one without a watch. ITL SLOs are judged at the end only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from core.runfmt import RunRecorder
+from sim.plan.recview import RequestColumns, request_columns
+from sim.plan.spec import SLO
+
+WATCHED = ("ttft", "e2e", "tpot")
+
+
+class EarlyStop(Exception):
+    """The run's verdict is certain: an SLO is violated. One argument, the info dict (SimPy
+    re-raises a process's exception as `type(e)(*e.args)`)."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        super().__init__(info)
+        self.info = info
+
+
+@dataclass(frozen=True)
+class _Rule:
+    slo: SLO
+    needed: int  # violations that make the verdict certain
+
+
+def needed_violations(n: int, q: float) -> int:
+    return n - math.floor((n - 1) * q) if n > 0 else 1
+
+
+class SLOWatch:
+    def __init__(
+        self,
+        slos: tuple[SLO, ...],
+        recorders: list[RunRecorder],
+        output_len: np.ndarray,  # per request row
+        check_s: float,
+    ) -> None:
+        n = int(output_len.size)
+        n_tpot = int(np.count_nonzero(output_len >= 2))
+        self.rules = [
+            _Rule(s, needed_violations(n_tpot if s.metric == "tpot" else n, s.q))
+            for s in slos
+            if s.metric in WATCHED
+        ]
+        self.cols: list[RequestColumns] = [request_columns(r) for r in recorders]
+        self.check_s = check_s
+        self.next_s = check_s if self.rules else float("inf")
+        self.num_checks = 0
+
+    def tick(self, now: float, arrived: int) -> None:
+        if now >= self.next_s:
+            self.next_s = (now // self.check_s + 1) * self.check_s
+            self.check(now, arrived)
+
+    def check(self, now: float, k: int) -> None:
+        """Raise EarlyStop if a watched SLO is surely violated, given the first k requests
+        (rows 0..k-1, arrival order) have arrived by `now`."""
+        self.num_checks += 1
+        if k == 0:
+            return
+        c0 = self.cols[0]
+        arrival = c0.arrival[:k]
+        first, last, finish, out = (
+            c0.first_token[:k],
+            c0.last_token[:k],
+            c0.finish[:k],
+            c0.output_tokens[:k],
+        )
+        if len(self.cols) > 1:  # a row has values in the recorder of its replica only
+            first = np.fmin.reduce([c.first_token[:k] for c in self.cols])
+            last = np.fmin.reduce([c.last_token[:k] for c in self.cols])
+            finish = np.fmin.reduce([c.finish[:k] for c in self.cols])
+            out = np.sum([c.output_tokens[:k] for c in self.cols], axis=0)
+        waited = now - arrival
+        for rule in self.rules:
+            lim = rule.slo.limit_s
+            if rule.slo.metric == "ttft":
+                bad = np.where(np.isnan(first), waited, first - arrival) > lim
+            elif rule.slo.metric == "e2e":
+                bad = np.where(np.isnan(finish), waited, finish - arrival) > lim
+            else:
+                done = ~np.isnan(finish) & (out >= 2)
+                tpot = (last[done] - first[done]) / (out[done] - 1)
+                bad = tpot > lim
+            count = int(np.count_nonzero(bad))
+            if count >= rule.needed:
+                raise EarlyStop(
+                    {
+                        "slo": rule.slo.key,
+                        "limit_s": lim,
+                        "at_s": now,
+                        "violations": count,
+                        "needed": rule.needed,
+                    }
+                )
