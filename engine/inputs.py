@@ -78,6 +78,8 @@ class InputBuffers:
         self.h_rows = [_pinned((NUM_ROW_FIELDS, r), cuda) for _ in range(depth)]
         self.h_toks = [_pinned((3 * max_tokens,), cuda) for _ in range(depth)]
         self.h_pairs = [_pinned((2 * 64,), cuda) for _ in range(depth)]
+        self._rows_np = [h.numpy() for h in self.h_rows]  # views of the pinned buffers
+        self._toks_np = [h.numpy() for h in self.h_toks]
         self.d_rows = torch.zeros((NUM_ROW_FIELDS, r), dtype=torch.int32, device=device)
         self.d_toks = torch.zeros(3 * max_tokens, dtype=torch.int32, device=device)
         self.d_pairs = torch.zeros(2 * 64, dtype=torch.int32, device=device)
@@ -114,6 +116,7 @@ class InputBuffers:
         bucket: int,
         forced_width: int,
     ) -> StepInputs:
+        """`fill` then `send` (the engine calls them apart, to mark the GPU start between)."""
         step = self.fill(batch, states, bucket, forced_width)
         self.send(step)
         return step
@@ -135,8 +138,8 @@ class InputBuffers:
         t_real = batch.shape.num_tokens
         t = bucket or t_real
         bs, mb = self.block_size, self.max_blocks
-        rows = self.h_rows[k].numpy()
-        toks = self.h_toks[k].numpy()
+        rows = self._rows_np[k]
+        toks = self._toks_np[k]
         ids, pos, smap = toks[:t], toks[t : 2 * t], toks[2 * t : 3 * t]
 
         qsl, seq_lens, row_slot = [0], [], []
