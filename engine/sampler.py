@@ -48,7 +48,7 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
 
 def gumbel_noise(seed: int, key: torch.Tensor, out_idx: torch.Tensor, ids: torch.Tensor):
     """Gumbel(0, 1) noise [G, N] for token ids `ids` ([N] or [G, N]) of rows (key, out_idx)."""
-    row = _hash32((key.long() + seed * _GOLD) & _M32)
+    row = _hash32((key.long() + (seed * _GOLD & _M32)) & _M32)
     row = _hash32((row + out_idx.long()) & _M32)
     if ids.dim() == 1:
         ids = ids[None, :]
