@@ -128,6 +128,15 @@ def synthetic_run(
     return out
 
 
+def small_trace(folder: Path) -> Path:
+    from core.trace import make_trace, write_trace
+
+    rng = np.random.default_rng(5)
+    arrival = np.sort(rng.uniform(0, 0.2, 12))
+    t = make_trace(arrival, rng.integers(16, 200, 12), rng.integers(4, 30, 12))
+    return write_trace(t, folder / "small.parquet")
+
+
 # ---- compare ------------------------------------------------------------------------------------
 def test_compare_identical_runs_is_exact(tmp_path: Path):
     a = load_run(synthetic_run(tmp_path / "a"))
@@ -139,6 +148,21 @@ def test_compare_identical_runs_is_exact(tmp_path: Path):
     assert fid["steps"]["fraction_identical"] == 1.0
     assert fid["steps"]["gpu_ms_error"]["all"]["abs_error_ms"]["p99"] == 0.0
     assert fid["requests"]["matched"] == 24 and fid["requests"]["output_tokens_equal"]
+
+
+def test_compare_two_sim_runs_of_one_trace_is_exact(tmp_path: Path):
+    pytest.importorskip("simpy")
+    from sim.run import simulate
+
+    trace = small_trace(tmp_path)
+    for name in ("a", "b"):
+        simulate(Config(model="tiny", num_kv_blocks=4096), trace, tmp_path / name)
+    fid = compare_runs(load_run(tmp_path / "a"), load_run(tmp_path / "b"))
+    assert fid["passed"] and fid["notes"] == [] and fid["config_differences"] == {}
+    errors = [m["rel_error"] for m in fid["metrics"].values()]
+    assert all(e in (0.0, None) for e in errors) and errors.count(0.0) > 20
+    assert fid["steps"]["fraction_identical"] == 1.0 and fid["steps"]["same_num_steps"]
+    assert fid["requests"]["e2e_s"]["abs_rel_error"]["p99"] == 0.0
 
 
 def test_compare_slower_clock_gives_the_implied_errors(tmp_path: Path):
@@ -328,9 +352,10 @@ def test_calibrated_profile_loads_in_sim_and_moves_predictions(tmp_path: Path):
     prof = tmp_path / "prof.json"
     side = write_calibration(cal, prof, {})
     assert load_profile(prof) == cal.profile and json.loads(side.read_text())["fit"]
-    trace = Path(__file__).resolve().parents[1] / "traces" / "smoke.parquet"
-    base = simulate(Config(model="tiny"), trace, tmp_path / "base").summary
-    cal_run = simulate(Config(model="tiny", profile=str(prof)), trace, tmp_path / "cal").summary
+    trace = small_trace(tmp_path)
+    cfg = Config(model="tiny", num_kv_blocks=4096)
+    base = simulate(cfg, trace, tmp_path / "base").summary
+    cal_run = simulate(cfg.replace(profile=str(prof)), trace, tmp_path / "cal").summary
     # CPU phases 20x the defaults' order of magnitude: slower tokens, more bubbles
     assert cal_run["tpot_s"]["p50"] > 2 * base["tpot_s"]["p50"]
     assert cal_run["cpu_ms_mean"]["prepare_inputs"] > 3 * base["cpu_ms_mean"]["prepare_inputs"]

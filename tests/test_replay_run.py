@@ -118,7 +118,7 @@ def test_ablate_measures_beside_the_prediction(few: Path, tmp_path: Path):
     pytest.importorskip("simpy")
     from replay.ablate import ablate
 
-    cfg = CPU_TINY.replace(arrival="asap")
+    cfg = CPU_TINY.replace(arrival="asap", num_kv_blocks=4096)  # the same KV cache in both
     out = tmp_path / "abl"
     res = ablate(cfg, few, out, ["reverse_placeholder_scan", "accepted_count_by_sum"], repeat=1)
     assert "skipped" in res["accepted_count_by_sum"]  # no effect without spec decoding
