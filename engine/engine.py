@@ -29,7 +29,6 @@ from core.config import Config
 from core.models import PRESETS, ModelSpec, get_model
 from core.policy import ScheduledBatch, Scheduler
 from core.policy.sizing import kv_blocks_from_free_bytes, scheduler_config
-from core.request import Request
 from core.trace import Trace
 from engine.attention import AttentionMetadata
 from engine.graphs import DecodeGraphs
@@ -42,9 +41,8 @@ from engine.requests import (
     RequestOutput,
     RequestState,
     SlotPool,
-    check_ids,
     inputs_from_trace,
-    synth_prompt,
+    make_state,
 )
 from engine.sampler import Sampler, SampleRows
 
@@ -277,33 +275,10 @@ class Engine:
         `key` (default: the index) seeds its synthetic prompt and sampling noise: the same key
         gives the same tokens whatever else runs. Raises ValueError naming the request when it
         can never run (too long for the model or the cache)."""
-        rid, vocab = inp.request_id, self.spec.vocab_size
-        if inp.prompt_len < 1 or inp.output_len < 1:
-            raise ValueError(f"request {rid!r}: prompt_len and output_len must be >= 1")
         index = len(self.states)
         key = index if key is None else key
-        if inp.prompt_ids is not None:
-            prompt = check_ids("prompt_ids", rid, inp.prompt_ids, inp.prompt_len, vocab)
-        else:
-            prompt = synth_prompt(
-                self.cfg.seed, key, inp.prompt_len, vocab, inp.prefix_id, inp.prefix_len
-            )
-        forced = None
-        if inp.output_ids is not None:
-            forced = check_ids("output_ids", rid, inp.output_ids, inp.output_len, vocab)
-        req = Request(
-            index,
-            rid,
-            inp.arrival_s,
-            inp.prompt_len,
-            inp.output_len,
-            needs_history=inp.needs_history,
-            prefix_id=inp.prefix_id,
-            prefix_len=inp.prefix_len,
-            prompt_ids=prompt.tolist() if inp.prompt_ids is not None else None,
-        )
-        self.sched.add(req)
-        st = RequestState(req, key, prompt, forced)
+        st = make_state(inp, index, key, self.cfg.seed, self.spec.vocab_size)
+        self.sched.add(st.req)
         st.arrival_ns = _now() if arrival_ns is None else arrival_ns
         self.states.append(st)
         return index

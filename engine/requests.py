@@ -164,6 +164,33 @@ def check_ids(name: str, rid: Hashable, ids: IntIds, length: int, vocab: int) ->
     return arr.astype(np.int32)
 
 
+def make_state(inp: RequestInput, index: int, key: int, seed: int, vocab: int) -> RequestState:
+    """Validate a request and build its state; `key` seeds a synthetic prompt. Prompt ids go to
+    the policy (prefix-cache keys) only when given, as the simulator does."""
+    rid = inp.request_id
+    if inp.prompt_len < 1 or inp.output_len < 1:
+        raise ValueError(f"request {rid!r}: prompt_len and output_len must be >= 1")
+    if inp.prompt_ids is not None:
+        prompt = check_ids("prompt_ids", rid, inp.prompt_ids, inp.prompt_len, vocab)
+    else:
+        prompt = synth_prompt(seed, key, inp.prompt_len, vocab, inp.prefix_id, inp.prefix_len)
+    forced = None
+    if inp.output_ids is not None:
+        forced = check_ids("output_ids", rid, inp.output_ids, inp.output_len, vocab)
+    req = Request(
+        index,
+        rid,
+        inp.arrival_s,
+        inp.prompt_len,
+        inp.output_len,
+        needs_history=inp.needs_history,
+        prefix_id=inp.prefix_id,
+        prefix_len=inp.prefix_len,
+        prompt_ids=prompt.tolist() if inp.prompt_ids is not None else None,
+    )
+    return RequestState(req, key, prompt, forced)
+
+
 def inputs_from_trace(trace: Trace) -> list[RequestInput]:
     """Trace rows in arrival order (stable), as the simulator builds its requests."""
     pg, pk, pl = trace.prefix_group, trace.prefix_keys, trace.prefix_len
