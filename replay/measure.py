@@ -8,7 +8,8 @@
   the sync waits and GC pauses (gc.callbacks) as recorded;
 - token emission at the END of the `process_outputs` phase of the step whose results carry it,
   the sim's convention: the engine stamps a token when it applies it, inside that phase, so
-  each stamp is moved to the end of the phase interval that contains it;
+  each stamp is moved to the end of the phase interval that contains it; n tokens of one
+  request in one step are 1 sampled + n - 1 accepted drafts (per request and per step);
 - request arrival = the engine's arrival stamp (realtime: the trace's arrival time, asap: when
   it was queued).
 Also: the instrumentation's own cost (`hook_overhead`), measured on a spare `StepHooks`.
@@ -85,43 +86,53 @@ def to_recorder(trace: Any, outputs: Sequence[Any]) -> Converted:
     unfinished = 0
     for out in outputs:
         r = rec.add_request(out.request_id, (out.arrival_ns - t0) / 1e9)
-        for t_s, count in _runs(emit.at(out.token_ns)):
-            rec.tokens(r, t_s, count)
+        times, rows = emit.at(out.token_ns)
+        for (t_s, row), count in _runs(list(zip(times, rows))):
+            # n tokens in one step = 1 sampled + n - 1 accepted drafts (speculative decoding)
+            rec.tokens(r, t_s, count, count - 1)
+            if count > 1 and row >= 0:
+                rec.accepted(row, count - 1)
         for _ in range(out.num_preemptions):
             rec.preempt(r)
         if out.finish_ns >= 0:
-            rec.finish(r, emit.at([out.finish_ns])[0])
+            rec.finish(r, emit.at([out.finish_ns])[0][0])
         else:
             unfinished += 1
     return Converted(rec, int(n - ok.sum()), unfinished, moved_ns)
 
 
 class _EmissionClock:
-    """Maps an engine time stamp taken inside a process_outputs phase to that phase's end."""
+    """Maps an engine time stamp taken inside a process_outputs phase to that phase's end, and
+    to the row (step) whose phase it is; stamps outside any such phase stay, with row -1."""
 
     def __init__(self, po_ns: np.ndarray, t0_ns: int) -> None:
         ok = (po_ns[:, 0] >= 0) & (po_ns[:, 1] >= po_ns[:, 0])
-        iv = po_ns[ok]
-        order = np.argsort(iv[:, 0], kind="stable")
-        self.start, self.end = iv[order, 0], iv[order, 1]
+        rows = np.flatnonzero(ok)
+        order = np.argsort(po_ns[rows, 0], kind="stable")
+        self.rows = rows[order]
+        self.start, self.end = po_ns[self.rows, 0], po_ns[self.rows, 1]
         self.t0 = t0_ns
 
-    def at(self, stamps_ns: Sequence[int]) -> list[float]:
+    def at(self, stamps_ns: Sequence[int]) -> tuple[list[float], list[int]]:
         t = np.asarray(stamps_ns, np.int64)
+        if self.start.size == 0:
+            return ((t - self.t0) / 1e9).tolist(), [-1] * t.size
         i = np.searchsorted(self.start, t, side="right") - 1
-        inside = (i >= 0) & (t <= self.end[np.maximum(i, 0)]) if self.start.size else i >= 0
-        moved = np.where(inside, self.end[np.maximum(i, 0)] if self.start.size else t, t)
-        return ((moved - self.t0) / 1e9).tolist()
+        j = np.maximum(i, 0)
+        inside = (i >= 0) & (t <= self.end[j])
+        moved = np.where(inside, self.end[j], t)
+        rows = np.where(inside, self.rows[j], -1)
+        return ((moved - self.t0) / 1e9).tolist(), rows.tolist()
 
 
-def _runs(times: list[float]) -> list[tuple[float, int]]:
-    """Equal consecutive times -> (time, count): tokens one step emitted together."""
-    out: list[tuple[float, int]] = []
-    for t in times:
-        if out and out[-1][0] == t:
-            out[-1] = (t, out[-1][1] + 1)
+def _runs(items: list[tuple[float, int]]) -> list[tuple[tuple[float, int], int]]:
+    """Equal consecutive (time, row) -> ((time, row), count): tokens one step emitted."""
+    out: list[tuple[tuple[float, int], int]] = []
+    for it in items:
+        if out and out[-1][0] == it:
+            out[-1] = (it, out[-1][1] + 1)
         else:
-            out.append((t, 1))
+            out.append((it, 1))
     return out
 
 

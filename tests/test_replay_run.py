@@ -134,7 +134,7 @@ def test_ablate_measures_beside_the_prediction(few: Path, tmp_path: Path):
 def test_to_recorder_conventions():
     """Hand-made hook record: the GPU start moves to the launch, token stamps to the end of
     their process_outputs phase, GC pauses keep their phase; a GPU interval with no end event
-    (an interrupted step) is dropped."""
+    (an interrupted step) is dropped; tokens of one step count as accepted drafts."""
     from types import SimpleNamespace
 
     from core.phases import CPU_PHASES
@@ -166,7 +166,14 @@ def test_to_recorder_conventions():
     out = SimpleNamespace(
         request_id="x", arrival_ns=t0, token_ns=[po_mid], finish_ns=po_mid, num_preemptions=0
     )
-    conv = to_recorder(trace, [out])
+    spec = SimpleNamespace(
+        request_id="y",
+        arrival_ns=t0,
+        token_ns=[po_mid, po_mid, po_mid],
+        finish_ns=-1,
+        num_preemptions=1,
+    )  # 1 sampled + 2 accepted drafts
+    conv = to_recorder(trace, [out, spec])
     assert isinstance(conv.recorder, RunRecorder) and conv.dropped_gpu_rows == 1
     rec = conv.recorder.freeze()
     assert rec.gpu_start[0] == pytest.approx(0.002)  # launch start (phase 2), not the event
@@ -174,3 +181,6 @@ def test_to_recorder_conventions():
     assert rec.first_token[0] == pytest.approx(0.006) and rec.finish[0] == pytest.approx(0.006)
     assert rec.gc_phase[0] == CPU_PHASES[3] and rec.gc_gen[0] == 1
     assert conv.gpu_start_moved_ns[0] == ms
+    assert rec.output_tokens.tolist() == [1, 3] and rec.req_accepted.tolist() == [0, 2]
+    assert rec.accepted.tolist() == [2, 0] and rec.preemptions.tolist() == [0, 1]
+    assert conv.unfinished == 1 and np.isnan(rec.finish[1])
