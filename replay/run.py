@@ -244,22 +244,10 @@ def _measure(
 
 
 def _finish_after_error(engine: Any) -> Any:
-    """The hooks' record after an interruption. A step cut short may have a GPU start event
-    without its end event: its GPU interval is dropped (to_recorder skips end < start)."""
-    try:
-        return engine.finish()
-    except Exception:  # noqa: BLE001 - a failed device read; fall back to what is readable
-        h = engine.hooks
-        h.remove_gc()
-        for k in range(h._ring):  # adapt: harvest what can be read, slot by slot
-            try:
-                h._harvest(k)
-            except Exception:  # noqa: BLE001 - this slot's events are unreadable: drop it
-                row = int(h._ring_row[k])
-                h.gpu_ns[row] = -1
-                h._ring_row[k] = -1
-        h.cuda = False  # everything readable is harvested; finish() must not touch events
-        return h.finish()
+    """The hooks' record after an interruption: `Engine.run` finishes the hooks on its way out
+    (reading what the device still gives; a step cut short keeps no GPU interval)."""
+    trace = getattr(engine, "trace", None)
+    return trace if trace is not None else engine.finish()
 
 
 class _alarm:
