@@ -85,23 +85,53 @@ class BlockManager:
     # ---- allocation -------------------------------------------------------------------------
     def allocate(self, req: Request, total_tokens: int) -> bool:
         """Give `req` blocks for `total_tokens` positions; False (and no change) if short."""
-        need = self.num_new_blocks(req, total_tokens)
-        if need > self.free.size:
+        ids = req.block_ids
+        need = -(-total_tokens // self.block_size) - len(ids)
+        if need <= 0:
+            return True
+        free = self.free
+        if need > free.size:
             return False
+        # `need` x free.popleft(), inlined: unlink the first `need` blocks of the queue at once
+        nxt, on, refcount, block_hash = free.next, free.on, self.refcount, self.block_hash
+        b = free.head
         for _ in range(need):
-            b = self.free.popleft()
-            self._evict_hash(b)
-            self.refcount[b] = 1
-            req.block_ids.append(b)
+            on[b] = False
+            if block_hash[b] is not None:
+                self._evict_hash(b)
+            refcount[b] = 1
+            ids.append(b)
+            b = nxt[b]
+        free.head = b
+        if b == _NONE:
+            free.tail = _NONE
+        else:
+            free.prev[b] = _NONE
+        free.size -= need
         return True
 
     def release(self, req: Request) -> None:
         """Drop `req`'s references; blocks no longer used return to the free queue.
         Tail blocks are queued first so that shared prefix heads stay cached longest."""
+        refcount = self.refcount
+        free = self.free
+        prev, nxt, on = free.prev, free.next, free.on
+        tail = free.tail
+        added = 0
         for b in reversed(req.block_ids):
-            self.refcount[b] -= 1
-            if self.refcount[b] == 0:
-                self.free.append(b)
+            refcount[b] -= 1
+            if refcount[b] == 0:  # free.append(b), inlined
+                prev[b] = tail
+                nxt[b] = _NONE
+                if tail == _NONE:
+                    free.head = b
+                else:
+                    nxt[tail] = b
+                tail = b
+                on[b] = True
+                added += 1
+        free.tail = tail
+        free.size += added
         req.block_ids = []
 
     def _evict_hash(self, b: int) -> None:

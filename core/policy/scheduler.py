@@ -24,6 +24,8 @@ from core.policy.blocks import BlockManager
 from core.request import Request, Status
 from core.shape import BatchShape
 
+RUNNING, FINISHED = Status.RUNNING, Status.FINISHED
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
@@ -97,19 +99,36 @@ class Scheduler:
     # ---- schedule ---------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         """Pick the next batch and advance state as if it were launched now."""
-        budget = self.cfg.max_num_batched_tokens
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens
+        bs = cfg.block_size
         entries: list[Entry] = []
         preempted: list[Request] = []
         scheduled: set[int] = set()  # request indices (ints: iteration order never used)
+        running = RUNNING
+        # A copy: preemption removes requests from `running` while we walk it.
         for req in list(self.running):
             if budget <= 0:
                 break
-            if req.status != Status.RUNNING:
+            if req.status != running:
                 continue  # preempted earlier in this loop
-            e = self._plan(req, budget)
-            if e is None:
-                continue
-            if not self._allocate_or_preempt(req, e, scheduled, preempted):
+            # Inlined `_plan` for the common case, a decode without drafts (hot path).
+            out = req.num_output_tokens
+            ph = req.num_placeholders
+            start = req.num_computed_tokens
+            if cfg.spec_k == 0 and req.prompt_len + out + ph - start == 1 and out + ph > 0:
+                if out + req.num_inflight_gen >= req.output_len:
+                    continue  # batches in flight will finish it
+                e = Entry(req, start, 1, 0, True, False)
+            else:
+                plan = self._plan(req, budget)
+                if plan is None:
+                    continue
+                e = plan
+            total = e.start_pos + e.num_tokens
+            if -(-total // bs) > len(req.block_ids) and not self._allocate_or_preempt(
+                req, e, scheduled, preempted
+            ):
                 continue
             entries.append(e)
             scheduled.add(req.index)
@@ -202,18 +221,20 @@ class Scheduler:
 
     @staticmethod
     def _shape(entries: Sequence[Entry]) -> BatchShape:
-        n_pf = pf_tok = dec_tok = drafts = kv = pairs = hist = ctx = 0
+        n_pf = pf_tok = dec_tok = drafts = kv = pairs = hist = ctx = new = 0
         for e in entries:
             n, s = e.num_tokens, e.start_pos
+            r = e.req
             if e.is_prefill:
                 n_pf += 1
                 pf_tok += n
+                if s == r.num_cached_tokens:
+                    new += 1
             else:
                 dec_tok += n
                 drafts += e.num_drafts
             kv += s + n
             pairs += n * s + n * (n + 1) // 2
-            r = e.req
             if r.needs_history and e.generates:
                 hist += r.num_output_tokens + r.num_placeholders
             ctx += r.prompt_len + r.num_output_tokens
@@ -227,9 +248,7 @@ class Scheduler:
             attn_pairs=pairs,
             history_tokens=hist,
             context_tokens=ctx,
-            new_reqs=sum(
-                1 for e in entries if e.is_prefill and e.start_pos == e.req.num_cached_tokens
-            ),
+            new_reqs=new,
         )
 
     # ---- complete ---------------------------------------------------------------------------
@@ -244,18 +263,20 @@ class Scheduler:
             req = e.req
             req.num_inflight_batches -= 1
             if e.generates:
-                assert 1 <= n_emit <= 1 + e.num_drafts, f"{req.request_id}: emitted {n_emit}"
-                req.num_placeholders -= 1 + e.num_drafts
+                drafts = e.num_drafts
+                assert 1 <= n_emit <= 1 + drafts, f"{req.request_id}: emitted {n_emit}"
+                req.num_placeholders -= 1 + drafts
                 req.num_inflight_gen -= 1
-                req.num_computed_tokens -= 1 + e.num_drafts - n_emit  # rejected drafts' KV
-                req.num_accepted_drafts += n_emit - 1
-                if req.status != Status.FINISHED:
-                    take = min(n_emit, req.output_len - req.num_output_tokens)
-                    req.num_output_tokens += take
-                    if req.num_output_tokens == req.output_len:
+                if drafts:
+                    req.num_computed_tokens -= 1 + drafts - n_emit  # rejected drafts' KV
+                    req.num_accepted_drafts += n_emit - 1
+                if req.status != FINISHED:
+                    left = req.output_len - req.num_output_tokens
+                    req.num_output_tokens += n_emit if n_emit < left else left
+                    if n_emit >= left:
                         self._finish(req)
                         finished.append(req)
-            if req.status == Status.FINISHED and req.block_ids:
+            if req.status == FINISHED and req.block_ids:
                 if req.num_inflight_batches == 0:
                     self.blocks.release(req)
                     if req in self._pending_free:
@@ -269,8 +290,12 @@ class Scheduler:
         `complete`): what the engine appends and the sim counts."""
         out = []
         for e, n in zip(batch.entries, emitted):
-            r = e.req
-            out.append(min(n, r.output_len - r.num_output_tokens) if e.generates else 0)
+            if e.generates:
+                r = e.req
+                left = r.output_len - r.num_output_tokens
+                out.append(n if n < left else left)
+            else:
+                out.append(0)
         return out
 
     def _finish(self, req: Request) -> None:
