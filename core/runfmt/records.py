@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from operator import attrgetter
 
 import numpy as np
@@ -39,6 +39,7 @@ _shape_values = attrgetter(*SHAPE_FIELDS)
 # GC `phase` codes: index into this tuple ("" = not known)
 GC_PHASE_NAMES: tuple[str, ...] = ("", *ALL_CPU_ACTIVITIES)
 _GC_PHASE_CODE = {name: i for i, name in enumerate(GC_PHASE_NAMES)}
+_NAN_BYTES = array("d", [_NAN]).tobytes()  # an unset time (what `_grow` fills in)
 
 
 class RunRecorder:
@@ -46,7 +47,7 @@ class RunRecorder:
         self.num_steps = 0
         self._cap = 0
         self._chunk = chunk_steps
-        self._shape_buf: list[BatchShape] = []
+        self._shape_buf: list[tuple[int, ...]] = []  # rows in SHAPE_FIELDS order
         self._shape_chunks: list[np.ndarray] = []
         self._phase: dict[str, tuple[array[float], array[float]]] = {
             p: (array("d"), array("d")) for p in CPU_PHASES
@@ -73,6 +74,7 @@ class RunRecorder:
         self._itl_v: array[float] = array("d")
         self._itl_w: array[int] = array("q")
         self._itl_limit = itl_exact_limit
+        self._itl_entries = 0  # emissions (one gap each) since the last fold, kept or bulk
         self._itl_hist: LogHistogram | None = None
 
     # ---- steps ----------------------------------------------------------------------------
@@ -81,8 +83,8 @@ class RunRecorder:
         i = self.num_steps
         if i == self._cap:
             self._grow()
-        self._shape_buf.append(shape)
-        if len(self._shape_buf) == self._chunk:
+        self._shape_buf.append(_shape_values(shape))
+        if len(self._shape_buf) >= self._chunk:
             self._flush_shapes()
         self.num_steps = i + 1
         return i
@@ -147,6 +149,125 @@ class RunRecorder:
         self._gc_phase.append(code)
         self._gc_step.append(self.num_steps - 1 if step is None else step)
 
+    # ---- bulk appends (a simulator fast-forwarding a run of alike steps) -------------------
+    # Each is exactly the per-call methods above called once per element, in order.
+    def add_steps(
+        self,
+        shapes: Sequence[Sequence[int]],
+        phases: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+    ) -> int:
+        """`add_step` for each row of `shapes` (BatchShape fields in SHAPE_FIELDS order, ints),
+        then `phase(step, name, starts[i], ends[i])` for each new step and each
+        `phases[name] = (starts, ends)`; returns the index of the first step added."""
+        first = self.num_steps
+        n = len(shapes)
+        width = len(SHAPE_FIELDS)
+        for row in shapes:
+            if len(row) != width:
+                raise ValueError(
+                    f"add_steps: a shape row has {len(row)} values, expected {width} "
+                    f"({', '.join(SHAPE_FIELDS)})"
+                )
+        for name, (starts_s, ends_s) in (phases or {}).items():
+            if name not in self._phase:
+                raise ValueError(f"unknown CPU phase {name!r}; expected one of {CPU_PHASES}")
+            if not len(starts_s) == len(ends_s) == n:
+                raise ValueError(f"add_steps: phase {name!r} needs {n} starts and ends")
+        while self._cap < first + n:
+            self._grow()
+        self._shape_buf.extend(map(tuple, shapes))
+        if len(self._shape_buf) >= self._chunk:
+            self._flush_shapes()
+        self.num_steps = first + n
+        cut = slice(first, first + n)
+        for name, (starts_s, ends_s) in (phases or {}).items():
+            starts, ends = self._phase[name]
+            starts[cut] = array("d", starts_s)  # new steps: nothing recorded there yet
+            ends[cut] = array("d", ends_s)
+        return first
+
+    def phases(
+        self, first_step: int, name: str, starts_s: Sequence[float], ends_s: Sequence[float]
+    ) -> None:
+        """`phase(first_step + i, name, starts_s[i], ends_s[i])` for every i."""
+        try:
+            starts, ends = self._phase[name]
+        except KeyError:
+            raise ValueError(f"unknown CPU phase {name!r}; expected one of {CPU_PHASES}") from None
+        cut = self._steps_slice(f"phases {name!r}", first_step, starts_s, ends_s)
+        if not _unset(starts[cut]):
+            raise ValueError(f"phase {name!r} recorded twice in steps {cut.start}..{cut.stop - 1}")
+        starts[cut] = array("d", starts_s)
+        ends[cut] = array("d", ends_s)
+
+    def gpus(self, first_step: int, starts_s: Sequence[float], ends_s: Sequence[float]) -> None:
+        """`gpu(first_step + i, starts_s[i], ends_s[i])` for every i."""
+        cut = self._steps_slice("gpus", first_step, starts_s, ends_s)
+        if not _unset(self._gpu_start[cut]):
+            raise ValueError(f"gpu interval recorded twice in steps {cut.start}..{cut.stop - 1}")
+        self._gpu_start[cut] = array("d", starts_s)
+        self._gpu_end[cut] = array("d", ends_s)
+
+    def syncs(
+        self, steps: Sequence[int], starts_s: Sequence[float], ends_s: Sequence[float]
+    ) -> None:
+        """`sync(steps[i], starts_s[i], ends_s[i])` for every i, in order."""
+        if not len(steps) == len(starts_s) == len(ends_s):
+            raise ValueError("syncs: steps, starts_s and ends_s differ in length")
+        if len(steps) and not (min(steps) >= 0 and max(steps) < self.num_steps):
+            raise IndexError("syncs: a step was not added")
+        self._sync_step.extend(steps)
+        self._sync_start.extend(starts_s)
+        self._sync_end.extend(ends_s)
+
+    def tokens_each(self, reqs: Sequence[int], times_s: Sequence[float]) -> None:
+        """Every request row of `reqs` emitted one token at each time of `times_s` (ascending),
+        as `tokens(r, t)` for each t, for each r would record, in O(len(reqs) + len(times_s)):
+        after a request's first emission here the gaps are the same for every request, so each
+        is kept once with weight len(reqs) (the same ITL multiset, hence the same quantiles)."""
+        n, m = len(times_s), len(reqs)
+        if not n or not m:
+            return
+        t_first, t_last = times_s[0], times_s[-1]
+        gaps = [b - a for a, b in zip(times_s[:-1], times_s[1:])]
+        if gaps and min(gaps) < 0:
+            raise ValueError("tokens_each: times_s must be ascending")
+        last, out, first = self._last, self._out, self._first
+        itl_v, itl_w = self._itl_v, self._itl_w
+        entries = 0
+        for r in reqs:
+            count = out[r]
+            if count:
+                gap_s = t_first - last[r]
+                if gap_s < 0:
+                    raise ValueError(
+                        f"tokens: request row {r}: emission at {t_first} before the last"
+                    )
+                itl_v.append(gap_s)
+                itl_w.append(1)
+                entries += 1
+            else:
+                first[r] = t_first
+            last[r] = t_last
+            out[r] = count + n
+        if gaps:
+            itl_v.extend(gaps)
+            itl_w.extend(array("q", [m]) * len(gaps))
+            entries += m * len(gaps)
+        self._itl_entries += entries
+        if self._itl_entries >= self._itl_limit:
+            self._fold_itl()
+
+    def _steps_slice(
+        self, what: str, first: int, starts_s: Sequence[float], ends_s: Sequence[float]
+    ) -> slice:
+        n = len(starts_s)
+        if len(ends_s) != n:
+            raise ValueError(f"{what}: {n} starts but {len(ends_s)} ends")
+        if not (first >= 0 and first + n <= self.num_steps):
+            raise IndexError(f"{what}: steps {first}..{first + n - 1} were not all added")
+        return slice(first, first + n)
+
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: Hashable, arrival_s: float) -> int:
         """A request arrived; returns its dense row (0, 1, ...) for the calls below. Adding
@@ -172,16 +293,18 @@ class RunRecorder:
                 raise ValueError(f"tokens: request row {req}: emission at {t_s} before the last")
             self._itl_v.append(gap_s / n)
             self._itl_w.append(n)
+            self._itl_entries += 1
         else:
             self._first[req] = t_s
             if n > 1:
                 self._itl_v.append(0.0)
                 self._itl_w.append(n - 1)
+                self._itl_entries += 1
         self._last[req] = t_s
         self._out[req] = count + n
         if accepted_draft:
             self._req_acc[req] += accepted_draft
-        if len(self._itl_v) >= self._itl_limit:
+        if self._itl_entries >= self._itl_limit:
             self._fold_itl()
 
     def preempt(self, req: int) -> None:
@@ -251,10 +374,11 @@ class RunRecorder:
         self._itl_hist.add(np.array(self._itl_v, np.float64), np.array(self._itl_w, np.int64))
         del self._itl_v[:]
         del self._itl_w[:]
+        self._itl_entries = 0
 
     def _flush_shapes(self) -> None:
         if self._shape_buf:
-            rows = np.array(list(map(_shape_values, self._shape_buf)), dtype=np.int64)
+            rows = np.array(self._shape_buf, dtype=np.int64)
             self._shape_chunks.append(rows.reshape(len(self._shape_buf), len(SHAPE_FIELDS)))
             self._shape_buf = []
 
@@ -268,6 +392,11 @@ class RunRecorder:
         self._gpu_end.extend(nans)
         self._accepted.extend(array("q", [0]) * more)
         self._cap += more
+
+
+def _unset(times: array[float]) -> bool:
+    """No value set (all NaN, as `phase`/`gpu` test one: x != x)."""
+    return times.tobytes() == _NAN_BYTES * len(times) or all(x != x for x in times)
 
 
 def _stack(cols: list[array[float]], n: int) -> np.ndarray:
