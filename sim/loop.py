@@ -1,15 +1,20 @@
-"""The engine step loop as SimPy processes: arrivals, one CPU thread, one GPU stream.
+"""The engine step loop as a SimPy process: one CPU thread and one in-order GPU stream.
 
-The CPU process mirrors `engine.Engine.step` phase for phase:
+The CPU thread mirrors `engine.Engine.step` phase for phase:
 
     schedule -> prepare_inputs -> launch -> sample -> draft        (while < depth in flight)
     [sync on the oldest batch] -> process_outputs                   (when depth are in flight)
 
-The GPU process runs passes in launch order; pass j starts at max(launch_end_j, gpu_end_{j-1}).
-Sync points are explicit edges: the CPU waits for an event the GPU process sets at a pass's end.
-The CPU thread keeps its own clock `self.cpu_s` and only yields to SimPy where it must meet the
-rest of the model (reading arrivals at schedule time, waiting for the GPU), so a step costs a few
-SimPy events whatever the number of phases.
+The GPU stream runs passes in launch order: pass j starts at max(launch_end_j, gpu_end_{j-1})
+and its end is known the moment it is launched, so the stream needs no process of its own: a
+`Pass` carries its GPU times and a sync point is an explicit edge, `cpu = max(cpu, event_s)`
+(recorded as a sync wait when the CPU gets there first).
+The CPU thread keeps its own clock `self.cpu_s`. With its own arrivals (`run()`), nothing else
+shares the model, so it reads arrivals straight from the sorted request list and never yields
+inside a step; behind a router (`start(own_arrivals=False)` + `submit`) it yields to SimPy at
+each step's top so that requests submitted up to its clock are visible to `schedule()`.
+Runs of identical decode steps are computed in bulk by `sim.fastforward` with the same
+arithmetic, so the result is the same bit for bit (tests/test_sim_fastforward.py).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from sim.cost import CostModel
 from sim.gcmodel import GCModel
 
 Event = simpy.events.Event
+_EMPTY = BatchShape()
+_INF = float("inf")
 
 
 @dataclass(slots=True)
@@ -41,12 +48,9 @@ class Pass:
     batch: ScheduledBatch
     step: int  # recorder row
     ready_s: float  # launch done on the CPU: the earliest the GPU may start it
-    gpu_s: float  # GPU duration
-    draft_s: float  # GPU drafting after the forward + sampling
-    counts: Event  # accepted counts known (after sampling/rejection, before GPU drafting)
-    done: Event
-    gpu_start_s: float = 0.0
-    gpu_end_s: float = 0.0
+    gpu_start_s: float  # max(ready_s, end of the previous pass)
+    counts_s: float  # accepted counts known (after sampling/rejection, before GPU drafting)
+    gpu_end_s: float  # forward + sampling + GPU drafting done
 
 
 class SimLoop:
@@ -61,7 +65,12 @@ class SimLoop:
         gc: GCModel,
         progress: Callable[[int], None] | None = None,
         env: simpy.Environment | None = None,
+        *,
+        fast_forward: bool = True,
+        check_invariants: bool = False,
     ) -> None:
+        """`fast_forward`: compute runs of identical decode steps in bulk (same result);
+        `check_invariants`: check the policy's invariants after every step (tests, debugging)."""
         self.cfg = cfg
         self.sched = sched
         self.cost = cost
@@ -71,31 +80,34 @@ class SimLoop:
         self.gc = gc
         self.progress = progress
         self.env = env or simpy.Environment()  # shared by replicas behind a router
-        self.gpu_queue: simpy.Store = simpy.Store(self.env)
         self.cpu_s = 0.0  # the CPU thread's clock (>= env.now while it runs ahead)
+        self.gpu_free_s = 0.0  # end of the last pass launched on the GPU stream
         self.num_arrived = 0
+        self.next_arrival = 0  # own arrivals: index of the next request to submit
+        self.own_arrivals = False
+        self.check = check_invariants
         self._wake: Event | None = None
         self.inflight: deque[Pass] = deque()
         # ngram-cpu needs the sampled tokens on the CPU every step: vLLM runs it synchronously
         self.depth = 1 if cfg.spec.method == "ngram-cpu" else cfg.batches_in_flight
         self._graphs = cfg.cuda_graphs
+        self._spec = cfg.spec.enabled
+        self._wait_for_counts = self._spec and not cfg.optimistic_spec_decode
+        self._cpu_ngram = cfg.spec.method == "ngram-cpu"
+        self.ff: Any = None
+        if fast_forward and not self._spec:
+            from sim.fastforward import FastForward
+
+            self.ff = FastForward(self)
 
     # ---- processes --------------------------------------------------------------------------
     def run(self) -> None:
         self.env.run(until=self.start(own_arrivals=True))
 
     def start(self, own_arrivals: bool) -> simpy.Process:
-        """Start the processes; with `own_arrivals` False a router calls `submit`."""
-        if own_arrivals:
-            self.env.process(self.arrivals())
-        self.env.process(self.gpu_stream())
+        """Start the CPU thread; with `own_arrivals` False a router calls `submit`."""
+        self.own_arrivals = own_arrivals
         return self.env.process(self.cpu_thread())
-
-    def arrivals(self) -> Generator[Event, Any, None]:
-        for req in self.requests:
-            if req.arrival_s > self.env.now:
-                yield self.env.timeout(req.arrival_s - self.env.now)
-            self.submit(req)
 
     def submit(self, req: Request) -> None:
         """A request reaches this engine now (its row in `requests` is `req.index`)."""
@@ -104,83 +116,95 @@ class SimLoop:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
-    def gpu_stream(self) -> Generator[Event, Any, None]:
-        while True:
-            p: Pass = yield self.gpu_queue.get()
-            if p.ready_s > self.env.now:
-                yield self.env.timeout(p.ready_s - self.env.now)
-            p.gpu_start_s = self.env.now
-            yield self.env.timeout(p.gpu_s)
-            if p.counts is not p.done:
-                p.counts.succeed()
-            if p.draft_s > 0:
-                yield self.env.timeout(p.draft_s)
-            p.gpu_end_s = self.env.now
-            p.done.succeed()
-
     def cpu_thread(self) -> Generator[Event, Any, None]:
         """The engine loop: one step per iteration."""
         total = len(self.requests)
-        while self.num_arrived < total or self.sched.has_unfinished or self.inflight:
-            yield from self._catch_up()  # arrivals up to the CPU clock are visible
+        sched = self.sched
+        while self.num_arrived < total or sched.has_unfinished or self.inflight:
+            if self.own_arrivals:
+                self._take_arrivals()  # arrivals up to the CPU clock are visible
+            elif self.cpu_s > self.env.now:
+                yield self.env.timeout(self.cpu_s - self.env.now)
+            if self.ff is not None and self.own_arrivals and self.ff.run_segment():
+                continue
             launched = False
-            if len(self.inflight) < self.depth and self.sched.has_unfinished:
-                launched = yield from self.launch_step()
+            if len(self.inflight) < self.depth and sched.has_unfinished:
+                launched = self.launch_step()
             if self.inflight and (not launched or len(self.inflight) >= self.depth):
-                yield from self.complete_step(self.inflight.popleft())
+                self.complete_step(self.inflight.popleft())
             elif not launched and not self.inflight:
                 yield from self._idle()
+        if self.cpu_s > self.env.now:
+            yield self.env.timeout(self.cpu_s - self.env.now)
 
     # ---- one step ---------------------------------------------------------------------------
-    def launch_step(self) -> Generator[Event, Any, bool]:
+    def launch_step(self) -> bool:
         t0 = self.cpu_s
         batch = self.sched.schedule()
-        shape = batch.shape if batch is not None else BatchShape()
+        shape = batch.shape if batch is not None else _EMPTY
         t = self._phase_time(P.SCHEDULE, shape)
         if batch is None:
-            self.cpu_s = t  # an empty schedule still costs the scan
-            return False
-        step = self.rec.add_step(shape)
-        self._record(step, P.SCHEDULE, t0, t)
+            return False  # an empty schedule still costs the scan
+        rec = self.rec
+        step = rec.add_step(shape)
+        rec.phase(step, P.SCHEDULE, t0, t)
         for r in batch.preempted:
-            self.rec.preempt(r.index)
-        yield from self._wait_counts(step)  # seed 5 "before": prep waits for accepted counts
-        t = self._run_phase(step, P.PREPARE_INPUTS, shape)
-        t = self._run_phase(step, P.LAUNCH, shape)
-        gpu_s = self.cost.gpu_pass_ms(shape) / 1e3
-        draft_gpu_s = self.cost.draft_gpu_ms(shape) / 1e3
-        done = self.env.event()
-        counts = self.env.event() if self.cfg.spec.enabled else done
-        p = Pass(batch, step, t, gpu_s, draft_gpu_s, counts, done)
-        self.gpu_queue.put(p)
+            rec.preempt(r.index)
+        if self._wait_for_counts and self.inflight:
+            # spec decoding before PR 32951: prep waits for the previous step's accepted counts
+            self._sync(step, self.inflight[-1].counts_s)
+        self._run_phase(step, P.PREPARE_INPUTS, shape)
+        ready = self._run_phase(step, P.LAUNCH, shape)
+        start = ready if ready > self.gpu_free_s else self.gpu_free_s
+        counts = start + self.cost.gpu_pass_ms(shape) / 1e3
+        draft_s = self.cost.draft_gpu_ms(shape) / 1e3
+        end = counts + draft_s if draft_s > 0 else counts
+        self.gpu_free_s = end
+        p = Pass(batch, step, ready, start, counts, end)
         self._run_phase(step, P.SAMPLE, shape)
-        if self.cfg.spec.method == "ngram-cpu":
-            yield from self._sync(step, p.done)  # the CPU proposer needs the sampled tokens
+        if self._cpu_ngram:
+            self._sync(step, end)  # the CPU proposer needs the sampled tokens
         self._run_phase(step, P.DRAFT, shape)
         self.inflight.append(p)
+        if self.check:
+            self.sched.check_invariants()
         return True
 
-    def complete_step(self, p: Pass) -> Generator[Event, Any, None]:
-        yield from self._sync(p.step, p.done)
+    def complete_step(self, p: Pass) -> None:
+        self._sync(p.step, p.gpu_end_s)
         batch = p.batch
-        emitted = self.accept.emitted(batch)
+        entries = batch.entries
+        emitted = self.accept.emitted(batch) if self._spec else [1] * len(entries)
         taken = self.sched.emitted_tokens(batch, emitted)
         t = self._run_phase(p.step, P.PROCESS_OUTPUTS, batch.shape)
-        self.rec.gpu(p.step, p.gpu_start_s, p.gpu_end_s)
+        rec = self.rec
+        rec.gpu(p.step, p.gpu_start_s, p.gpu_end_s)
+        if self._spec:
+            self._record_spec_tokens(p.step, entries, emitted, taken, t)
+        else:
+            tokens = rec.tokens
+            for e, n in zip(entries, taken):
+                if n:
+                    tokens(e.req.index, t, n, 0)
+        for r in self.sched.complete(batch, emitted):
+            rec.finish(r.index, t)
+        if self.check:
+            self.sched.check_invariants()
+        if self.progress is not None:
+            self.progress(p.step)
+
+    def _record_spec_tokens(
+        self, step: int, entries: list[Any], emitted: list[int], taken: list[int], t: float
+    ) -> None:
         accepted = 0
-        for e, n_emit, n in zip(batch.entries, emitted, taken):
+        for e, n_emit, n in zip(entries, emitted, taken):
             if n:
-                acc = min(n_emit - 1, n)
                 accepted += n_emit - 1
-                self.rec.tokens(e.req.index, t, n, acc)
+                self.rec.tokens(e.req.index, t, n, min(n_emit - 1, n))
             elif e.generates:
                 accepted += n_emit - 1
         if accepted:
-            self.rec.accepted(p.step, accepted)
-        for r in self.sched.complete(batch, emitted):
-            self.rec.finish(r.index, t)
-        if self.progress is not None:
-            self.progress(p.step)
+            self.rec.accepted(step, accepted)
 
     # ---- CPU time ---------------------------------------------------------------------------
     def _phase_time(self, phase: str, shape: BatchShape) -> float:
@@ -198,37 +222,35 @@ class SimLoop:
     def _run_phase(self, step: int, phase: str, shape: BatchShape) -> float:
         t0 = self.cpu_s
         t = self._phase_time(phase, shape)
-        self._record(step, phase, t0, t)
+        self.rec.phase(step, phase, t0, t)
         return t
 
-    def _record(self, step: int, phase: str, t0: float, t1: float) -> None:
-        self.rec.phase(step, phase, t0, t1)
-
     # ---- waiting ----------------------------------------------------------------------------
-    def _catch_up(self) -> Generator[Event, Any, None]:
-        if self.cpu_s > self.env.now:
-            yield self.env.timeout(self.cpu_s - self.env.now)
+    def _sync(self, step: int, event_s: float) -> None:
+        """The CPU blocks until the GPU reaches `event_s` (a recorded wait if it is early)."""
+        if event_s > self.cpu_s:
+            self.rec.sync(step, self.cpu_s, event_s)
+            self.cpu_s = event_s
 
-    def _sync(self, step: int, done: Event) -> Generator[Event, Any, None]:
-        yield from self._catch_up()
-        if not done.triggered:
-            t0 = self.env.now
-            yield done
-            self.cpu_s = self.env.now
-            self.rec.sync(step, t0, self.cpu_s)
-        self.cpu_s = max(self.cpu_s, self.env.now)
+    def _take_arrivals(self) -> None:
+        reqs, i, n, now = self.requests, self.next_arrival, len(self.requests), self.cpu_s
+        while i < n and reqs[i].arrival_s <= now:
+            self.submit(reqs[i])
+            i += 1
+        self.next_arrival = i
 
-    def _wait_counts(self, step: int) -> Generator[Event, Any, None]:
-        """Async spec decoding without optimistic mode (before PR 32951): preparing step i+1
-        waits until the GPU has produced step i's accepted counts."""
-        if not (self.cfg.spec.enabled and self.inflight and not self.cfg.optimistic_spec_decode):
-            return
-        yield from self._sync(step, self.inflight[-1].counts)
+    def next_arrival_s(self) -> float:
+        """Own arrivals: when the next request arrives (inf when none is left)."""
+        i = self.next_arrival
+        return self.requests[i].arrival_s if i < len(self.requests) else _INF
 
     def _idle(self) -> Generator[Event, Any, None]:
         """Nothing to run: sleep until the next arrival (not a bubble: no request is held)."""
         assert not self.sched.has_unfinished, "requests held but nothing schedulable"
         if self.num_arrived >= len(self.requests):
+            return
+        if self.own_arrivals:
+            self.cpu_s = max(self.cpu_s, self.next_arrival_s())
             return
         self._wake = self.env.event()
         yield self._wake
