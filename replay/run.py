@@ -186,8 +186,9 @@ def _warm_up(engine: Any) -> None:
     from engine.requests import RequestInput
 
     for i, (p, o) in enumerate(WARMUP_SHAPES):
-        inp = RequestInput(f"warmup-{i}", min(p, engine.max_model_len - o), o)
-        engine.add_request(inp, key=WARMUP_KEY + i)
+        inp = RequestInput(f"warmup-{i}", max(1, min(p, engine.max_model_len - o)), o)
+        with contextlib.suppress(ValueError):  # a shape this config cannot hold: skip it
+            engine.add_request(inp, key=WARMUP_KEY + i)
     while engine.has_work:
         engine.step()
     if engine.device.type == "cuda":
