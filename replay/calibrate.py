@@ -59,6 +59,8 @@ PHASE_TERMS: dict[str, tuple[str, ...]] = {
 }
 LAUNCH_RESIDUAL_TERMS = ("num_reqs", "num_tokens")
 MIN_CLEAN_STEPS = 20
+# GPU event times reach the host clock through one base event (engine.hooks), good to a few us
+CLEAN_TOL_S = 10e-6
 GPU_PRESET_NAMES = ("h200", "h100", "a100", "l40s")  # matched in a CUDA device name, in order
 
 
@@ -127,7 +129,7 @@ def _run_steps(run: Run, index: int) -> dict[str, np.ndarray]:
         out[f"ms:{p}"] = dur[:, j] * 1e3
     out["gpu_ms"] = (s["gpu_end_s"] - s["gpu_start_s"]) * 1e3
     launch_end = ends[:, CPU_PHASES.index(LAUNCH)]
-    out["clean"] = np.isfinite(launch_end) & (s["gpu_start_s"] >= launch_end - 1e-7)
+    out["clean"] = np.isfinite(launch_end) & (s["gpu_start_s"] >= launch_end - CLEAN_TOL_S)
     out["graph"] = _graph_steps(run, s)
     out["run"] = np.full(n, index)
     return out
