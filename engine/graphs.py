@@ -85,7 +85,7 @@ class DecodeGraphs:
         inp.d_toks[2 * bucket : 3 * bucket].fill_(-1)
         inp.input_ids[:bucket].zero_()
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the static logits are updated in place (penalties)
     def capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
