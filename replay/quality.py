@@ -1,0 +1,116 @@
+"""Fit quality of a cost profile on runs: per target (GPU pass kind, CPU phase), the time the
+sim would predict for each step (base model + active terms, launch table for the launch phase)
+against the measured time: R², RMSE, mean and p90 |relative error|, error of the total."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from core.phases import CPU_PHASES, LAUNCH
+from core.runfmt import Run
+from replay.steps import Steps, draft_gpu_ms, eval_linear, load_steps, run_config
+
+
+def evaluate(profile: Mapping[str, Any], runs: Sequence[Run], steps: Steps | None = None):
+    """Fit statistics of `profile` on `runs`: predicted (as the sim computes it: base model +
+    active terms) vs measured time per step, per target."""
+    from sim.cost import resolve_profile
+
+    steps = steps or load_steps(runs)
+    prof = resolve_profile(profile)
+    out: dict[str, Any] = {}
+    decode = steps.cols["num_prefill_reqs"] == 0
+    gpu_extra = _active_terms_ms(prof, steps, "gpu")
+    gpu_y = steps.gpu_ms - draft_gpu_ms(runs, steps)
+    for kind, mask in (("decode", decode), ("mixed", ~decode)):
+        rows = mask & np.isfinite(gpu_y)
+        if kind not in prof["gpu_pass"] or not rows.any():
+            continue
+        pred = eval_linear(prof["gpu_pass"][kind], steps.cols, rows) + gpu_extra[rows]
+        out[f"gpu_pass.{kind}"] = stats(pred, gpu_y[rows])
+        clean = rows & steps.clean
+        if clean.any() and clean.sum() < rows.sum():
+            pc = eval_linear(prof["gpu_pass"][kind], steps.cols, clean) + gpu_extra[clean]
+            out[f"gpu_pass.{kind}.clean"] = stats(pc, gpu_y[clean])
+    la = prof["launch"]
+    for phase in CPU_PHASES:
+        y = steps.phase_ms[phase]
+        rows = np.isfinite(y)
+        if not rows.any():
+            continue
+        pred = eval_linear(prof["cpu_phases"].get(phase, {}), steps.cols, rows)
+        pred += _active_terms_ms(prof, steps, phase)[rows]
+        if phase == LAUNCH:
+            nodes = _nodes(runs, steps, la)
+            graph_ms = la["graph_ms"] + la["graph_ms_per_node"] * nodes
+            eager_ms = la["eager_ms"] + la["eager_ms_per_kernel"] * nodes
+            pred += np.where(steps.graph, graph_ms, eager_ms)[rows]
+        out[f"cpu_phases.{phase}"] = stats(pred, y[rows])
+    return out
+
+
+def _active_terms_ms(prof: Mapping[str, Any], steps: Steps, target: str) -> np.ndarray:
+    from sim.cost.terms import TERM_NAMES, term_target
+
+    all_rows = np.ones(len(steps), bool)
+    out = np.zeros(len(steps))
+    for t in TERM_NAMES:
+        if term_target(t) == target and steps.active[t].any():
+            value = eval_linear(prof["terms"][t], steps.cols, all_rows)
+            out += np.where(steps.active[t], value, 0.0)
+    return out
+
+
+def _nodes(runs: Sequence[Run], steps: Steps, la: Mapping[str, Any]) -> np.ndarray:
+    from core.models import get_model
+
+    per_run = []
+    for r in runs:
+        try:
+            layers = get_model(run_config(r).model).num_layers
+        except ValueError:
+            layers = 0  # a checkpoint folder not on this machine: per-node terms are 0 here
+        per_run.append(la["kernels_per_layer"] * layers + la["kernels_fixed"])
+    return np.asarray(per_run, np.float64)[steps.run]
+
+
+def stats(pred: np.ndarray, meas: np.ndarray) -> dict[str, Any]:
+    """n, R², RMSE, mean |relative error| per step, and the error of the total (sum) time."""
+    if meas.size == 0:
+        return {"n": 0}
+    resid = meas - pred
+    ss_tot = float(((meas - meas.mean()) ** 2).sum())
+    pos = meas > 0
+    rel = np.abs(pred[pos] - meas[pos]) / meas[pos]
+    total = float(meas.sum())
+    return {
+        "n": int(meas.size),
+        "r2": 1.0 - float((resid**2).sum()) / ss_tot if ss_tot > 0 else None,
+        "rmse_ms": float(np.sqrt((resid**2).mean())),
+        "measured_mean_ms": float(meas.mean()),
+        "predicted_mean_ms": float(pred.mean()),
+        "mean_abs_rel_error": float(rel.mean()) if rel.size else None,
+        "p90_abs_rel_error": float(np.quantile(rel, 0.9)) if rel.size else None,
+        "total_rel_error": float(pred.sum()) / total - 1.0 if total > 0 else None,
+    }
+
+
+def print_quality(title: str, quality: Mapping[str, Any]) -> None:
+    print(title)
+    print(
+        f"  {'target':<28} {'n':>7} {'R²':>7} {'meas ms':>9} {'pred ms':>9} {'|rel err|':>9} "
+        f"{'total':>8}"
+    )
+    for name, q in quality.items():
+        if not q.get("n"):
+            continue
+        r2 = "-" if q["r2"] is None else f"{q['r2']:.3f}"
+        rel = "-" if q["mean_abs_rel_error"] is None else f"{100 * q['mean_abs_rel_error']:.1f}%"
+        tot = "-" if q["total_rel_error"] is None else f"{100 * q['total_rel_error']:+.1f}%"
+        print(
+            f"  {name:<28} {q['n']:>7} {r2:>7} {q['measured_mean_ms']:>9.4f} "
+            f"{q['predicted_mean_ms']:>9.4f} {rel:>9} {tot:>8}"
+        )

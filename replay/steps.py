@@ -1,0 +1,165 @@
+"""The steps of measured (or predicted) runs as columns for fitting: BatchShape fields, CPU
+phase durations less the GC pauses and sync waits inside them, GPU intervals with the "clean"
+flag (GPU work began after its launch ended, so the interval is kernels only), whether the
+launch was a CUDA graph, and which seed terms (sim.cost.terms) were active in each step's run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.config import Config, from_dict
+from core.phases import CPU_PHASES, LAUNCH
+from core.runfmt import Run
+from core.shape import SHAPE_FIELDS
+
+# GPU event times reach the host clock through one base event (engine.hooks), good to a few us
+CLEAN_TOL_S = 10e-6
+
+
+class CalibrationError(ValueError):
+    """Runs that cannot be calibrated from; the message names the run and the reason."""
+
+
+@dataclass
+class Steps:
+    """The steps of one or more runs, as columns (times in ms)."""
+
+    cols: dict[str, np.ndarray]  # shape fields, "num_tokens", "intercept"
+    phase_ms: dict[str, np.ndarray]  # CPU phase durations less GC/sync inside; NaN = absent
+    gpu_ms: np.ndarray
+    clean: np.ndarray  # bool: GPU work began after the launch phase ended
+    graph: np.ndarray  # bool: the launch was a CUDA graph replay
+    run: np.ndarray  # index into the run list
+    active: dict[str, np.ndarray] = field(default_factory=dict)  # term -> bool per step
+
+    def __len__(self) -> int:
+        return len(self.run)
+
+
+def run_config(run: Run) -> Config:
+    cfg = run.summary.get("config")
+    if not isinstance(cfg, dict):
+        raise CalibrationError(f"run '{run.path}': summary.json has no config")
+    return from_dict(cfg)
+
+
+def load_steps(runs: Sequence[Run]) -> Steps:
+    from sim.cost.terms import TERM_NAMES, active_terms
+
+    parts = [_run_steps(r, i) for i, r in enumerate(runs)]
+    cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    cols = {f: cat[f].astype(np.float64) for f in SHAPE_FIELDS}
+    cols["num_tokens"] = cols["prefill_tokens"] + cols["decode_tokens"]
+    cols["intercept"] = np.ones(len(cat["run"]))
+    steps = Steps(
+        cols=cols,
+        phase_ms={p: cat[f"ms:{p}"] for p in CPU_PHASES},
+        gpu_ms=cat["gpu_ms"],
+        clean=cat["clean"].astype(bool),
+        graph=cat["graph"].astype(bool),
+        run=cat["run"].astype(np.int64),
+    )
+    cfgs = [run_config(r) for r in runs]
+    for t in TERM_NAMES:
+        on = np.array([t in active_terms(c) for c in cfgs], bool)
+        steps.active[t] = on[steps.run] if len(steps) else np.zeros(0, bool)
+    return steps
+
+
+def _run_steps(run: Run, index: int) -> dict[str, np.ndarray]:
+    s = run.arrays("steps")
+    n = len(s["step"])
+    out: dict[str, np.ndarray] = {f: s[f] for f in SHAPE_FIELDS}
+    starts = np.stack([s[f"{p}_start_s"] for p in CPU_PHASES], axis=1)
+    ends = np.stack([s[f"{p}_end_s"] for p in CPU_PHASES], axis=1)
+    dur = ends - starts
+    g, sync = run.arrays("gc"), _sync_waits(s)
+    _subtract_inside(dur, starts, ends, g["start_s"], g["duration_s"])
+    _subtract_inside(dur, starts, ends, *sync)
+    for j, p in enumerate(CPU_PHASES):
+        out[f"ms:{p}"] = dur[:, j] * 1e3
+    out["gpu_ms"] = (s["gpu_end_s"] - s["gpu_start_s"]) * 1e3
+    launch_end = ends[:, CPU_PHASES.index(LAUNCH)]
+    out["clean"] = np.isfinite(launch_end) & (s["gpu_start_s"] >= launch_end - CLEAN_TOL_S)
+    out["graph"] = _graph_steps(run, s)
+    out["run"] = np.full(n, index)
+    return out
+
+
+def _sync_waits(s: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The longest sync wait of each step (steps.parquet keeps one per step with its total)."""
+    ok = np.isfinite(s["sync_start_s"])
+    return s["sync_start_s"][ok], (s["sync_end_s"] - s["sync_start_s"])[ok]
+
+
+def _subtract_inside(
+    dur: np.ndarray, starts: np.ndarray, ends: np.ndarray, t: np.ndarray, d: np.ndarray
+) -> None:
+    """Take each pause [t, t + d] out of the CPU phase interval it began in (phases of one
+    thread never overlap, so at most one contains t)."""
+    if t.size == 0:
+        return
+    ok = np.isfinite(starts) & (ends > starts)  # an empty phase contains nothing
+    flat_s, flat_e = starts[ok], ends[ok]
+    where = np.flatnonzero(ok.ravel())
+    order = np.argsort(flat_s, kind="stable")
+    flat_s, flat_e, where = flat_s[order], flat_e[order], where[order]
+    i = np.searchsorted(flat_s, t, side="right") - 1
+    inside = (i >= 0) & (t < flat_e[np.maximum(i, 0)])
+    np.add.at(dur.ravel(), where[i[inside]], -d[inside])
+
+
+def _graph_steps(run: Run, s: dict[str, np.ndarray]) -> np.ndarray:
+    """Which steps launched a CUDA graph: the sim's rule for predicted runs, the engine's for
+    measured ones (engine/graphs.py: pure decode, one query token per request, on CUDA)."""
+    cfg = run_config(run)
+    decode = s["num_prefill_reqs"] == 0
+    if (run.summary.get("source") or {}).get("kind") == "sim":
+        from sim.cost import load_profile, resolve_profile
+
+        own = load_profile(cfg.profile) if cfg.profile and Path(cfg.profile).is_file() else None
+        limit = resolve_profile(own)["launch"]["graph_max_tokens"]
+        return cfg.cuda_graphs & decode & (s["decode_tokens"] <= limit)
+    if not cfg.cuda_graphs or cfg.device != "cuda":
+        return np.zeros(len(decode), bool)
+    max_bucket = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    return decode & (s["draft_tokens"] == 0) & (s["num_reqs"] <= max_bucket)
+
+
+def eval_linear(
+    model: Mapping[str, float], cols: dict[str, np.ndarray], rows: np.ndarray
+) -> np.ndarray:
+    """A linear model's value on the selected steps (rows: a bool mask or indices)."""
+    out = np.zeros(int(rows.sum()) if rows.dtype == bool else len(rows))
+    for term, coef in model.items():
+        out += coef * cols[term][rows]
+    return out
+
+
+def draft_gpu_ms(runs: Sequence[Run], steps: Steps) -> np.ndarray:
+    """The n-gram GPU proposer's modelled time per step (0 unless spec.method=ngram-gpu): the
+    measured GPU interval holds it, the sim adds it apart from the GPU pass."""
+    out = np.zeros(len(steps))
+    for i, r in enumerate(runs):
+        cfg = run_config(r)
+        if cfg.spec.method != "ngram-gpu":
+            continue
+        from sim.cost import CostModel
+
+        cm = CostModel(cfg.replace(profile=""))
+        rows = np.flatnonzero(steps.run == i)
+        out[rows] = [cm.draft_gpu_ms(s) for s in _shapes(steps, rows)]
+    return out
+
+
+def _shapes(steps: Steps, rows: np.ndarray) -> list[Any]:
+    from core.shape import BatchShape
+
+    cols = [steps.cols[f][rows].astype(np.int64).tolist() for f in SHAPE_FIELDS]
+    return [BatchShape(*vals) for vals in zip(*cols)]
