@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.model} batch {args.batch} context {args.context} on {torch.cuda.get_device_name()}"
     )
     print(
-        f"graph step {graph_ms:.3f} ms; kernel time sum {kernel_ms:.3f} ms; floor {floor_ms:.3f} ms "
+        f"graph step {graph_ms:.3f} ms; kernel sum {kernel_ms:.3f} ms; floor {floor_ms:.3f} ms "
         f"(copy {bw:.0f} GB/s); kernels/step {sum(count.values()) // 5}"
     )
     print(f"{'ms/step':>8} {'share':>6} {'n':>4}  kernel")
