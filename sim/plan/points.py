@@ -107,6 +107,7 @@ class PointStore:
         self.path = path
         self.records: dict[str, dict[str, Any]] = {}
         if resume and path.is_file():
+            _drop_torn_tail(path)
             for rec in _read_lines(path):
                 self.records[rec["key"]] = rec
         elif path.exists():
@@ -129,6 +130,14 @@ class PointStore:
         finally:
             os.close(fd)
         self.records[key] = rec
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (a killed write), so appends start a fresh line."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 def _read_lines(path: Path) -> Iterator[dict[str, Any]]:

@@ -7,7 +7,8 @@ down) until the verdict flips, then bisection on a geometric scale until hi / lo
 The answer is the highest factor seen to pass. It assumes the verdict flips once with load.
 
 Fleet search (load L): n replicas behind the candidate's router. The guess is
-ceil(L / max_factor) (one replica carries max_factor): n and n - 1 are run together; then
+ceil(L / max_factor) (one replica carries max_factor), or 1 when one replica passes at no
+load factor (arrivals all at once do not scale): n and n - 1 are run together; then
 galloping up from the largest failing size or down from the smallest passing one, and
 bisection between. It assumes more replicas never fail where fewer pass (tested).
 """
@@ -108,11 +109,10 @@ class CandidateSearch:
         load = round_factor(load)
         tries = self.fleet_tries.setdefault(load, {})
         out: dict[str, Any] = {"load": load, "replicas": None, "tried": tries}
-        if max_factor <= 0:
-            out["reason"] = "one replica fails the SLOs even at min_load_factor"
-            return out
         cap = self.opts.max_replicas
-        guess = min(cap, max(1, math.ceil(load / max_factor - 1e-9)))
+        guess = 1  # no estimate when one replica fails at any load (e.g. a burst at t=0)
+        if max_factor > 0:
+            guess = min(cap, max(1, math.ceil(load / max_factor - 1e-9)))
         first = [guess, guess - 1] if guess > 1 else [guess]
         results = yield [self.point(n, load) for n in first]
         tries.update(zip(first, results))

@@ -1,0 +1,162 @@
+"""Sweeps: the same plan whoever runs the points (serial, process pool, Ray), points written as
+they finish, and a rerun that skips what is done."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from core.cli import run_main
+from core.config import Config
+from core.trace import make_trace, write_trace
+from sim.__main__ import main
+from sim.plan.planner import run_plan
+from sim.plan.points import Point, PointStore, point_key, serves
+from sim.plan.spec import load_plan_spec, parse_slos
+from sim.plan.sweep import PoolExecutor, SerialExecutor
+
+SLO = ["ttft_p99_s=0.15", "tpot_p99_s=0.02"]
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(7)
+    n = 50
+    arrival = np.cumsum(rng.exponential(1 / 12.0, n))
+    tr = make_trace(arrival, rng.integers(64, 1200, n), rng.integers(8, 96, n))
+    return write_trace(tr, tmp_path_factory.mktemp("trace") / "t.parquet")
+
+
+def _spec(**search: Any) -> Any:
+    vary = ["batches_in_flight=1,2", "gpu=h100,h200"]
+    return load_plan_spec(SLO, Config(), vary=vary, search_over={"loads": [2.0], **search})
+
+
+def _strip(x: Any) -> Any:
+    """The plan without timings (wall clock) or run statistics."""
+    if isinstance(x, dict):
+        return {k: _strip(v) for k, v in x.items() if k not in ("wall_s", "stats")}
+    if isinstance(x, list):
+        return [_strip(v) for v in x]
+    return x
+
+
+@pytest.fixture(scope="module")
+def serial_plan(trace: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("serial")
+    return out, run_plan(trace, _spec(), out, SerialExecutor())
+
+
+def test_plan_answers(serial_plan: tuple[Path, dict]) -> None:
+    out, plan = serial_plan
+    assert json.loads((out / "plan.json").read_text())["best"] == plan["best"]
+    assert len(plan["candidates"]) == 4
+    best = plan["best"]
+    assert best is not None and best["replicas"] >= 1 and best["cost_per_mtok"] > 0
+    for c in plan["candidates"]:
+        assert c["max_load_factor"] > 0
+        assert [f["load"] for f in c["fleets"]] == [1.0, 2.0]
+        assert c["fleets"][1]["replicas"] >= c["fleets"][0]["replicas"]
+        factors = [p["factor"] for p in c["load_curve"]]
+        assert factors == sorted(factors) and 1.0 in factors
+        assert all(p["ok"] == (p["factor"] <= c["max_load_factor"]) for p in c["load_curve"])
+    cheapest = min(c["cost_per_mtok"] for c in plan["candidates"] if c["meets_slos"])
+    assert best["cost_per_mtok"] == cheapest
+    lines = (out / "points.jsonl").read_text().splitlines()
+    assert len(lines) == plan["stats"]["points_run"] > 0
+    assert len({json.loads(line)["key"] for line in lines}) == len(lines)
+
+
+def test_pool_gives_the_serial_plan(
+    trace: Path, tmp_path: Path, serial_plan: tuple[Path, dict]
+) -> None:
+    plan = run_plan(trace, _spec(), tmp_path, PoolExecutor(2))
+    assert _strip(plan) == _strip(serial_plan[1])
+
+
+def test_rerun_skips_done_points(
+    trace: Path, tmp_path: Path, serial_plan: tuple[Path, dict]
+) -> None:
+    src, want = serial_plan
+    lines = (src / "points.jsonl").read_text().splitlines(keepends=True)
+    keep = len(lines) // 2
+    # a killed run: half the points written, the last line torn
+    (tmp_path / "points.jsonl").write_text("".join(lines[:keep]) + lines[keep][:40])
+    plan = run_plan(trace, _spec(), tmp_path, SerialExecutor())
+    assert plan["stats"]["points_cached"] >= keep
+    assert plan["stats"]["points_run"] == len(lines) - keep
+    assert _strip(plan) == _strip(want)
+    again = run_plan(trace, _spec(), tmp_path, SerialExecutor())
+    assert again["stats"]["points_run"] == 0
+    assert _strip(again) == _strip(want)
+    fresh = run_plan(trace, _spec(), tmp_path, SerialExecutor(), resume=False)
+    assert fresh["stats"]["points_run"] == len(lines)
+
+
+def test_a_stopped_point_serves_only_as_tight_slos() -> None:
+    stopped = {"complete": False, "stopped": {"slo": "ttft_p99_s", "limit_s": 0.5}}
+    assert serves(stopped, parse_slos(["ttft_p99_s=0.5"]))
+    assert serves(stopped, parse_slos(["ttft_p99_s=0.2", "tpot_p99_s=1"]))
+    assert not serves(stopped, parse_slos(["ttft_p99_s=0.8"]))
+    assert not serves(stopped, parse_slos(["tpot_p99_s=0.1"]))
+    assert serves({"complete": True, "stopped": None}, parse_slos(["tpot_p99_s=0.1"]))
+
+
+def test_point_keys(tmp_path: Path) -> None:
+    cfg = Config().to_dict()
+    a = Point(cfg, 1, 2.0, "round-robin")
+    assert point_key(a, "sha") == point_key(Point(cfg, 1, 2.0, "prefix-aware"), "sha")
+    assert point_key(a, "sha") != point_key(Point(cfg, 2, 2.0, "round-robin"), "sha")
+    assert point_key(a, "sha") != point_key(a, "other trace")
+    b = Point(cfg, 2, 2.0, "prefix-aware", prefix_abs_tokens=1)
+    assert point_key(b, "s") != point_key(Point(cfg, 2, 2.0, "prefix-aware"), "s")
+    store = PointStore(tmp_path / "p.jsonl")
+    store.add("k", a, {"complete": True, "x": float("nan")}, 0.1)
+    assert PointStore(tmp_path / "p.jsonl").records["k"]["result"] == {"complete": True, "x": None}
+
+
+def test_ray_gives_the_serial_plan(
+    trace: Path, tmp_path: Path, serial_plan: tuple[Path, dict]
+) -> None:
+    ray = pytest.importorskip("ray", reason="ray is not installed (optional extra 'plan')")
+    from sim.plan.sweep import RayExecutor
+
+    try:
+        plan = run_plan(trace, _spec(), tmp_path, RayExecutor("local", str(trace)))
+    finally:
+        ray.shutdown()
+    assert _strip(plan) == _strip(serial_plan[1])
+
+
+def test_cli_end_to_end(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan"
+    argv = [
+        "plan",
+        str(trace),
+        "--slo",
+        SLO[0],
+        "--slo",
+        SLO[1],
+        "--vary",
+        "batches_in_flight=1,2",
+        "--jobs",
+        "2",
+        "-o",
+        str(out),
+        "-q",
+    ]
+    assert run_main(main, argv) == 0
+    text = capsys.readouterr().out
+    assert "best:" in text and "per million output tokens" in text
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["best"]["replicas"] >= 1 and plan["slos"] == {
+        "ttft_p99_s": 0.15,
+        "tpot_p99_s": 0.02,
+    }
+    assert (out / "report.html").stat().st_size > 1000
+    assert run_main(main, argv) == 0  # a rerun reuses every point
+    assert "0 points run" in capsys.readouterr().out
