@@ -122,6 +122,20 @@ def test_fleet_accounting_adds_up(tmp_path: Path) -> None:
         assert r["busy_s"] + r["bubble_s"] + r["idle_s"] == pytest.approx(res["span_s"])
 
 
+@pytest.mark.parametrize("spec_method", ["none", "ngram-gpu"])
+def test_bubble_totals_match_the_full_accounting(tmp_path: Path, spec_method: str) -> None:
+    _, tr = _roundtrip(_poisson(60, 30.0, seed=2), tmp_path)
+    cfg = Config(batches_in_flight=1, gc_freeze=False).replace(**{"spec.method": spec_method})
+    full = simulate_fleet(FleetSpec(cfg, 2, "round-robin", load_factor=2.0), tr, causes=True)
+    fast = simulate_fleet(FleetSpec(cfg, 2, "round-robin", load_factor=2.0), tr)
+    assert fast["bubble_s_by_cause"] is None and full["bubble_s"] > 0
+    assert sum(full["bubble_s_by_cause"].values()) == pytest.approx(full["bubble_s"])
+    for key in ("busy_s", "bubble_s", "idle_s", "span_s", "bubble_fraction"):
+        assert fast[key] == pytest.approx(full[key], rel=1e-12, abs=1e-12), key
+    for a, b in zip(fast["replicas"], full["replicas"]):
+        assert a["bubble_s"] == pytest.approx(b["bubble_s"], rel=1e-12, abs=1e-12)
+
+
 def test_round_robin_fleet_spreads_evenly(tmp_path: Path) -> None:
     _, tr = _roundtrip(_poisson(40, 20.0), tmp_path)
     res = simulate_fleet(FleetSpec(CFG, 4, "round-robin"), tr)

@@ -39,7 +39,7 @@ def _spec(**search: Any) -> Any:
 def _strip(x: Any) -> Any:
     """The plan without timings (wall clock) or run statistics."""
     if isinstance(x, dict):
-        return {k: _strip(v) for k, v in x.items() if k not in ("wall_s", "stats")}
+        return {k: _strip(v) for k, v in x.items() if k not in ("wall_s", "cpu_s", "stats")}
     if isinstance(x, list):
         return [_strip(v) for v in x]
     return x

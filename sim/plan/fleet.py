@@ -167,9 +167,11 @@ def simulate_fleet(
     slos: tuple[SLO, ...] = (),
     early_stop: bool = True,
     cost: CostModel | None = None,
+    causes: bool | None = None,
 ) -> dict[str, Any]:
     """Simulate the fleet on the trace (in arrival order, unscaled); returns the fleet summary
-    (sim.plan.merge) plus `complete`, `stopped` (early-stop info or None), `router`, `sim`."""
+    (sim.plan.merge) plus `complete`, `stopped` (early-stop info or None), `router`, `sim`.
+    Bubbles are attributed to causes (`causes`, default: at the trace's own load only)."""
     if spec.replicas < 1:
         raise ValueError("a fleet needs at least one replica")
     cfg = spec.config
@@ -182,7 +184,9 @@ def simulate_fleet(
     t0 = time.perf_counter()
     stopped = fleet.run(watch)
     wall_s = time.perf_counter() - t0
-    out = fleet_summary(fleet.recorders, fleet.owner)
+    if causes is None:
+        causes = spec.load_factor == 1.0
+    out = fleet_summary(fleet.recorders, fleet.owner, causes)
     out["complete"] = stopped is None
     out["stopped"] = stopped
     out["router"] = {"name": fleet.router.name, **fleet.router.stats}

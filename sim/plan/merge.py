@@ -20,7 +20,7 @@ import numpy as np
 from core.runfmt import RunRecorder, account_bubbles
 from core.runfmt.recording import Recording
 from core.runfmt.stats import dist
-from sim.plan.recview import merged_itl_quantiles
+from sim.plan.recview import bubble_totals, merged_itl_quantiles
 
 _REQUEST_FIELDS = (
     "arrival",
@@ -49,9 +49,9 @@ def _pick(frozen: list[Recording], owner: np.ndarray, name: str, fill: float) ->
     return out
 
 
-def _replica_entry(rec: Recording, rows: np.ndarray) -> dict[str, Any]:
+def _replica_entry(rec: Recording, rows: np.ndarray, causes: bool) -> dict[str, Any]:
     mine = _rows(rec, rows)
-    bub = account_bubbles(mine)
+    bub = account_bubbles(mine) if causes else bubble_totals(mine)
     busy_plus_bubble = bub.busy_s + bub.bubble_s
     return {
         "requests": int(rows.size),
@@ -63,14 +63,16 @@ def _replica_entry(rec: Recording, rows: np.ndarray) -> dict[str, Any]:
         "bubble_s": bub.bubble_s,
         "idle_s": bub.idle_s,
         "bubble_fraction": bub.bubble_s / busy_plus_bubble if busy_plus_bubble > 0 else 0.0,
-        "bubble_s_by_cause": bub.by_cause,
+        "bubble_s_by_cause": bub.by_cause if causes else None,
         "_window": (bub.start_s, bub.end_s),
     }
 
 
-def fleet_summary(recorders: list[RunRecorder], owner: np.ndarray) -> dict[str, Any]:
+def fleet_summary(
+    recorders: list[RunRecorder], owner: np.ndarray, causes: bool = True
+) -> dict[str, Any]:
     """`owner[row]` = the replica request `row` went to, -1 if it never arrived (a stopped
-    run)."""
+    run). Without `causes`, bubble seconds are not attributed (`bubble_s_by_cause` None)."""
     frozen = [r.freeze() for r in recorders]
     arrival = frozen[0].arrival
     first = _pick(frozen, owner, "first_token", math.nan)
@@ -86,7 +88,9 @@ def fleet_summary(recorders: list[RunRecorder], owner: np.ndarray) -> dict[str, 
         float(np.nansum(np.where(gaps > 0, last - first, 0))) / itl_count if itl_count else None
     )
 
-    replicas = [_replica_entry(rec, np.flatnonzero(owner == r)) for r, rec in enumerate(frozen)]
+    replicas = [
+        _replica_entry(rec, np.flatnonzero(owner == r), causes) for r, rec in enumerate(frozen)
+    ]
     windows = [e.pop("_window") for e in replicas if e["requests"]]
     start_s = min((w[0] for w in windows), default=0.0)
     end_s = max((w[1] for w in windows), default=0.0)
@@ -98,10 +102,12 @@ def fleet_summary(recorders: list[RunRecorder], owner: np.ndarray) -> dict[str, 
     finished = int(np.isfinite(finish).sum())
     busy = sum(e["busy_s"] for e in replicas)
     bubble = sum(e["bubble_s"] for e in replicas)
-    causes: dict[str, float] = {}
-    for e in replicas:
-        for c, s in e["bubble_s_by_cause"].items():
-            causes[c] = causes.get(c, 0.0) + s
+    by_cause: dict[str, float] | None = None
+    if causes:
+        by_cause = {}
+        for e in replicas:
+            for c, s in e["bubble_s_by_cause"].items():
+                by_cause[c] = by_cause.get(c, 0.0) + s
     return {
         "num_requests": int(owner.size),
         "num_routed": int(np.count_nonzero(owner >= 0)),
@@ -121,6 +127,6 @@ def fleet_summary(recorders: list[RunRecorder], owner: np.ndarray) -> dict[str, 
         "bubble_s": bubble,
         "idle_s": span * len(replicas) - busy - bubble,
         "bubble_fraction": bubble / (busy + bubble) if busy + bubble > 0 else 0.0,
-        "bubble_s_by_cause": causes,
+        "bubble_s_by_cause": by_cause,
         "replicas": replicas,
     }

@@ -92,6 +92,7 @@ def run_plan(
         "points_cached": st.cached,
         "points_repeated": st.repeated + st.shared,
         "point_wall_s_sum": st.wall_s_sum,
+        "point_cpu_s_sum": st.cpu_s_sum,
         "point_wall_s_max": max(st.wall_s, default=0.0),
         "wall_s": time.perf_counter() - t0,
     }

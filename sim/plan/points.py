@@ -6,7 +6,7 @@ the trace's sha256, the cost profile's sha256 (when the config names one) and th
 skips it: a complete record serves any SLOs; a record stopped early serves SLOs that include
 the one it was stopped for at the same or a tighter limit (the verdict is then the same).
 
-points.jsonl: one JSON object per line, `{"key", "point", "result", "wall_s"}`, appended by
+points.jsonl: one JSON object per line, `{"key", "point", "result", "wall_s", "cpu_s"}`, appended by
 one writer (the driver) with a single write each; a torn last line (a killed run) is ignored.
 """
 
@@ -120,8 +120,21 @@ class PointStore:
             return None
         return rec
 
-    def add(self, key: str, point: Point, result: dict[str, Any], wall_s: float) -> None:
-        rec = {"key": key, "point": asdict(point), "result": jsonable(result), "wall_s": wall_s}
+    def add(
+        self,
+        key: str,
+        point: Point,
+        result: dict[str, Any],
+        wall_s: float,
+        cpu_s: float | None = None,
+    ) -> None:
+        rec = {
+            "key": key,
+            "point": asdict(point),
+            "result": jsonable(result),
+            "wall_s": wall_s,
+            "cpu_s": cpu_s,
+        }
         line = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

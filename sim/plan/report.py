@@ -48,7 +48,8 @@ _CAUSE_COLORS = {
             ),
         )
     },
-    "idle (no request)": "#d9d9d9",
+    "bubbles (not attributed)": "#bbbbbb",
+    "idle (no request)": "#e4e4e4",
 }
 
 CSS = """
@@ -158,7 +159,10 @@ def gpu_time_chart(shown: list[dict[str, Any]]) -> str:
         if total <= 0:
             continue
         segs = [("busy", 100 * g["busy_s"] / total)]
-        for cause, s in sorted((g.get("bubble_s_by_cause") or {}).items(), key=lambda kv: -kv[1]):
+        by_cause = g.get("bubble_s_by_cause")
+        if by_cause is None and (g.get("bubble_s") or 0) > 0:
+            by_cause = {"bubbles (not attributed)": g["bubble_s"]}
+        for cause, s in sorted((by_cause or {}).items(), key=lambda kv: -kv[1]):
             if s > 0:
                 segs.append((cause, 100 * s / total))
         segs.append(("idle (no request)", 100 * max(g["idle_s"], 0.0) / total))
@@ -166,7 +170,7 @@ def gpu_time_chart(shown: list[dict[str, Any]]) -> str:
             used[name] = _CAUSE_COLORS.get(name, "#999")
         n = f" x{c['replicas']}" if c["replicas"] else " x1 (fails)"
         rows.append((short_name(c)[:38] + n, segs))
-    order = ["busy"] + [c for c in CAUSES if c in used] + ["idle (no request)"]
+    order = ["busy", *CAUSES, "bubbles (not attributed)", "idle (no request)"]
     colors = {k: used[k] for k in order if k in used}
     height = max(150, 46 + 80 + 30 * len(rows))
     ch = Chart(

@@ -133,6 +133,7 @@ class SweepStats:
     repeated: int = 0  # asked again in this run (the store answered)
     shared: int = 0  # asked while already running, run once
     wall_s_sum: float = 0.0
+    cpu_s_sum: float = 0.0  # CPU seconds the points took (wall_s also counts waiting for a core)
     wall_s: list[float] = field(default_factory=list)
 
 
@@ -210,7 +211,12 @@ class Driver:
                 self.stats.cached += 1
             else:
                 self.stats.repeated += 1
-            a.results[i] = {**rec["result"], "wall_s": rec["wall_s"], "key": key}
+            a.results[i] = {
+                **rec["result"],
+                "wall_s": rec["wall_s"],
+                "key": key,
+                "cpu_s": rec.get("cpu_s"),
+            }
             a.missing -= 1
             return
         if key in self.waiting:
@@ -226,13 +232,20 @@ class Driver:
     def _finished(self, out: dict[str, Any]) -> deque[_Asker | None]:
         key = out["key"]
         askers = self.waiting.pop(key)
-        self.store.add(key, askers[0][0].points[askers[0][1]], out["result"], out["wall_s"])
+        point = askers[0][0].points[askers[0][1]]
+        self.store.add(key, point, out["result"], out["wall_s"], out.get("cpu_s"))
         self.stats.run += 1
         self.stats.wall_s_sum += out["wall_s"]
+        self.stats.cpu_s_sum += out.get("cpu_s", 0.0)
         self.stats.wall_s.append(out["wall_s"])
         nxt: deque[_Asker | None] = deque()
         for a, i in askers:
-            a.results[i] = {**out["result"], "wall_s": out["wall_s"], "key": key}
+            a.results[i] = {
+                **out["result"],
+                "wall_s": out["wall_s"],
+                "key": key,
+                "cpu_s": out.get("cpu_s"),
+            }
             a.missing -= 1
             if a.missing == 0:
                 nxt.append(self._step(a.name, a.gen, a.results))
