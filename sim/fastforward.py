@@ -1,24 +1,28 @@
-"""Fast-forward: a run of identical decode steps computed in bulk, exactly as the loop would.
+"""Fast-forward: runs of decode steps computed in bulk, exactly as the step loop would.
 
-At the top of a loop iteration the next steps are all alike when:
-- no speculative decoding, and the loop reads its own arrivals;
-- every running request is decoding, and the batches in flight (depth - 1 of them) only hold
-  running requests, each generating one token;
-- nothing can be admitted: the waiting queue is empty and the segment ends before the first
-  arrival a schedule would see, or nothing could be admitted anyway (max_num_seqs or the token
-  budget is full);
-- no request is skipped for finishing, none finishes, and the KV blocks the segment allocates
-  are free (no preemption).
-Then iteration k (k = 0 .. n-1) launches step s0 + k, a decode of every running request r at
-position c_r + k, and completes the oldest pass in flight. The shape's fields are constant
-except four that grow by a fixed amount per step, so the cost model is called on one mutable
-shape, and not at all for costs that read none of the four (`_Costs`). The CPU clock with its
-GC pauses and sync waits, and the GPU stream's max(ready, previous end), run as a scalar loop
-with the same float operations in the same order as `SimLoop.launch_step` and
-`SimLoop.complete_step`, so the result is the same bit for bit. At the end the recorder gets
-the steps in bulk, the policy state is advanced in bulk (blocks allocated through the block
-manager in per-step order) and the passes left in flight become real `ScheduledBatch`
-objects, so the normal path continues from there.
+A segment starts at the top of a loop iteration when (no speculative decoding, own arrivals):
+- every running request is decoding and the batches in flight (depth - 1 of them) hold only
+  running requests, each generating one token.
+Iteration k of the segment launches step s0 + k and completes the oldest pass in flight. Its
+batch is the decode of every "member": a running request r with j1_r <= k < end_r, at position
+cr_r + k (end_r: the first launch once the passes in flight surely finish it), followed by the
+prompts `Scheduler._admit` admits (the real method, called with the step's leftover budget,
+so waiting requests, prefix caching and admission failures behave as they do). An admitted
+request becomes a member from the next launch on; a member finishes when its last pass
+completes (its blocks are released then, through the block manager). Per-request state is
+affine in k, so it is kept lazily (`_Member`) and batch sums are updated only when a request
+joins or leaves: a step costs O(1) plus the block allocations it makes (done at once, in the
+per-step order) and what its arrivals, admissions and finishes touch.
+The segment ends before a step the normal path must run: nothing to decode, more decode tokens
+than the budget, fewer free blocks than the step's decodes need (preemption), or after a step
+that admitted a partial prompt chunk.
+Costs that read none of the four fields that grow with k are taken once per batch size
+(`_Costs`); the rest are called on one mutable shape. The CPU clock with its GC pauses and sync
+waits and the GPU stream's max(ready, previous end) run as a scalar loop with the same float
+operations in the same order as `SimLoop.launch_step` and `SimLoop.complete_step`, so the run
+is the same bit for bit (tests/test_sim_fastforward.py). At the end the recorder gets the steps
+in bulk, request states are written back, and the passes still in flight become real
+`ScheduledBatch` objects, so the normal path continues from there.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core import phases as P
-from core.policy import Entry, ScheduledBatch
+from core.policy import Entry, ScheduledBatch, Scheduler
 from core.request import Request
 from core.shape import SHAPE_FIELDS, BatchShape
 
@@ -38,7 +42,6 @@ if TYPE_CHECKING:
 
 MAX_SEGMENT_STEPS = 1 << 16  # bounds the lists of one segment
 VARYING = ("kv_read_tokens", "attn_pairs", "history_tokens", "context_tokens")
-_INF = float("inf")
 # a decode step's shape row is written out positionally below
 assert SHAPE_FIELDS == (
     "num_reqs", "num_prefill_reqs", "prefill_tokens", "decode_tokens", "draft_tokens",
@@ -49,24 +52,34 @@ CostFn = Callable[[Any], Any]
 
 
 class _Shape:
-    """A mutable BatchShape stand-in: the shape of a segment's current step (batch size b)."""
+    """A mutable BatchShape stand-in: the shape of a segment's current step."""
 
     __slots__ = (*SHAPE_FIELDS, "num_tokens", "is_pure_decode")
 
-    def __init__(self, b: int) -> None:
+    def __init__(self) -> None:
+        self.set_decode(0)
+        self.kv_read_tokens = 0  # varying: VARYING lists these four
+        self.attn_pairs = 0
+        self.history_tokens = 0
+        self.context_tokens = 0
+
+    def set_decode(self, b: int) -> None:
+        """The constant fields of a decode of b requests."""
         self.num_reqs = b
         self.num_prefill_reqs = 0
         self.prefill_tokens = 0
         self.decode_tokens = b
         self.draft_tokens = 0
-        self.kv_read_tokens = 0  # varying: VARYING lists these four
-        self.attn_pairs = 0
-        self.history_tokens = 0
-        self.context_tokens = 0
         self.new_reqs = 0
         self.finished_reqs = 0
         self.num_tokens = b
-        self.is_pure_decode = True
+        self.is_pure_decode = b > 0
+
+    def set_row(self, row: tuple[int, ...]) -> None:
+        for name, v in zip(SHAPE_FIELDS, row, strict=True):
+            setattr(self, name, v)
+        self.num_tokens = self.prefill_tokens + self.decode_tokens
+        self.is_pure_decode = self.num_prefill_reqs == 0 and self.num_reqs > 0
 
 
 class _Probe:
@@ -83,15 +96,8 @@ class _Probe:
 
 
 class _Costs:
-    """The per-step costs of a segment of batch size b: `fns[i]` is a function of the shape,
-    `const[i]` its value when it reads no varying field (the same for every step), else None."""
-
-    NAMES = (
-        *(f"{p}_s" for p in P.CPU_PHASES),  # CPU phase seconds (launch incl. launch_ms)
-        "gpu_s",
-        "draft_gpu_s",
-        *(f"{p}_alloc" for p in P.CPU_PHASES),  # net tracked objects (GC model)
-    )
+    """What `SimLoop` computes from a step's shape, as functions: CPU phase seconds (launch
+    with launch_ms), GPU pass and GPU draft seconds, and the phases' net tracked objects."""
 
     def __init__(self, loop: SimLoop) -> None:
         cost, graphs = loop.cost, loop._graphs
@@ -112,8 +118,9 @@ class _Costs:
         self._const: dict[int, list[Any]] = {}
 
     def const(self, shape: _Shape) -> list[Any]:
-        """Per cost: its value for every step of a segment of this batch size, or None when it
-        reads a varying field. Cached per batch size: the constant fields are functions of it."""
+        """For a decode of shape.num_reqs requests, per function: its value (the same at every
+        step) or None when it reads a varying field. Cached: the constant fields depend on the
+        batch size only."""
         b = shape.num_reqs
         out = self._const.get(b)
         if out is None:
@@ -125,10 +132,35 @@ class _Costs:
             self._const[b] = out
         return out
 
+    def all(self, shape: _Shape) -> list[Any]:
+        return [fn(shape) for fn in self.fns]
+
+
+class _Member:
+    """A request decoding in the segment. Launch k (j1 <= k < end) decodes it at position
+    cr + k with out + placeholders = hr + k; its confirmed outputs before launch k are a + k
+    from launch s on. Its passes are launches l0 .. end - 1 (plus old passes for requests
+    already running at the start)."""
+
+    __slots__ = ("req", "key", "l0", "j1", "end", "cr", "hr", "a", "s", "o0", "old")
+
+    def __init__(self, req: Request, key: int, l0: int, j1: int, end: int, cr: int) -> None:
+        self.req = req
+        self.key = key  # order in the running list (entry order in a batch)
+        self.l0 = l0
+        self.j1 = j1
+        self.end = end
+        self.cr = cr
+        self.hr = 0
+        self.a = 0
+        self.s = 0
+        self.o0 = 0  # confirmed outputs at the start, or when admitted (after a preemption)
+        self.old: list[int] = [0]  # old passes holding it, cumulative: old[q] = among first q
+
 
 @dataclass
 class _Run:
-    """What a segment computed, per launched step k unless said otherwise."""
+    """What a segment computed: per launch k, and per iteration (the pass completed in it)."""
 
     n: int = 0
     shapes: list[tuple[int, ...]] = field(default_factory=list)
@@ -141,12 +173,14 @@ class _Run:
     gpu_start: list[float] = field(default_factory=list)
     gpu_counts: list[float] = field(default_factory=list)
     gpu_end: list[float] = field(default_factory=list)
-    po0: list[float] = field(default_factory=list)  # index k: the pass completed in iteration k
+    po0: list[float] = field(default_factory=list)  # per iteration
     po1: list[float] = field(default_factory=list)
     sync_step: list[int] = field(default_factory=list)
     sync0: list[float] = field(default_factory=list)
     sync1: list[float] = field(default_factory=list)
     pauses: list[tuple[float, float, int, str, int]] = field(default_factory=list)
+    members: list[_Member] = field(default_factory=list)
+    admitted: dict[int, list[Entry]] = field(default_factory=dict)  # launch -> prompt entries
 
 
 class FastForward:
@@ -160,104 +194,74 @@ class FastForward:
         self.num_segments = 0
         self.num_steps = 0
 
-    # ---- when ---------------------------------------------------------------------------------
     def run_segment(self) -> bool:
         """Run a segment from the loop's current state; False (nothing done) if none applies."""
         loop = self.loop
-        sched = loop.sched
-        running = sched.running
-        b = len(running)
-        if not b or len(loop.inflight) != loop.depth - 1 or b > self.max_tokens:
-            return False
-        can_admit = b < self.max_seqs and b < self.max_tokens
-        if can_admit and sched.waiting:
+        running = loop.sched.running
+        nd = loop.depth - 1
+        if not running or len(loop.inflight) != nd or len(running) > self.max_tokens:
             return False
         old = list(loop.inflight)
         for p in old:
             for e in p.batch.entries:
                 if not e.generates or e.num_drafts:
                     return False
-        n_max = MAX_SEGMENT_STEPS
-        for r in running:
-            ph = r.num_placeholders
-            out = r.num_output_tokens
-            if r.prompt_len + out + ph - r.num_computed_tokens != 1 or out + ph == 0:
-                return False  # not decoding
-            # launch k needs outputs_guaranteed = out + inflight_gen + k < output_len
-            left = r.output_len - out - r.num_inflight_gen
-            if left < n_max:
-                n_max = left
-        if loop.depth == 1:
-            n_max -= 1  # iteration k also completes launch k: it must not finish the request
-        if n_max < 1:
+        members = self._initial_members(old, running)
+        if members is None:
             return False
-        allocs, n_max = self._block_plan(running, n_max)
-        if n_max < 1:
-            return False
-        next_arrival_s = loop.next_arrival_s() if can_admit else _INF
-        run = self._simulate(old, running, n_max, next_arrival_s)
-        self._record(old, running, run)
-        self._apply(old, running, allocs, run)
+        run = self._simulate(old, members)
+        if run.n == 0:
+            return False  # nothing changed: the first step already needs the normal path
+        self._record(old, run)
+        self._write_back(old, run)
         self.num_segments += 1
         self.num_steps += run.n
         return True
 
-    def _block_plan(self, running: list[Request], n_max: int) -> tuple[list[tuple[int, int]], int]:
-        """(iteration, running index) of every block allocation, in per-step order, and n_max
-        cut so that they all fit in the free blocks (a shortfall would preempt)."""
+    def _initial_members(self, old: list[Pass], running: list[Request]) -> list[_Member] | None:
+        """The running requests as members, or None when one is not plainly decoding."""
+        nd = len(old)
+        held: dict[int, list[int]] = {}  # request index -> old passes holding it (0/1 each)
+        for q, p in enumerate(old):
+            for e in p.batch.entries:
+                held.setdefault(e.req.index, [0] * nd)[q] = 1
         bs = self.block_size
-        events: list[tuple[int, int]] = []
-        for i, r in enumerate(running):
-            # launch k writes position c + k: it needs a new block once c + k + 1 > capacity
-            first = len(r.block_ids) * bs - r.num_computed_tokens
-            if first < 0:
-                return [], 0  # fewer blocks than computed tokens: leave it to the normal path
-            if first < n_max:
-                events.extend((k, i) for k in range(first, n_max, bs))
-        events.sort()
-        free = self.loop.sched.blocks.num_free
-        if len(events) > free:
-            n_max = events[free][0]
-            del events[free:]
-        return events, n_max
+        members = []
+        for key, r in enumerate(running):
+            out, ph, c = r.num_output_tokens, r.num_placeholders, r.num_computed_tokens
+            if r.prompt_len + out + ph - c != 1 or out + ph == 0:
+                return None  # not decoding
+            flags = held.get(r.index, [0] * nd)
+            cum = [0]
+            for f in flags:
+                cum.append(cum[-1] + f)
+            n_old = cum[-1]
+            if not (ph == r.num_inflight_gen == r.num_inflight_batches == n_old):
+                return None
+            if len(r.block_ids) * bs < c:
+                return None  # fewer blocks than computed tokens: not ours to model
+            # launch k needs outputs_guaranteed = out + inflight_gen + k < output_len
+            m = _Member(r, key, 0, 0, r.output_len - out - n_old, c)
+            m.hr = out + ph
+            m.a = out + n_old - nd
+            m.s = nd
+            m.o0 = out
+            m.old = cum
+            members.append(m)
+        return members
 
     # ---- the steps ----------------------------------------------------------------------------
-    def _simulate(
-        self, old: list[Pass], running: list[Request], n_max: int, next_arrival_s: float
-    ) -> _Run:
-        """SimLoop.launch_step + complete_step, n times, on plain floats."""
+    def _simulate(self, old: list[Pass], members: list[_Member]) -> _Run:
+        """SimLoop.launch_step + complete_step, iteration after iteration, on plain numbers."""
         loop = self.loop
-        gc, cost = loop.gc, loop.cost
+        sched, gc, rec, costs = loop.sched, loop.gc, loop.rec, self.costs
+        blocks = sched.blocks
+        running, waiting = sched.running, sched.waiting
         gc_allocate = gc.allocate
-        b = len(running)
-        nd = len(old)  # completed in iterations 0 .. nd - 1, before any launched step
-        s0 = loop.rec.num_steps
-        kv = sum(r.num_computed_tokens for r in running) + b  # of step 0
-        hist_reqs = [r for r in running if r.needs_history]
-        nh = len(hist_reqs)
-        hist = sum(r.num_output_tokens + r.num_placeholders for r in hist_reqs)
-        # context = prompts + confirmed outputs: + each completed pass's size
-        ctx_head = [sum(r.prompt_len + r.num_output_tokens for r in running)]
-        for p in old:
-            ctx_head.append(ctx_head[-1] + len(p.batch.entries))
-        ctx = ctx_head[0]
-        sh = _Shape(b)
-        sh.kv_read_tokens = sh.attn_pairs = kv
-        sh.history_tokens = hist
-        sh.context_tokens = ctx
-        (
-            c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
-            a_sched, a_prep, a_launch, a_sample, a_draft, a_po,
-        ) = self.costs.const(sh)  # fmt: skip
-        f = self.costs.fns
-        f_sched, f_prep, f_launch, f_sample, f_draft, f_po, f_gpu, f_dgpu = f[:8]
-        fa_sched, fa_prep, fa_launch, fa_sample, fa_draft, fa_po = f[8:]
-        # process_outputs of the completed pass: old passes first, then launched step k - nd
-        po_s = [cost.cpu_phase_ms(P.PROCESS_OUTPUTS, p.batch.shape) / 1e3 for p in old]
-        po_a = [cost.alloc_objects(P.PROCESS_OUTPUTS, p.batch.shape) for p in old]
-        done_s = [p.gpu_end_s for p in old]
-        done_step = [p.step for p in old]
-        run = _Run()
+        bs, max_tokens, max_seqs = self.block_size, self.max_tokens, self.max_seqs
+        nd = len(old)  # completed in iterations 0 .. nd - 1, before any launched pass
+        s0 = rec.num_steps
+        run = _Run(members=members)
         shapes = run.shapes
         sched0, sched1, prep1 = run.sched0, run.sched1, run.prep1
         launch1, sample1, draft1 = run.launch1, run.sample1, run.draft1
@@ -265,41 +269,181 @@ class FastForward:
         po0, po1, pauses = run.po0, run.po1, run.pauses
         sync_step, sync0, sync1 = run.sync_step, run.sync0, run.sync1
         pause_at = pauses.append
+
+        # Calendars (launch or iteration -> members) and the sums over the members of a launch.
+        drop: dict[int, list[_Member]] = {}  # launch k = end: leaves the decode
+        join: dict[int, list[_Member]] = {}  # launch k = j1: joins it
+        grow: dict[int, list[_Member]] = {}  # launch k: needs one more KV block
+        done: dict[int, list[_Member]] = {}  # iteration: its last pass completes, it finishes
+        chunk_done: dict[int, list[Request]] = {}  # iteration: a partial prompt chunk completes
+        young: list[_Member] = []  # confirmed outputs not yet a + k
+        b = sum_cr = sum_hr = nh = sum_prompt = sum_a = 0
+        for m in members:
+            r = m.req
+            if m.end > 0:
+                b += 1
+                sum_cr += m.cr
+                sum_prompt += r.prompt_len
+                sum_a += m.a
+                if r.needs_history:
+                    nh += 1
+                    sum_hr += m.hr
+                drop.setdefault(m.end, []).append(m)
+                first = len(r.block_ids) * bs - m.cr  # launch k writes position cr + k
+                if first < m.end:
+                    grow.setdefault(first, []).append(m)
+                done.setdefault(nd + m.end - 1, []).append(m)
+            else:  # finished by the passes in flight
+                last = max(q for q in range(nd) if m.old[q + 1] > m.old[q])
+                done.setdefault(last, []).append(m)
+            if nd:
+                young.append(m)
+        next_key = len(members)
+        sh, mx = _Shape(), _Shape()
+        sh.set_decode(b)
+        const = costs.const(sh)
+        fns = costs.fns
+        f_sched, f_prep, f_launch, f_sample, f_draft, f_po, f_gpu, f_dgpu = fns[:8]
+        fa_sched, fa_prep, fa_launch, fa_sample, fa_draft, fa_po = fns[8:]
+        # process_outputs of the pass completed in iteration i: old passes, then launch i - nd
+        po_s = [loop.cost.cpu_phase_ms(P.PROCESS_OUTPUTS, p.batch.shape) / 1e3 for p in old]
+        po_a = [loop.cost.alloc_objects(P.PROCESS_OUTPUTS, p.batch.shape) for p in old]
+        old_end = [p.gpu_end_s for p in old]
+        old_step = [p.step for p in old]
+        next_arrival_s = loop.next_arrival_s()
         cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
-        n = n_max
-        for k in range(n_max):
-            if k:
-                if next_arrival_s <= cpu:
-                    n = k  # an arrival is visible at this schedule: the normal path admits it
-                    break
-                kv += b
-                hist += nh
-                ctx = ctx_head[k] if k <= nd else ctx + b
+        stop_after = False
+        k = 0
+        while k < MAX_SEGMENT_STEPS and not stop_after:
+            # ---- top of the loop: arrivals up to the CPU clock are visible
+            if next_arrival_s <= cpu:
+                loop.cpu_s = cpu
+                loop._take_arrivals()
+                next_arrival_s = loop.next_arrival_s()
+            # ---- schedule(): the decodes of this launch
+            changed = False
+            left = drop.pop(k, None)
+            if left is not None:
+                changed = True
+                for m in left:
+                    r = m.req
+                    b -= 1
+                    sum_cr -= m.cr
+                    sum_prompt -= r.prompt_len
+                    sum_a -= m.a
+                    if r.needs_history:
+                        nh -= 1
+                        sum_hr -= m.hr
+            joined = join.pop(k, None)
+            if joined is not None:
+                changed = True
+                for m in joined:
+                    r = m.req
+                    b += 1
+                    sum_cr += m.cr
+                    sum_prompt += r.prompt_len
+                    sum_a += m.a
+                    if r.needs_history:
+                        nh += 1
+                        sum_hr += m.hr
+            if b == 0 or b > max_tokens:
+                break  # an empty or budget-cut schedule: the normal path runs it
+            need = grow.pop(k, None)
+            if need is not None:
+                if len(need) > blocks.num_free:
+                    grow[k] = need
+                    break  # the normal path preempts
+                if len(need) > 1:
+                    need.sort(key=_key)
+                for m in need:
+                    ok = blocks.allocate(m.req, m.cr + k + 1)
+                    assert ok
+                    if k + bs < m.end:
+                        grow.setdefault(k + bs, []).append(m)
+            kv = sum_cr + b * (k + 1)
+            ctx = sum_prompt + sum_a + b * k
+            if young:
+                ctx += self._young_correction(young, k)
+            row: tuple[int, ...] = (b, 0, 0, b, 0, kv, kv, sum_hr + nh * k, ctx, 0, 0)
+            budget = max_tokens - b
+            admitted: list[Entry] = []
+            if waiting and budget > 0 and len(running) < max_seqs:
+                sched._admit(admitted, budget)
+            if admitted:
+                pf = Scheduler._shape(admitted)
+                row = tuple(x + y for x, y in zip(row, _row(pf), strict=True))
+                for e in admitted:
+                    sched._launch(e)
+                run.admitted[k] = admitted
+                for e in admitted:
+                    r = e.req
+                    if not e.generates:  # a partial prompt chunk: the normal path continues it
+                        chunk_done.setdefault(nd + k, []).append(r)
+                        stop_after = True
+                        continue
+                    # after its prompt pass (a recompute after preemption includes the
+                    # outputs it had): computed c, out o0 confirmed, one placeholder
+                    o0 = r.num_output_tokens
+                    c = e.start_pos + e.num_tokens
+                    m = _Member(r, next_key, k, k + 1, k + r.output_len - o0, c - k - 1)
+                    next_key += 1
+                    m.hr = o0 - k
+                    m.a = o0 - nd - k
+                    m.s = nd + k
+                    m.o0 = o0
+                    run.members.append(m)
+                    if m.end > m.j1:
+                        join.setdefault(m.j1, []).append(m)
+                        drop.setdefault(m.end, []).append(m)
+                        first = m.j1 + len(r.block_ids) * bs - c
+                        if first < m.end:
+                            grow.setdefault(first, []).append(m)
+                        if m.s > m.j1:
+                            young.append(m)
+                    done.setdefault(nd + m.end - 1, []).append(m)
+                mx.set_row(row)
+                (
+                    c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
+                    a_sched, a_prep, a_launch, a_sample, a_draft, a_po,
+                ) = costs.all(mx)  # fmt: skip
+                if changed:
+                    sh.set_decode(b)
+                    const = costs.const(sh)
+                cur = mx
+            else:
+                if changed:
+                    sh.set_decode(b)
+                    const = costs.const(sh)
                 sh.kv_read_tokens = sh.attn_pairs = kv
-                sh.history_tokens = hist
+                sh.history_tokens = row[7]
                 sh.context_tokens = ctx
-            shapes.append((b, 0, 0, b, 0, kv, kv, hist, ctx, 0, 0))
+                (
+                    c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
+                    a_sched, a_prep, a_launch, a_sample, a_draft, a_po,
+                ) = const  # fmt: skip
+                cur = sh
+            shapes.append(row)
             step = s0 + k
-            # launch_step
+            # ---- launch_step
             sched0.append(cpu)
-            cpu += c_sched if c_sched is not None else f_sched(sh)
-            a = a_sched if a_sched is not None else fa_sched(sh)
+            cpu += c_sched if c_sched is not None else f_sched(cur)
+            a = a_sched if a_sched is not None else fa_sched(cur)
             if a > 0:
                 pause = gc_allocate(a)
                 if pause:  # before add_step: the pause counts on the previous step
                     pause_at((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
                     cpu += pause
             sched1.append(cpu)
-            cpu += c_prep if c_prep is not None else f_prep(sh)
-            a = a_prep if a_prep is not None else fa_prep(sh)
+            cpu += c_prep if c_prep is not None else f_prep(cur)
+            a = a_prep if a_prep is not None else fa_prep(cur)
             if a > 0:
                 pause = gc_allocate(a)
                 if pause:
                     pause_at((cpu, pause, gc.last_generation, P.PREPARE_INPUTS, step))
                     cpu += pause
             prep1.append(cpu)
-            cpu += c_launch if c_launch is not None else f_launch(sh)
-            a = a_launch if a_launch is not None else fa_launch(sh)
+            cpu += c_launch if c_launch is not None else f_launch(cur)
+            a = a_launch if a_launch is not None else fa_launch(cur)
             if a > 0:
                 pause = gc_allocate(a)
                 if pause:
@@ -307,39 +451,44 @@ class FastForward:
                     cpu += pause
             launch1.append(cpu)
             start = cpu if cpu > gpu_free else gpu_free
-            counts = start + (c_gpu if c_gpu is not None else f_gpu(sh))
-            d = c_dgpu if c_dgpu is not None else f_dgpu(sh)
+            counts = start + (c_gpu if c_gpu is not None else f_gpu(cur))
+            d = c_dgpu if c_dgpu is not None else f_dgpu(cur)
             gpu_free = counts + d if d > 0 else counts
             g_start.append(start)
             g_counts.append(counts)
             g_end.append(gpu_free)
-            done_s.append(gpu_free)
-            done_step.append(step)
-            cpu += c_sample if c_sample is not None else f_sample(sh)
-            a = a_sample if a_sample is not None else fa_sample(sh)
+            cpu += c_sample if c_sample is not None else f_sample(cur)
+            a = a_sample if a_sample is not None else fa_sample(cur)
             if a > 0:
                 pause = gc_allocate(a)
                 if pause:
                     pause_at((cpu, pause, gc.last_generation, P.SAMPLE, step))
                     cpu += pause
             sample1.append(cpu)
-            cpu += c_draft if c_draft is not None else f_draft(sh)
-            a = a_draft if a_draft is not None else fa_draft(sh)
+            cpu += c_draft if c_draft is not None else f_draft(cur)
+            a = a_draft if a_draft is not None else fa_draft(cur)
             if a > 0:
                 pause = gc_allocate(a)
                 if pause:
                     pause_at((cpu, pause, gc.last_generation, P.DRAFT, step))
                     cpu += pause
             draft1.append(cpu)
-            po_s.append(c_po if c_po is not None else f_po(sh))
-            po_a.append(a_po if a_po is not None else fa_po(sh))
-            # complete_step of the oldest pass in flight
-            done = done_s[k]
-            if done > cpu:
-                sync_step.append(done_step[k])
+            po_s.append(c_po if c_po is not None else f_po(cur))
+            po_a.append(a_po if a_po is not None else fa_po(cur))
+            # ---- complete_step of the oldest pass in flight
+            if k < nd:
+                t = old_end[k]
+                if t > cpu:
+                    sync_step.append(old_step[k])
+                    sync0.append(cpu)
+                    sync1.append(t)
+                    cpu = t
+            elif g_end[k - nd] > cpu:
+                t = g_end[k - nd]
+                sync_step.append(step - nd)
                 sync0.append(cpu)
-                sync1.append(done)
-                cpu = done
+                sync1.append(t)
+                cpu = t
             po0.append(cpu)
             cpu += po_s[k]
             a = po_a[k]
@@ -349,12 +498,50 @@ class FastForward:
                     pause_at((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step))
                     cpu += pause
             po1.append(cpu)
-        run.n = n
+            chunks = chunk_done.pop(k, None)
+            if chunks is not None:
+                for r in chunks:
+                    r.num_inflight_batches -= 1
+            finished = done.pop(k, None)
+            if finished is not None:
+                self._finish(finished, k + 1, nd, cpu)
+            k += 1
+        run.n = k
         loop.cpu_s, loop.gpu_free_s = cpu, gpu_free
         return run
 
+    @staticmethod
+    def _young_correction(young: list[_Member], k: int) -> int:
+        """Sum over members still settling in of (confirmed outputs before launch k) - (a + k);
+        drops those that have settled."""
+        corr = 0
+        keep = []
+        for m in young:
+            if k >= m.s or k >= m.end:
+                continue
+            keep.append(m)
+            if k >= m.j1:
+                explicit = m.o0 + m.old[k] if m.j1 == 0 else m.o0  # initial: k < nd
+                corr += explicit - m.a - k
+        young[:] = keep
+        return corr
+
+    def _finish(self, finished: list[_Member], n: int, nd: int, t: float) -> None:
+        """Their last pass completed (iteration n - 1): `Scheduler.complete` finishes them."""
+        sched, rec = self.loop.sched, self.loop.rec
+        if len(finished) > 1:
+            finished.sort(key=_key)  # entry order: blocks return to the free queue in it
+        for m in finished:
+            r = m.req
+            _set_state(m, n, nd)
+            assert r.num_output_tokens == r.output_len and r.num_inflight_batches == 0, r
+            sched._finish(r)
+            if r.block_ids:
+                sched.blocks.release(r)
+            rec.finish(r.index, t)
+
     # ---- bulk bookkeeping ---------------------------------------------------------------------
-    def _record(self, old: list[Pass], running: list[Request], run: _Run) -> None:
+    def _record(self, old: list[Pass], run: _Run) -> None:
         rec = self.loop.rec
         n, nd = run.n, len(old)
         s0 = rec.add_steps(
@@ -381,55 +568,74 @@ class FastForward:
             rec.gc_pause(start_s, dur_s, gen, phase, step)
         for k, p in enumerate(old[:n]):
             rec.tokens_each([e.req.index for e in p.batch.entries], po1[k : k + 1])
-        if done > 0:
-            rec.tokens_each([r.index for r in running], po1[nd:n])
+        rows, starts, stops = [], [], []
+        for m in run.members:
+            # its passes are launches l0 .. end - 1, completed in iterations nd + l
+            stop = min(nd + m.end, n)
+            if nd + m.l0 < stop:
+                rows.append(m.req.index)
+                starts.append(nd + m.l0)
+                stops.append(stop)
+        rec.tokens_ranges(rows, starts, stops, po1)
         if self.loop.progress is not None:
             self.loop.progress(s0 + done - 1 if done > 0 else old[n - 1].step)
 
-    def _apply(
-        self, old: list[Pass], running: list[Request], allocs: list[tuple[int, int]], run: _Run
-    ) -> None:
-        """Leave the policy as n calls of schedule() and complete() would have."""
+    def _write_back(self, old: list[Pass], run: _Run) -> None:
+        """Leave requests, the scheduler and the loop as the step-by-step path would have."""
         from sim.loop import Pass
 
         loop = self.loop
         sched = loop.sched
         n, nd = run.n, len(old)
         for p in old[:n]:
-            sched.complete(p.batch, [1] * len(p.batch.entries))
-        blocks = sched.blocks
-        c0 = [r.num_computed_tokens for r in running]
-        for k, i in allocs:
-            if k >= n:
-                break
-            ok = blocks.allocate(running[i], c0[i] + k + 1)
-            assert ok, "fast-forward: block plan out of date"
-        left = min(n, nd)  # launched passes still in flight
-        done = n - left
-        for r in running:
-            r.num_computed_tokens += n
-            r.num_output_tokens += done
-            r.num_placeholders += left
-            r.num_inflight_gen += left
-            r.num_inflight_batches += left
+            p.batch.completed = True
+        live = [m for m in run.members if not m.req.is_finished]
+        for m in live:
+            _set_state(m, n, nd)
         first = sched.num_steps
         sched.num_steps += n
         inflight: deque[Pass] = deque(old[n:])
         s0 = loop.rec.num_steps - n
-        for k in range(done, n):
-            shape = BatchShape(**dict(zip(SHAPE_FIELDS, run.shapes[k], strict=True)))
-            entries = [Entry(r, c + k, 1, 0, True, False) for r, c in zip(running, c0)]
+        for k in range(max(0, n - nd), n):  # launches still in flight, in launch order
+            entries = [Entry(m.req, m.cr + k, 1, 0, True, False) for m in live if m.j1 <= k < m.end]
+            entries.extend(run.admitted.get(k, ()))
+            shape = BatchShape(*run.shapes[k])
             batch = ScheduledBatch(first + k, entries, shape)
-            inflight.append(
-                Pass(
-                    batch,
-                    s0 + k,
-                    run.launch1[k],
-                    run.gpu_start[k],
-                    run.gpu_counts[k],
-                    run.gpu_end[k],
-                )
-            )
+            g0, gc_, g1 = run.gpu_start[k], run.gpu_counts[k], run.gpu_end[k]
+            inflight.append(Pass(batch, s0 + k, run.launch1[k], g0, gc_, g1))
         loop.inflight = inflight
         if loop.check:
             sched.check_invariants()
+
+
+def _key(m: _Member) -> int:
+    return m.key
+
+
+def _row(s: BatchShape) -> tuple[int, ...]:
+    return (
+        s.num_reqs, s.num_prefill_reqs, s.prefill_tokens, s.decode_tokens, s.draft_tokens,
+        s.kv_read_tokens, s.attn_pairs, s.history_tokens, s.context_tokens, s.new_reqs,
+        s.finished_reqs,
+    )  # fmt: skip
+
+
+def _set_state(m: _Member, n: int, nd: int) -> None:
+    """The request's counters after n iterations of the segment (passes at positions < n
+    completed, each emitting one token; the rest in flight)."""
+    r = m.req
+    end = min(m.end, n)  # launches it was in: l0 .. end - 1
+    if m.j1 == 0:  # running at the start: old passes, then launches 0 .. end - 1
+        launched = max(0, end)
+        old_done = m.old[min(n, nd)]
+        completed = old_done + max(0, min(m.end, n - nd))
+        total = m.old[nd] + launched
+        r.num_computed_tokens = m.cr + launched
+        r.num_output_tokens = m.o0 + completed
+    else:  # admitted at launch l0: its prompt pass, then decodes l0 + 1 .. end - 1
+        total = end - m.l0
+        completed = max(0, min(m.end, n - nd) - m.l0)
+        r.num_computed_tokens = m.cr + m.j1 + total - 1
+        r.num_output_tokens = m.o0 + completed
+    left = total - completed
+    r.num_placeholders = r.num_inflight_gen = r.num_inflight_batches = left

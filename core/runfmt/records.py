@@ -258,6 +258,58 @@ class RunRecorder:
         if self._itl_entries >= self._itl_limit:
             self._fold_itl()
 
+    def tokens_ranges(
+        self,
+        reqs: Sequence[int],
+        starts: Sequence[int],
+        stops: Sequence[int],
+        times_s: Sequence[float],
+    ) -> None:
+        """Request row reqs[j] emitted one token at each time of times_s[starts[j]:stops[j]]
+        (times ascending), as the matching `tokens` calls in time order would record, in
+        O(len(reqs) + len(times_s)): a gap between two consecutive times is kept once, weighted
+        by the number of requests that emitted at both."""
+        n = len(times_s)
+        if not len(reqs) == len(starts) == len(stops):
+            raise ValueError("tokens_ranges: reqs, starts and stops differ in length")
+        gaps = [b - a for a, b in zip(times_s[:-1], times_s[1:])]
+        if gaps and min(gaps) < 0:
+            raise ValueError("tokens_ranges: times_s must be ascending")
+        last, out, first = self._last, self._out, self._first
+        itl_v, itl_w = self._itl_v, self._itl_w
+        diff = [0] * (n + 1)  # diff[i] - diff[i - 1]: requests emitting at both i and i + 1
+        entries = 0
+        for r, i0, i1 in zip(reqs, starts, stops):
+            if i0 >= i1:
+                continue
+            if i0 < 0 or i1 > n:
+                raise IndexError(f"tokens_ranges: request row {r}: range {i0}..{i1} of {n} times")
+            t0 = times_s[i0]
+            count = out[r]
+            if count:
+                gap_s = t0 - last[r]
+                if gap_s < 0:
+                    raise ValueError(f"tokens: request row {r}: emission at {t0} before the last")
+                itl_v.append(gap_s)
+                itl_w.append(1)
+                entries += 1
+            else:
+                first[r] = t0
+            last[r] = times_s[i1 - 1]
+            out[r] = count + i1 - i0
+            diff[i0] += 1
+            diff[i1 - 1] -= 1
+        w = 0
+        for i, gap_s in enumerate(gaps):
+            w += diff[i]
+            if w:
+                itl_v.append(gap_s)
+                itl_w.append(w)
+                entries += w
+        self._itl_entries += entries
+        if self._itl_entries >= self._itl_limit:
+            self._fold_itl()
+
     def _steps_slice(
         self, what: str, first: int, starts_s: Sequence[float], ends_s: Sequence[float]
     ) -> slice:

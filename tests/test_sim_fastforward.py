@@ -1,0 +1,236 @@
+"""Fast-forward (sim/fastforward.py) is exact: runs with it on and off give the same run folder
+(summary, steps, requests) to 1e-9 relative, over depths 1/2/3, the GC model (with and without
+a frozen heap), CUDA graphs on and off, preemption-prone KV budgets, a full running set with a
+waiting queue, chunked prefill, prefix sharing and a per-history-token scan. Also the recorder's
+bulk appends against the per-call methods they stand for."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import sim.run as simrun
+from core.config import load_config
+from core.phases import CPU_PHASES
+from core.runfmt import RunRecorder
+from core.shape import SHAPE_FIELDS, BatchShape
+from core.trace import make_trace, write_trace
+from sim.loop import SimLoop
+
+
+def _trace(tmp: Path, name: str, n: int, span_s: float, prompt: tuple[int, int],
+           output: tuple[int, int], seed: int = 0, **cols: object) -> Path:  # fmt: skip
+    rng = np.random.default_rng(seed)
+    arrival = np.sort(rng.uniform(0, span_s, n))
+    t = make_trace(arrival, rng.integers(*prompt, n), rng.integers(*output, n), **cols)
+    return write_trace(t, tmp / f"{name}.parquet")
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("ff")
+    rng = np.random.default_rng(5)
+    return {
+        "light": _trace(tmp, "light", 120, 8.0, (20, 600), (1, 200)),
+        "burst": _trace(tmp, "burst", 120, 1.0, (100, 1500), (1, 300), seed=1),
+        "hist": _trace(
+            tmp, "hist", 24, 2.0, (10, 200), (200, 900), seed=2, needs_history=rng.random(24) < 0.5
+        ),
+        "prefix": _trace(
+            tmp,
+            "prefix",
+            80,
+            3.0,
+            (300, 700),
+            (1, 120),
+            seed=3,
+            prefix_group=(shared := np.where(rng.random(80) < 0.7, 0, -1).astype(np.int32)),
+            prefix_keys=np.array(["sys"], dtype=object),
+            prefix_len=np.where(shared >= 0, 256, 0).astype(np.int32),
+        ),
+    }
+
+
+CASES = [
+    ("light", ["model=llama3-8b"]),
+    ("light", ["model=llama3-8b", "batches_in_flight=1"]),
+    ("light", ["model=llama3-8b", "batches_in_flight=3", "cuda_graphs=false"]),
+    ("light", ["model=llama3.2-1b", "gc_freeze=false"]),
+    ("burst", ["model=llama3-8b", "num_kv_blocks=300"]),
+    ("burst", ["model=llama3-8b", "num_kv_blocks=300", "batches_in_flight=3", "max_num_seqs=16"]),
+    ("burst", ["model=tiny", "batches_in_flight=1", "num_kv_blocks=250", "gc_freeze=false"]),
+    ("burst", ["model=llama3-8b", "max_num_batched_tokens=512", "max_num_seqs=8"]),
+    ("hist", ["model=llama3-8b", "reverse_placeholder_scan=false", "batches_in_flight=3"]),
+    ("prefix", ["model=llama3-8b", "num_kv_blocks=400"]),
+    ("light", ["model=llama3-8b", "spec.method=ngram-gpu"]),  # no fast-forward with drafts
+]
+
+
+def run_folder(tmp: Path, trace: Path, sets: list[str], fast_forward: bool) -> tuple[Path, int]:
+    """simulate() with fast-forward on or off; returns the run folder and the steps it skipped."""
+    loops: list[SimLoop] = []
+
+    def make(*args: object, **kw: object) -> SimLoop:
+        loop = SimLoop(*args, fast_forward=fast_forward, **kw)  # type: ignore[arg-type]
+        loops.append(loop)
+        return loop
+
+    out = tmp / ("ff" if fast_forward else "step")
+    orig = simrun.SimLoop
+    simrun.SimLoop = make  # type: ignore[assignment,misc]
+    try:
+        simrun.simulate(load_config(None, sets), trace, out)
+    finally:
+        simrun.SimLoop = orig  # type: ignore[misc]
+    ff = loops[0].ff
+    return out, (ff.num_steps if ff is not None else 0)
+
+
+def assert_same(a: object, b: object, where: str) -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-12) or (math.isnan(a) and math.isnan(b)), (
+            f"{where}: {a} != {b}"
+        )
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_same_tables(pa_: Path, pb: Path) -> None:
+    ta, tb = pq.read_table(pa_), pq.read_table(pb)
+    assert ta.column_names == tb.column_names and ta.num_rows == tb.num_rows, pa_.name
+    for name in ta.column_names:
+        x, y = ta.column(name).to_numpy(), tb.column(name).to_numpy()
+        if x.dtype.kind == "f":
+            np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, err_msg=f"{pa_.name}:{name}")
+        else:
+            assert np.array_equal(x, y), f"{pa_.name}:{name}"
+
+
+@pytest.mark.parametrize(("trace", "sets"), CASES, ids=[" ".join(s) for _, s in CASES])
+def test_fast_forward_is_exact(
+    tmp_path: Path, traces: dict[str, Path], trace: str, sets: list[str]
+) -> None:
+    step_dir, _ = run_folder(tmp_path, traces[trace], sets, fast_forward=False)
+    ff_dir, skipped = run_folder(tmp_path, traces[trace], sets, fast_forward=True)
+    if "spec.method=ngram-gpu" not in sets:
+        assert skipped > 0, "fast-forward never ran: the test would prove nothing"
+    sa = json.loads((step_dir / "summary.json").read_text())
+    sb = json.loads((ff_dir / "summary.json").read_text())
+    for s in (sa, sb):
+        s["sim"].pop("wall_s")
+    assert_same(sa, sb, "summary")
+    for name in ("steps.parquet", "requests.parquet", "gc.parquet"):
+        assert_same_tables(step_dir / name, ff_dir / name)
+
+
+def test_fast_forward_keeps_policy_invariants(traces: dict[str, Path]) -> None:
+    """check_invariants after every step and every segment, on a preemption-prone budget."""
+    loops: list[SimLoop] = []
+    orig = simrun.SimLoop
+    simrun.SimLoop = functools.partial(_keep, loops, check_invariants=True)  # type: ignore
+    try:
+        res = simrun.simulate(load_config(None, ["model=llama3-8b", "num_kv_blocks=300"]),
+                              traces["burst"])  # fmt: skip
+    finally:
+        simrun.SimLoop = orig  # type: ignore[misc]
+    assert loops[0].ff.num_steps > 0 and res.summary["extra"]["sim"]["preemptions"] > 0
+
+
+def _keep(loops: list[SimLoop], *args: object, **kw: object) -> SimLoop:
+    loop = SimLoop(*args, **kw)  # type: ignore[arg-type]
+    loops.append(loop)
+    return loop
+
+
+# ---- the recorder's bulk appends ---------------------------------------------------------------
+def _shape(i: int) -> BatchShape:
+    return BatchShape(num_reqs=i % 5 + 1, decode_tokens=i % 5 + 1, kv_read_tokens=100 + i)
+
+
+def _frozen_equal(a: RunRecorder, b: RunRecorder) -> None:
+    fa, fb = a.freeze(), b.freeze()
+    for name in fa.__dataclass_fields__:
+        x, y = getattr(fa, name), getattr(fb, name)
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y, err_msg=name)
+        else:
+            assert x == y, name
+
+
+def test_bulk_steps_match_per_call() -> None:
+    a, b = RunRecorder(chunk_steps=8), RunRecorder(chunk_steps=8)
+    shapes = [_shape(i) for i in range(20)]
+    times = {p: ([i + 0.1 * j for i in range(20)], [i + 0.1 * j + 0.05 for i in range(20)])
+             for j, p in enumerate(CPU_PHASES[:-1])}  # fmt: skip
+    for s in shapes[:3]:
+        a.add_step(s)
+        b.add_step(s)
+    rows = [tuple(getattr(s, f) for f in SHAPE_FIELDS) for s in shapes[3:]]
+    first = b.add_steps(rows, {p: (t0[3:], t1[3:]) for p, (t0, t1) in times.items()})
+    assert first == 3
+    for i, s in enumerate(shapes[3:], start=3):
+        a.add_step(s)
+        for p, (t0, t1) in times.items():
+            a.phase(i, p, t0[i], t1[i])
+    for i in range(3):
+        for p, (t0, t1) in times.items():
+            a.phase(i, p, t0[i], t1[i])
+            b.phase(i, p, t0[i], t1[i])
+    po = [i + 0.9 for i in range(20)]
+    for i in range(20):
+        a.phase(i, "process_outputs", po[i], po[i] + 0.01)
+        a.gpu(i, i + 0.5, i + 0.8)
+    b.phases(0, "process_outputs", po, [t + 0.01 for t in po])
+    b.gpus(0, [i + 0.5 for i in range(20)], [i + 0.8 for i in range(20)])
+    a.sync(4, 1.0, 2.0)
+    a.sync(7, 3.0, 3.5)
+    b.syncs([4, 7], [1.0, 3.0], [2.0, 3.5])
+    _frozen_equal(a, b)
+    with pytest.raises(ValueError, match="twice"):
+        b.phases(2, "process_outputs", [1.0], [2.0])
+    with pytest.raises(ValueError, match="twice"):
+        b.gpus(5, [1.0], [2.0])
+    with pytest.raises(IndexError):
+        b.gpus(19, [1.0, 2.0], [1.5, 2.5])
+    with pytest.raises(ValueError, match="unknown CPU phase"):
+        b.phases(0, "nap", [1.0], [2.0])
+
+
+@pytest.mark.parametrize("limit", [1 << 20, 7])  # 7: the ITL sketch folds mid-way
+def test_bulk_tokens_match_per_call(limit: int) -> None:
+    a, b = RunRecorder(itl_exact_limit=limit), RunRecorder(itl_exact_limit=limit)
+    for r in (a, b):
+        for i in range(6):
+            r.add_request(i, 0.0)
+        r.tokens(0, 0.5)
+        r.tokens(1, 0.7, 3, 2)
+    times = [1.0, 1.25, 1.75, 1.8, 2.5]
+    ranges = [(0, 5), (1, 4), (2, 3), (0, 0), (3, 5), (0, 5)]
+    for i, t in enumerate(times):  # per call: time order, request order within a time
+        for r, (i0, i1) in enumerate(ranges):
+            if i0 <= i < i1:
+                a.tokens(r, t)
+    b.tokens_ranges(list(range(6)), [x for x, _ in ranges], [y for _, y in ranges], times)
+    for t in (3.0, 3.5):
+        for r in (0, 2, 4):
+            a.tokens(r, t)
+    b.tokens_each([0, 2, 4], [3.0, 3.5])
+    _frozen_equal(a, b)
+    with pytest.raises(ValueError, match="before the last"):
+        b.tokens_each([0], [0.1])
+    with pytest.raises(ValueError, match="ascending"):
+        b.tokens_ranges([5], [0], [2], [9.0, 8.0])
