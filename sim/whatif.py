@@ -351,7 +351,7 @@ def _abs(metric: str, x: float | None) -> str:
 
 def _change_text(over: dict[str, Any]) -> str:
     if not over:
-        return "(none)"
+        return "(no change)"
     return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in over.items())
 
 
