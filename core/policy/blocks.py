@@ -18,24 +18,42 @@ _NONE = -1
 
 
 class _FreeQueue:
-    """Doubly linked list over block ids: O(1) popleft, append and remove of any block."""
+    """The free blocks in reuse order: first the fresh blocks, never handed out (ids `fresh` ..
+    num_blocks - 1, in id order: a block is taken fresh before any returned one), then the
+    returned blocks as a doubly linked list (O(1) popleft, append and remove of any block).
+    Per-block lists cover ids below `fresh` only, so a huge cache costs nothing up front."""
 
     def __init__(self, num_blocks: int) -> None:
-        self.prev = [i - 1 for i in range(num_blocks)]
-        self.next = [i + 1 for i in range(num_blocks)]
-        if num_blocks:
-            self.next[-1] = _NONE
-        self.head = 0 if num_blocks else _NONE
-        self.tail = num_blocks - 1 if num_blocks else _NONE
-        self.on = [True] * num_blocks
+        self.num_blocks = num_blocks
+        self.fresh = 0
+        self.prev: list[int] = []
+        self.next: list[int] = []
+        self.on: list[bool] = []  # on the linked list (free), for ids below `fresh`
+        self.head = self.tail = _NONE
         self.size = num_blocks
 
+    def is_free(self, b: int) -> bool:
+        return b >= self.fresh or self.on[b]
+
+    def take_fresh(self, k: int) -> range:
+        """The next k fresh blocks (k <= num_blocks - fresh), now off the queue."""
+        lo = self.fresh
+        self.prev.extend([_NONE] * k)
+        self.next.extend([_NONE] * k)
+        self.on.extend([False] * k)
+        self.fresh = lo + k
+        self.size -= k
+        return range(lo, lo + k)
+
     def popleft(self) -> int:
+        if self.fresh < self.num_blocks:
+            return self.take_fresh(1)[0]
         b = self.head
         self.remove(b)
         return b
 
     def remove(self, b: int) -> None:
+        """Unlink a returned block (b < fresh)."""
         p, n = self.prev[b], self.next[b]
         if p == _NONE:
             self.head = n
@@ -66,8 +84,9 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
-        self.refcount = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
+        # per block id below free.fresh (fresh blocks: refcount 0, no hash)
+        self.refcount: list[int] = []
+        self.block_hash: list[int | None] = []
         self.hash_to_block: dict[int, int] = {}
         self.free = _FreeQueue(num_blocks)
 
@@ -92,7 +111,15 @@ class BlockManager:
         free = self.free
         if need > free.size:
             return False
-        # `need` x free.popleft(), inlined: unlink the first `need` blocks of the queue at once
+        take = min(need, free.num_blocks - free.fresh)
+        if take:  # fresh blocks first, in id order
+            ids.extend(free.take_fresh(take))
+            self.refcount.extend([1] * take)
+            self.block_hash.extend([None] * take)
+            need -= take
+            if not need:
+                return True
+        # then `need` x free.popleft(), inlined: unlink the first `need` returned blocks
         nxt, on, refcount, block_hash = free.next, free.on, self.refcount, self.block_hash
         b = free.head
         for _ in range(need):
@@ -198,21 +225,23 @@ class BlockManager:
 
     # ---- checks -----------------------------------------------------------------------------
     def check_invariants(self, requests: Sequence[Request]) -> None:
-        refs = [0] * self.num_blocks
+        free = self.free
+        used = free.fresh  # blocks at or above it were never handed out
+        assert len(self.refcount) == len(self.block_hash) == len(free.on) == used
+        refs = [0] * used
         for r in requests:
             for b in r.block_ids:
+                assert 0 <= b < used, f"block {b} held but never handed out"
                 refs[b] += 1
-        for b in range(self.num_blocks):
+        for b in range(used):
             assert refs[b] == self.refcount[b], (
                 f"block {b}: refcount {self.refcount[b]} != {refs[b]}"
             )
-            assert (refs[b] == 0) == self.free.on[b], (
-                f"block {b}: free={self.free.on[b]} refs={refs[b]}"
-            )
+            assert (refs[b] == 0) == free.on[b], f"block {b}: free={free.on[b]} refs={refs[b]}"
             if refs[b] > 1:
                 assert self.block_hash[b] is not None, (
                     f"block {b} shared by {refs[b]} without a hash"
                 )
-        assert self.free.size == sum(self.free.on)
+        assert free.size == sum(free.on) + self.num_blocks - used
         for h, b in self.hash_to_block.items():
             assert self.block_hash[b] == h
