@@ -12,6 +12,11 @@ It can, because nothing it needs to launch lives only on the GPU: a decode's inp
 the device from the slot's last sampled token (engine.sampler), and the CPU output lists hold -1
 placeholders until results arrive. The one deliberate host wait is `OutputRing.wait` (recorded
 as `sync`); every other host<->device transfer is an asynchronous copy from pinned memory.
+
+Speculative decoding (engine.spec.decoder) keeps this shape: decodes feed k drafts and get k + 1
+verified tokens; ngram-gpu proposes in `draft` on the device, ngram-cpu waits there for the
+step's tokens (so it runs with one batch in flight); with seed 5 off the CPU also waits for the
+in-flight steps' accepted counts before `prepare_inputs` (both waits recorded as `sync`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from core.config import Config
 from core.models import PRESETS, ModelSpec, get_model
 from core.policy import ScheduledBatch, Scheduler
 from core.policy.sizing import kv_blocks_from_free_bytes, scheduler_config
+from core.request import Status
 from core.trace import Trace
 from engine.attention import AttentionMetadata
 from engine.graphs import DecodeGraphs
@@ -45,6 +51,8 @@ from engine.requests import (
     make_state,
 )
 from engine.sampler import Sampler, SampleRows
+from engine.spec.decoder import SpecDecoder
+from engine.spec.inputs import SpecInputBuffers
 
 CPU_KV_BYTES = 64 << 20  # the KV budget on CPU, where free memory says little
 _now = time.perf_counter_ns
@@ -86,17 +94,30 @@ class Engine:
         self.max_model_len = cfg.max_model_len or get_model(cfg.model).max_context
         self.model = model if model is not None else build_model(cfg, self.max_model_len)
         self.spec: ModelSpec = self.model.spec
-        self.depth = cfg.batches_in_flight
-        if cfg.spec.enabled:
-            raise NotImplementedError("speculative decoding is not in the engine yet")
+        # ngram-cpu needs each step's tokens on the host before the next: synchronous, as vLLM
+        self.depth = 1 if cfg.spec.method == "ngram-cpu" else cfg.batches_in_flight
         n = cfg.max_num_seqs
         max_tokens = max(cfg.max_num_batched_tokens, n)
         max_blocks = -(-self.max_model_len // cfg.block_size)
-        self.sampler = Sampler(cfg.sampling, cfg.seed, n, self.spec.vocab_size, self.device)
-        self.inputs = InputBuffers(
-            self.depth, n, max_tokens, max_blocks, cfg.block_size, self.sampler.last_sampled
-        )
-        self.outputs = OutputRing(self.depth, n, self.device)
+        self.sd: SpecDecoder | None = None  # speculative decoding (engine.spec)
+        self.q = 1  # logits rows per generating request: 1, or k + 1 with drafts
+        last_sampled = None
+        if cfg.spec.enabled:
+            self.sd = SpecDecoder(cfg, self.depth, self.max_model_len, self.device)
+            self.q = cfg.spec.k + 1
+            last_sampled = self.sd.last_sampled
+        vocab = self.spec.vocab_size
+        self.sampler = Sampler(cfg.sampling, cfg.seed, n, vocab, self.device, last_sampled)
+        if self.sd is not None:
+            self.inputs = SpecInputBuffers(
+                self.depth, n, max_tokens, max_blocks, cfg.block_size, self.sd.token_source,
+                cfg.spec.k,
+            )  # fmt: skip
+        else:
+            self.inputs = InputBuffers(
+                self.depth, n, max_tokens, max_blocks, cfg.block_size, self.sampler.last_sampled
+            )
+        self.outputs = OutputRing(self.depth, n * self.q, self.device)
         self.num_kv_blocks = self._kv_blocks()
         self.kv_cache = allocate_kv_cache(
             self.spec, self.num_kv_blocks, cfg.block_size, self.model.dtype, self.device
@@ -105,7 +126,7 @@ class Engine:
         self.graphs: DecodeGraphs | None = None
         if cfg.cuda_graphs and self.device.type == "cuda":
             self.graphs = DecodeGraphs(
-                self.model, self.kv_cache, self.inputs, n, self.max_model_len
+                self.model, self.kv_cache, self.inputs, n, self.max_model_len, self.q
             )
             self.graphs.capture()
         self.hooks = StepHooks(self.device)
@@ -135,8 +156,9 @@ class Engine:
             return False
         row = h.new_row(batch.shape)
         h.end(row)
+        shift = self._wait_for_accepted_counts(row)  # spec with seed 5 off only
         h.begin(P.PREPARE_INPUTS)
-        step = self._prepare(batch, row)
+        step = self._prepare(batch, row, shift)
         h.end(row)
         h.begin(P.LAUNCH)
         logits = self._forward(step)
@@ -144,8 +166,7 @@ class Engine:
         h.begin(P.SAMPLE)
         flight = self._sample(batch, row, step, logits)
         h.end(row)
-        h.begin(P.DRAFT)  # proposers come with speculative decoding; the phase is kept empty
-        h.end(row)
+        self._draft(flight, step)
         self.inflight.append(flight)
         return True
 
@@ -160,7 +181,20 @@ class Engine:
         h.end(flight.row)
 
     # ---- phases ------------------------------------------------------------------------------
-    def _prepare(self, batch: ScheduledBatch, row: int) -> StepInputs:
+    def _wait_for_accepted_counts(self, row: int):
+        """Seed 5 off (vLLM before PR 32951): the CPU waits for the accepted counts of the
+        in-flight steps, then prepares with the true positions. Returns the per-slot shift."""
+        sd = self.sd
+        if sd is None or sd.optimistic or not sd.drafts_in_flight(self.inflight):
+            return None
+        for f in self.inflight:
+            if not sd.counts.ready(f.ring):
+                t0 = self.hooks.sync_begin()
+                sd.counts.wait(f.ring)
+                self.hooks.sync_end(row, t0)
+        return sd.host_shift(self.inflight, self.states)
+
+    def _prepare(self, batch: ScheduledBatch, row: int, shift=None) -> StepInputs:
         """Host work first, then the step's first GPU work (the hooks' GPU start mark sits
         between them, so a synchronous step's GPU interval excludes this host time)."""
         for r in batch.preempted:  # recomputed later from their confirmed tokens
@@ -171,6 +205,8 @@ class Engine:
             if st.slot < 0:
                 st.slot = self.slots.take()
                 self.inputs.reset_slot(st.slot)
+                if self.sd is not None:
+                    self.sd.take_slot(st)
                 new.append(st)
         width = self.sampler.forced_width  # what `init_slot` will widen `forced` to
         for st in new:
@@ -178,15 +214,27 @@ class Engine:
                 width = max(width, len(st.forced))
         bucket = 0
         shape = batch.shape
-        if self.graphs is not None and shape.is_pure_decode and shape.draft_tokens == 0:
+        uniform = shape.draft_tokens == (self.q - 1) * shape.num_reqs  # k drafts each (or none)
+        if self.graphs is not None and shape.is_pure_decode and uniform:
             bucket = self.graphs.bucket_for(shape.num_reqs)
-        step = self.inputs.fill(batch, self.states, bucket, width)
+        sd = self.sd
+        if sd is None:
+            step = self.inputs.fill(batch, self.states, bucket, width)
+        else:  # seed 5 on: the GPU corrects what in-flight steps rejected (`sd.correct`)
+            fix = sd.optimistic and sd.drafts_in_flight(self.inflight)
+            known = sd.rejected_known if fix else None
+            drafts = sd.cpu_drafts if sd.cpu_proposer is not None else None
+            step = self.inputs.fill(batch, self.states, bucket, width, known, shift, drafts)
         self.hooks.gpu_begin(row)
         for st in new:  # device state of the new slots, enqueued before their first use
             history = (st.prompt_ids, st.confirmed_outputs()) if st.req.needs_history else None
             self.sampler.init_slot(st.slot, history, st.forced)
+            if sd is not None:
+                sd.reset_slot(st)
         assert self.sampler.forced_width == width
         self.inputs.send(step)
+        if sd is not None:
+            sd.correct(step, self.cfg.block_size)
         return step
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
@@ -202,14 +250,44 @@ class Engine:
     ) -> InFlight:
         hist_rows = self._update_async_output_token_ids(batch)
         g = step.num_gen
-        if g:
-            self.sampler.sample(logits[:g], step.rows, self.outputs.device_tokens[step.ring, :g])
-        self.hooks.gpu_end(row)
-        self.outputs.publish(step.ring, g)
-        for e in batch.entries:  # bookkeeping: one placeholder per token this batch will emit
+        n = g * self.q  # tokens this step returns: k + 1 per generating entry with drafts
+        out = self.outputs.device_tokens[step.ring, :n]
+        if self.sd is not None:
+            self.sd.sample(self.sampler, batch, self.states, step, logits, out)
+        elif g:
+            self.sampler.sample(logits[:g], step.rows, out)
+        if self.sd is None or self.sd.cpu_proposer is not None:
+            self.hooks.gpu_end(row)  # else the GPU proposer's kernels end the step
+        self.outputs.publish(step.ring, n)
+        for e in batch.entries:  # bookkeeping: a placeholder per token this batch may emit
             if e.generates:
-                self.states[e.req.index].output.append(-1)
+                out_list = self.states[e.req.index].output
+                if e.num_drafts:
+                    out_list.extend([-1] * (1 + e.num_drafts))
+                else:
+                    out_list.append(-1)
         return InFlight(batch, row, step.ring, g, hist_rows)
+
+    def _draft(self, flight: InFlight, step: StepInputs) -> None:
+        """Propose the next step's drafts: ngram-gpu enqueues kernels; ngram-cpu first waits
+        for this step's tokens (a sync: the reason it runs with one batch in flight)."""
+        sd, h = self.sd, self.hooks
+        if sd is not None and sd.cpu_proposer is not None:
+            t0 = h.sync_begin()
+            self.outputs.wait(flight.ring)
+            sd.counts.wait(flight.ring)
+            h.sync_end(flight.row, t0)
+        h.begin(P.DRAFT)
+        if sd is not None:
+            if sd.gpu_proposer is not None:
+                ids = self.outputs.device_tokens[flight.ring, : flight.num_gen * self.q]
+                sd.draft_gpu(flight.batch, step, ids)
+                h.gpu_end(flight.row)
+            else:
+                host = self.outputs.tokens(flight.ring, flight.num_gen * self.q)
+                counts = sd.counts.counts(flight.ring, flight.num_gen)
+                sd.draft_cpu(flight.batch, self.states, host, counts)
+        h.end(flight.row)
 
     def _update_async_output_token_ids(self, batch: ScheduledBatch) -> dict[int, int] | None:
         """vLLM's step of the same name, for needs-history requests (seed 3): fill the -1
@@ -235,14 +313,20 @@ class Engine:
                 out = self.states[req.index].output
                 if pg is not None and out and out[-1] == -1:
                     if arrived:
-                        tok = int(self.outputs.host[oldest.ring, pg])  # type: ignore[union-attr]
-                        update_async_output_token_ids(out, (tok,), self.reverse_scan)
+                        q = self.q
+                        ring = oldest.ring  # type: ignore[union-attr]
+                        toks = self.outputs.host[ring, pg * q : pg * q + q].tolist()
+                        if q > 1:  # verified ids: the valid ones lead, -1 after
+                            toks = toks[: toks.index(-1)] if -1 in toks else toks
+                        update_async_output_token_ids(out, toks, self.reverse_scan)
                     else:
                         first_placeholder(out, self.reverse_scan)
             g += 1
         return mine
 
     def _process_outputs(self, flight: InFlight) -> None:
+        if self.sd is not None:
+            return self._process_spec_outputs(flight)
         batch = flight.batch
         emitted = [1] * len(batch.entries)  # no drafts: every generating entry emits one token
         taken = self.sched.emitted_tokens(batch, emitted)
@@ -261,11 +345,44 @@ class Engine:
             self._release_slot(st)
         self.hooks.finished[flight.row] = len(finished)
 
+    def _process_spec_outputs(self, flight: InFlight) -> None:
+        """With drafts: entry g emitted counts[g] = accepted + 1 tokens (row g of the verified
+        ids); they replace the first of its 1 + drafts placeholders, the rest are dropped, and
+        the policy rewinds the rejected drafts' KV (`complete`)."""
+        sd = self.sd
+        assert sd is not None
+        batch, q = flight.batch, self.q
+        emitted = sd.emitted(flight)
+        taken = self.sched.emitted_tokens(batch, emitted)
+        host = self.outputs.tokens(flight.ring, flight.num_gen * q)
+        now = _now()
+        g = 0
+        for e, n in zip(batch.entries, taken):
+            if not e.generates:
+                continue
+            st = self.states[e.req.index]
+            if e.req.status != Status.FINISHED:  # else its placeholders are gone already
+                i = e.req.num_output_tokens
+                if n:
+                    st.apply_many(host[g * q : g * q + n].tolist(), now)
+                del st.output[i + n : i + 1 + e.num_drafts]
+            g += 1
+        finished = self.sched.complete(batch, emitted)
+        sd.applied(batch, self.states, emitted)
+        for r in finished:
+            st = self.states[r.index]
+            del st.output[r.output_len :]  # placeholders of later steps it no longer needs
+            st.finish_ns = now
+            self._release_slot(st)
+        self.hooks.finished[flight.row] = len(finished)
+
     # ---- slots -------------------------------------------------------------------------------
     def _release_slot(self, st: RequestState) -> None:
         if st.slot >= 0:
             self.slots.give(st.slot)
             st.slot = -1
+            if self.sd is not None:
+                self.sd.release(st)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(
@@ -370,8 +487,8 @@ class Engine:
         torch.cuda.reset_peak_memory_stats(dev)
         before = torch.cuda.memory_allocated(dev)
         hidden = self.model(ids, pos, attn, kv)
-        g = cfg.max_num_seqs
-        logits = self.model.compute_logits(hidden[:g])
+        g = cfg.max_num_seqs * self.q  # logits rows: k + 1 per request with drafts
+        logits = self.model.compute_logits(hidden[torch.arange(g, device=dev) % n_tok])
         r = torch.arange(g, dtype=torch.int32, device=dev)
         rows = SampleRows(r, r * 0, r, r * 0 - 1, r)
         self.sampler.sample(logits, rows, torch.empty_like(r))

@@ -5,7 +5,8 @@ Padded rows B..bucket-1 own no query tokens (query_start_loc stays at B) and the
 slot -1, so they touch no KV and their logits rows are ignored. Inputs are the fixed-address views
 of `InputBuffers` (engine.inputs); the attention bounds are captured as max_query_len = 1 and
 max_seq_len = max_model_len (the kernel reads the real lengths from seq_lens). Mixed and prefill
-batches run eagerly.
+batches run eagerly. With speculative decoding (`query_len` = k + 1) a bucket serves B decodes
+of k drafts each: B * (k + 1) query tokens, laid out row after row, and logits for all of them.
 
 Graphs are captured after a warm-up run of each bucket (Triton compiles then), largest first, in
 one shared memory pool; every graph's logits live in that pool and are valid until the next
@@ -47,10 +48,12 @@ class DecodeGraphs:
         inputs: InputBuffers,
         max_num_seqs: int,
         max_seq_len: int,
+        query_len: int = 1,
     ) -> None:
         self.model, self.kv_cache, self.inputs = model, kv_cache, inputs
         self.max_seq_len = max_seq_len
-        self.buckets = decode_buckets(min(max_num_seqs, inputs.max_tokens))
+        self.query_len = query_len  # query tokens per row: 1, or k + 1 with drafts
+        self.buckets = decode_buckets(min(max_num_seqs, inputs.max_tokens // query_len))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
@@ -64,10 +67,11 @@ class DecodeGraphs:
         return self.buckets[i] if i < len(self.buckets) else 0
 
     def forward_fn(self, bucket: int) -> Callable[[], torch.Tensor]:
-        """The eager computation a bucket's graph captures: logits [bucket, vocab]."""
-        inp = self.inputs
-        attn = inp.attn_views(bucket, bucket, 1, self.max_seq_len)
-        ids, pos = inp.input_ids[:bucket], inp.positions(bucket)
+        """The eager computation a bucket's graph captures: logits [bucket * query_len, vocab]."""
+        inp, q = self.inputs, self.query_len
+        t = bucket * q
+        attn = inp.attn_views(bucket, t, q, self.max_seq_len)
+        ids, pos = inp.input_ids[:t], inp.positions(t)
 
         def run() -> torch.Tensor:
             return self.model.compute_logits(self.model(ids, pos, attn, self.kv_cache))
@@ -77,13 +81,14 @@ class DecodeGraphs:
     def _dummy_inputs(self, bucket: int) -> None:
         """Decode-shaped placeholders: each row one token at position 0, writing no KV."""
         inp = self.inputs
-        d = inp.d_rows
-        d[QSL, : bucket + 1] = torch.arange(bucket + 1, dtype=torch.int32, device=d.device)
-        d[SEQ_LENS, :bucket] = 1
+        d, q = inp.d_rows, self.query_len
+        t = bucket * q
+        d[QSL, : bucket + 1] = torch.arange(0, t + 1, q, dtype=torch.int32, device=d.device)
+        d[SEQ_LENS, :bucket] = q
         inp.batch_tables[:bucket].zero_()
-        inp.d_toks[: 2 * bucket].zero_()
-        inp.d_toks[2 * bucket : 3 * bucket].fill_(-1)
-        inp.input_ids[:bucket].zero_()
+        inp.d_toks[: 2 * t].zero_()
+        inp.d_toks[2 * t : 3 * t].fill_(-1)
+        inp.input_ids[:t].zero_()
 
     @torch.no_grad()  # not inference_mode: the static logits are updated in place (penalties)
     def capture(self) -> None:
@@ -104,6 +109,6 @@ class DecodeGraphs:
         torch.cuda.synchronize()
 
     def replay(self, bucket: int) -> torch.Tensor:
-        """Run the bucket's graph on the current stream; logits [bucket, vocab] float32."""
+        """Run the bucket's graph on the current stream; logits [bucket * query_len, vocab]."""
         self.graphs[bucket].replay()
         return self.logits[bucket]

@@ -22,6 +22,7 @@ token fields sit at offsets 0, Bk, 2Bk and row fields at fixed offsets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,6 +54,7 @@ class StepInputs:
     padded_tokens: int  # t: tokens laid out in the token block (bucket or T)
     num_pairs: int  # block-table entries to send
     table_cols: int  # block-table columns this step reads
+    spec: Any = None  # speculative decoding's extra views (engine.spec.inputs.SpecViews)
 
 
 def _pinned(shape: tuple[int, ...], cuda: bool) -> torch.Tensor:
@@ -68,20 +70,27 @@ class InputBuffers:
         max_blocks: int,
         block_size: int,
         last_sampled: torch.Tensor,
+        num_row_fields: int = NUM_ROW_FIELDS,
+        row_width: int = 0,
+        token_fields: int = 3,
     ) -> None:
+        """`last_sampled`: the device tokens host ids -(i + 1) refer to (the sampler's per-slot
+        newest tokens; with speculative decoding followed by the draft table). The other three
+        arguments let engine.spec.inputs lay out more fields (default: this file's layout)."""
         device = last_sampled.device
-        self.last_sampled = last_sampled  # the sampler's per-slot newest tokens [max_num_seqs]
+        self.last_sampled = last_sampled
         cuda = device.type == "cuda"
         self.cuda, self.device, self.depth = cuda, device, depth
         self.block_size, self.max_blocks, self.max_tokens = block_size, max_blocks, max_tokens
-        r = max_num_seqs + 1
-        self.h_rows = [_pinned((NUM_ROW_FIELDS, r), cuda) for _ in range(depth)]
-        self.h_toks = [_pinned((3 * max_tokens,), cuda) for _ in range(depth)]
+        r = row_width or max_num_seqs + 1
+        self.token_fields = token_fields
+        self.h_rows = [_pinned((num_row_fields, r), cuda) for _ in range(depth)]
+        self.h_toks = [_pinned((token_fields * max_tokens,), cuda) for _ in range(depth)]
         self.h_pairs = [_pinned((2 * 64,), cuda) for _ in range(depth)]
         self._rows_np = [h.numpy() for h in self.h_rows]  # views of the pinned buffers
         self._toks_np = [h.numpy() for h in self.h_toks]
-        self.d_rows = torch.zeros((NUM_ROW_FIELDS, r), dtype=torch.int32, device=device)
-        self.d_toks = torch.zeros(3 * max_tokens, dtype=torch.int32, device=device)
+        self.d_rows = torch.zeros((num_row_fields, r), dtype=torch.int32, device=device)
+        self.d_toks = torch.zeros(token_fields * max_tokens, dtype=torch.int32, device=device)
         self.d_pairs = torch.zeros(2 * 64, dtype=torch.int32, device=device)
         self.input_ids = torch.zeros(max_tokens, dtype=torch.int32, device=device)
         self.block_table = torch.zeros((max_num_seqs, max_blocks), dtype=torch.int32, device=device)
@@ -250,8 +259,9 @@ class InputBuffers:
         """Enqueue the step's device work: host -> device copies (pinned, asynchronous), the
         block-table update, decode ids from the last sampled tokens, the batch's table rows."""
         k, t, n, b = step.ring, step.padded_tokens, step.num_pairs, step.num_reqs
+        f = self.token_fields
         self.d_rows.copy_(self.h_rows[k], non_blocking=True)
-        self.d_toks[: 3 * t].copy_(self.h_toks[k][: 3 * t], non_blocking=True)
+        self.d_toks[: f * t].copy_(self.h_toks[k][: f * t], non_blocking=True)
         if n:
             self.d_pairs[: 2 * n].copy_(self.h_pairs[k][: 2 * n], non_blocking=True)
             flat = self.d_pairs[:n].long()

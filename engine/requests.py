@@ -105,6 +105,17 @@ class RequestState:
         if self.first_token_ns < 0:
             self.first_token_ns = now_ns
 
+    def apply_many(self, tokens: list[int], now_ns: int) -> None:
+        """`apply` for the tokens one verification step emitted (accepted drafts + 1)."""
+        i = self.req.num_output_tokens
+        n = len(tokens)
+        self.output[i : i + n] = tokens
+        p = self.req.prompt_len + i
+        self.token_ids[p : p + n] = tokens
+        self.token_ns.extend([now_ns] * n)
+        if self.first_token_ns < 0:
+            self.first_token_ns = now_ns
+
     def result(self) -> RequestOutput:
         return RequestOutput(
             request_id=self.req.request_id,

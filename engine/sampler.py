@@ -65,10 +65,15 @@ class Sampler:
         num_slots: int,
         vocab: int,
         device: torch.device,
+        last_sampled: torch.Tensor | None = None,
     ) -> None:
+        """`last_sampled`: an int32 [num_slots] device buffer to use (speculative decoding puts
+        it in front of the draft table, so one gather resolves every input id)."""
         self.cfg, self.seed, self.vocab, self.device = cfg, seed, vocab, device
         self.pinned = device.type == "cuda"
-        self.last_sampled = torch.zeros(num_slots, dtype=torch.int32, device=device)
+        if last_sampled is None:
+            last_sampled = torch.zeros(num_slots, dtype=torch.int32, device=device)
+        self.last_sampled = last_sampled
         self.forced = torch.full((num_slots, 1), -1, dtype=torch.int32, device=device)
         self.counts = torch.zeros((num_slots, vocab), dtype=torch.int32, device=device)
         self.prompt_mask = torch.zeros((num_slots, vocab), dtype=torch.bool, device=device)
@@ -123,23 +128,39 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: SampleRows, out: torch.Tensor) -> None:
         """logits float32 [G, V] (may be modified in place) -> out int32 [G]; updates the slot
         state. Host reads nothing: every size is a Python int known before the launch."""
+        tok = self.choose(logits, rows)
+        self.last_sampled[rows.slot] = tok
+        h = rows.hist_rows
+        if h.numel():
+            self.count_tokens(rows.slot[h], tok[h])
+        out.copy_(tok)
+
+    def choose(
+        self, logits: torch.Tensor, rows: SampleRows, extra_counts: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The token of each row (penalties, greedy or seeded random, forced ids), without
+        touching the slot state: int32 [G]. `extra_counts` int32 [H, V] adds tokens to the
+        history of the H history rows (a verification row's preceding drafts)."""
         if rows.hist_rows.numel():
-            self._apply_penalties(logits, rows)
+            self._apply_penalties(logits, rows, extra_counts)
         c = self.cfg
         if c.temperature == 0:
             tok = logits.argmax(dim=-1)
         else:
             tok = self._sample_random(logits, rows)
         forced = self.forced.view(-1)[rows.forced_idx.clamp(min=0)]
-        tok = torch.where(rows.forced_idx >= 0, forced, tok.to(torch.int32))
-        self.last_sampled[rows.slot] = tok
-        h = rows.hist_rows
-        if h.numel():
-            flat = rows.slot[h].long() * self.vocab + tok[h].long()
-            self.counts.view(-1).scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-        out.copy_(tok)
+        return torch.where(rows.forced_idx >= 0, forced, tok.to(torch.int32))
 
-    def _apply_penalties(self, logits: torch.Tensor, rows: SampleRows) -> None:
+    def count_tokens(self, slots: torch.Tensor, tok: torch.Tensor, weight=None) -> None:
+        """counts[slot, tok] += weight (1 by default) for each pair (history of penalties)."""
+        flat = slots.long() * self.vocab + tok.long()
+        if weight is None:
+            weight = torch.ones_like(flat, dtype=torch.int32)
+        self.counts.view(-1).scatter_add_(0, flat, weight.to(torch.int32))
+
+    def _apply_penalties(
+        self, logits: torch.Tensor, rows: SampleRows, extra: torch.Tensor | None = None
+    ) -> None:
         """vLLM semantics on the history rows: repetition over prompt + output tokens, frequency
         and presence over output tokens."""
         c = self.cfg
@@ -147,6 +168,8 @@ class Sampler:
         slots = rows.slot[h]
         x = logits[h]
         counts = self.counts[slots]
+        if extra is not None:
+            counts = counts + extra
         seen = counts > 0
         r = c.repetition_penalty
         if r != 1.0:
