@@ -96,6 +96,15 @@ loads = [2, 4]
     assert [c.index for c in spec.candidates] == list(range(7))
 
 
+def test_the_example_candidates_file_parses() -> None:
+    example = Path(__file__).resolve().parents[1] / "sim/plan/candidates.example.toml"
+    spec = load_plan_spec(SLO, Config(), example)
+    assert len(spec.candidates) == 2 * 3 * 2 * 2 + 2
+    assert spec.candidates[-1].config.model == "llama3-70b"
+    assert spec.candidates[-1].router == "prefix-aware"
+    assert spec.search.loads == (1.0, 2.0, 4.0) and spec.search.max_replicas == 32
+
+
 def test_no_file_is_the_base_config_alone() -> None:
     spec = load_plan_spec(SLO, Config(max_num_seqs=64))
     assert len(spec.candidates) == 1

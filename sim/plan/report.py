@@ -119,15 +119,14 @@ def latency_charts(plan: dict[str, Any], shown: list[dict[str, Any]]) -> list[st
             pts = []
             for p in c["load_curve"]:
                 v = (p.get(f"{metric}_s") or {}).get(q)
-                if v is None:
-                    continue
-                stopped = not p["complete"]
-                tip = (
-                    f"{short_name(c)}: {p['factor']:g}x load ({p['factor'] * rate:.2f} req/s)"
-                    f" {key[:-2]} {v * 1e3:.1f} ms"
-                    + (" (stopped early: at least)" if stopped else "")
-                )
-                pts.append((p["factor"] * rate, v, not stopped, tip))
+                x = p["factor"] * rate
+                where = f"{short_name(c)}: {p['factor']:g}x load ({x:.2f} req/s) {key[:-2]}"
+                if p["complete"] and v is not None:
+                    pts.append((x, v, True, f"{where} {v * 1e3:.1f} ms"))
+                elif not p["complete"] and (p.get("stopped") or {}).get("slo") == key:
+                    # stopped once this SLO was surely missed: the final value is above it
+                    shown_v = max(v or 0.0, limit)
+                    pts.append((x, shown_v, False, f"{where} > {limit * 1e3:.1f} ms (stopped)"))
             series.append(Series(short_name(c), pts, color(i)))
         ch = Chart(
             f"latency-{key}",
@@ -143,8 +142,8 @@ def latency_charts(plan: dict[str, Any], shown: list[dict[str, Any]]) -> list[st
                 ylog=True,
                 hlines=[(limit, f"SLO {limit:g} s")],
                 vlines=[(rate, "trace load")],
-                extra_legend="<span>○ = run stopped once the SLO was surely "
-                "missed (value is a lower bound)</span>",
+                extra_legend="<span>○ = run stopped once this SLO was surely "
+                "missed (drawn at max(value so far, SLO))</span>",
             )
         )
     return out
@@ -188,7 +187,7 @@ def gpu_time_chart(shown: list[dict[str, Any]]) -> str:
 def fleet_chart(plan: dict[str, Any], shown: list[dict[str, Any]]) -> str:
     rate = plan["trace"]["req_per_s"] or 1.0
     loads = [f["load"] for f in shown[0]["fleets"]] if shown else [1.0]
-    span = [min(loads) / 2, max(loads) * 4]
+    span = [min(loads) / 2, max(loads) * 2]
     grid = [span[0] * (span[1] / span[0]) ** (k / 40) for k in range(41)]
     series = []
     for i, c in enumerate(shown):

@@ -2,7 +2,8 @@
 (a TOML file, `--vary` and the base config), all checked before any simulation starts.
 
 Candidates file (every list is a dimension; `[grid]` is a product, each `[[config]]` adds its
-own small product after it; keys are Contract 2 config keys, dotted or as tables, or `router`):
+own small product after it; keys are Contract 2 config keys, dotted or as tables, or `router`;
+sim/plan/candidates.example.toml shows every table):
 
     [grid]
     gpu = ["h100", "h200"]
