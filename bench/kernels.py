@@ -31,6 +31,8 @@ BLOCK_SIZE = 16
 DECODE_CASES = [(1, 512), (1, 8192), (8, 2048), (64, 512), (64, 2048), (256, 512)]
 QUICK_CASES = [(1, 512), (64, 512)]
 FORWARD_BATCHES = [1, 8, 64]
+SWEEP_CASES = [(1, 512), (1, 2048), (1, 8192), (8, 512), (8, 2048), (32, 512), (64, 512),
+               (64, 2048), (256, 512)]  # fmt: skip
 
 
 def time_ms(fn, device: torch.device, iters: int, graph: bool) -> float:
@@ -123,6 +125,113 @@ def bench_forward(spec, batches, context, dtype, device, backend, iters, peak_gb
     return rows
 
 
+def _copies(nbytes: int, total: int = 256 << 20, most: int = 64) -> int:
+    """Input copies to rotate through so that repeated calls do not hit in L2."""
+    return max(1, min(most, -(-total // max(nbytes, 1))))
+
+
+def _attention_calls(kind, q, k, kv, attn, scale, out, splits, block_n, warps, max_seq):
+    """One call per KV copy in `kv` [n, 2, ...] (old general kernel or the decode kernel)."""
+    from engine.kernels import decode_attention, paged_attention
+
+    for i in range(kv.shape[0]):
+        if kind == "general":
+            paged_attention(q, kv[i, 0], kv[i, 1], attn.query_start_loc, attn.seq_lens,
+                            attn.block_tables, 1, max_seq, scale, out=out)  # fmt: skip
+        else:
+            decode_attention(q, k, k, kv[i, 0], kv[i, 1], attn.query_start_loc, attn.seq_lens,
+                             attn.block_tables, max_seq, scale, slot_mapping=attn.slot_mapping,
+                             out=out, num_splits=splits, block_n=block_n,
+                             num_warps=warps)  # fmt: skip
+
+
+def bench_attention_sweep(spec, cases, dtype, device, iters) -> list[dict]:
+    """Decode attention variants (old general kernel vs the decode kernel at several split
+    counts, tile sizes and warps), each timed over rotating KV copies (cold L2, like a layer)."""
+    rows = []
+    scale = spec.head_dim**-0.5
+    variants = [("general", 0, 0, 0, "ctx"), ("general", 0, 0, 0, "131072"),
+                ("decode", 0, 64, 4, "131072")]  # fmt: skip
+    for splits in (1, 2, 4, 8, 16, 32):
+        for block_n, warps in ((32, 4), (64, 4), (64, 8)):
+            variants.append(("decode", splits, block_n, warps, "131072"))
+    for batch, context in cases:
+        attn, num_blocks = decode_metadata(batch, context, device)
+        kv_bytes = 2 * batch * context * spec.kv_size * 2
+        n = _copies(kv_bytes)
+        kv = torch.randn((n, 2, num_blocks, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim),
+                         dtype=dtype, device=device)  # fmt: skip
+        q = torch.randn(batch, spec.num_heads, spec.head_dim, dtype=dtype, device=device)
+        k = torch.randn(batch, spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device)
+        out = torch.empty_like(q)
+        for kind, splits, block_n, warps, bound in variants:
+            if kind == "decode" and splits > 1 and -(-context // block_n) < splits:
+                continue  # more splits than tiles: the same as fewer
+            max_seq = context if bound == "ctx" else 131072
+            call = functools.partial(_attention_calls, kind, q, k, kv, attn, scale, out, splits,
+                                     block_n, warps, max_seq)  # fmt: skip
+            ms = time_ms(call, device, max(5, iters // n), graph=True) / n
+            rows.append({
+                "kind": "attention_sweep", "batch": batch, "context": context,
+                "variant": f"{kind} s={splits or 'auto'} n={block_n or 'auto'} w={warps or 'auto'}"
+                           f" max_seq={bound}",
+                "us": round(ms * 1e3, 2), "gb_per_s": round(kv_bytes / ms / 1e6, 1),
+            })  # fmt: skip
+        del kv
+    return rows
+
+
+GEMM_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+               "down": (4096, 14336), "lm_head": (128256, 4096)}  # fmt: skip
+GEMM_CONFIGS = [  # (block_n, block_k, num_stages, num_warps)
+    (16, 256, 4, 4), (16, 512, 3, 4), (32, 256, 4, 4), (32, 256, 6, 4), (32, 512, 3, 4),
+    (32, 512, 4, 8), (64, 128, 6, 4), (64, 256, 4, 4), (64, 256, 4, 8), (128, 128, 4, 8),
+]  # fmt: skip
+
+
+def _gemm_calls(fn, x, ws) -> None:
+    for w in ws:
+        fn(x, w)
+
+
+def bench_gemm(batches, dtype, device, iters) -> list[dict]:
+    """cuBLAS (F.linear) vs the Triton skinny GEMM at the llama3-8b decode shapes."""
+    import torch.nn.functional as F
+
+    from engine.kernels.skinny_gemm import skinny_gemm
+
+    rows = []
+    for name, (n_out, k_in) in GEMM_SHAPES.items():
+        w_bytes = n_out * k_in * 2
+        c = _copies(w_bytes)
+        ws = [torch.randn(n_out, k_in, dtype=dtype, device=device) * 0.02 for _ in range(c)]
+        for m in batches:
+            x = torch.randn(m, k_in, dtype=dtype, device=device)
+            ref = F.linear(x.double(), ws[0].double())
+            variants = [("cublas", None)] + [("triton", cfg) for cfg in GEMM_CONFIGS]
+            for kind, cfg in variants:
+                if kind == "triton" and m > 16:
+                    continue
+                if kind == "cublas":
+                    fn = F.linear
+                else:
+                    bn, bk, st, wp = cfg
+                    fn = functools.partial(skinny_gemm, block_n=bn, block_k=bk, num_stages=st,
+                                           num_warps=wp)  # fmt: skip
+                err = ((fn(x, ws[0]).double() - ref).norm() / ref.norm()).item()
+
+                call = functools.partial(_gemm_calls, fn, x, ws)
+                ms = time_ms(call, device, max(5, iters // c), graph=True) / c
+                rows.append({
+                    "kind": "gemm", "shape": name, "m": m, "variant": kind if cfg is None
+                    else "triton n={} k={} st={} w={}".format(*cfg),
+                    "us": round(ms * 1e3, 2), "gb_per_s": round(w_bytes / ms / 1e6, 1),
+                    "rel_err": f"{err:.1e}",
+                })  # fmt: skip
+        del ws
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     for kind in dict.fromkeys(r["kind"] for r in rows):
         part = [r for r in rows if r["kind"] == kind]
@@ -143,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--quick", action="store_true", help="fewer cases")
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    p.add_argument("--sweep", action="store_true", help="attention variants (CUDA)")
+    p.add_argument("--gemm", action="store_true", help="cuBLAS vs Triton skinny GEMM (CUDA)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     spec = get_model(args.model)
@@ -158,6 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     cases = QUICK_CASES if args.quick or device.type != "cuda" else DECODE_CASES
     batches = FORWARD_BATCHES[:2] if args.quick or device.type != "cuda" else FORWARD_BATCHES
     print(f"model {spec.name}, {gpu}, {dtype}, block_size {BLOCK_SIZE}")
+    if args.sweep or args.gemm:
+        rows = []
+        if args.sweep:
+            rows += bench_attention_sweep(spec, SWEEP_CASES, dtype, device, args.iters)
+        if args.gemm:
+            rows += bench_gemm([1, 8], dtype, device, args.iters)
+        print_table(rows)
+        if args.json:
+            out = {"model": spec.name, "device": gpu, "dtype": str(dtype), "rows": rows}
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        return 0
     rows = bench_attention(spec, cases, dtype, device, args.backend, args.iters, peak)
     rows += bench_forward(
         spec, batches, args.context, dtype, device, args.backend, args.iters, peak

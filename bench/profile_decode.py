@@ -1,7 +1,11 @@
 """Where a decode step's GPU time goes: kernel device time by kernel (torch.profiler) against
 the CUDA-graph step time and the HBM floor.
 
-    python bench/profile_decode.py [--model llama3-8b] [--batch 1] [--context 512] [--json PATH]
+    python bench/profile_decode.py [--model llama3-8b] [--batch 1] [--context 512]
+        [--max-seq-len N] [--json PATH]
+
+--max-seq-len is the attention bound the step is captured with (the engine's graphs use
+max_model_len; default: the context, as an eager step would).
 """
 
 from __future__ import annotations
@@ -33,11 +37,25 @@ def copy_gb_s(device: torch.device) -> float:
     return 2 * n / ms / 1e6
 
 
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    if "nvjet" in low or "gemm" in low or "cutlass" in low or "splitk" in low:
+        return "gemm"
+    if "attention" in low or "reduce_splits" in low:
+        return "attention"
+    if "rms_norm" in low:
+        return "norm"
+    if "rope" in low or "write_kv" in low:
+        return "rope+kv"
+    return "other"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="llama3-8b")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=512)
+    p.add_argument("--max-seq-len", type=int, default=0, help="attention bound (default context)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     device = torch.device("cuda")
@@ -46,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     model = LlamaModel(spec, dtype, device, "triton", max_positions=args.context + 1)
     model.init_random(0)
     attn, num_blocks = decode_metadata(args.batch, args.context, device)
-    cache = allocate_kv_cache(spec, num_blocks, 16, dtype, device)
+    attn.max_seq_len = max(args.max_seq_len, args.context)
+    cache = allocate_kv_cache(spec, num_blocks, 16, dtype, device).normal_()  # not zeros
     ids = torch.randint(0, spec.vocab_size, (args.batch,), device=device)
     pos = torch.full((args.batch,), args.context - 1, device=device)
     step = functools.partial(decode_step, model, ids, pos, attn, cache)
@@ -77,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         f"graph step {graph_ms:.3f} ms; kernel sum {kernel_ms:.3f} ms; floor {floor_ms:.3f} ms "
         f"(copy {bw:.0f} GB/s); kernels/step {sum(count.values()) // 5}"
     )
+    groups: dict[str, float] = defaultdict(float)
+    for name, ms in by_name.items():
+        groups[kernel_group(name)] += ms
+    print("by group: " + ", ".join(f"{g} {ms:.3f}" for g, ms in sorted(groups.items())))
     print(f"{'ms/step':>8} {'share':>6} {'n':>4}  kernel")
     rows = sorted(by_name.items(), key=lambda kv: -kv[1])
     for name, ms in rows[:20]:
@@ -84,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "model": args.model, "batch": args.batch, "graph_ms": graph_ms, "kernel_ms": kernel_ms,
-            "floor_ms": floor_ms, "kernels": {n: ms for n, ms in rows},
+            "floor_ms": floor_ms, "max_seq_len": attn.max_seq_len,
+            "kernels_per_step": sum(count.values()) // 5, "groups": groups,
+            "kernels": {n: ms for n, ms in rows},
         }, indent=1))  # fmt: skip
     return 0
 

@@ -197,7 +197,52 @@ class PagedAttention:
         if self.backend == "torch":
             write_kv_cache_torch(k, v, k_cache, v_cache, attn.slot_mapping)
             return paged_attention_torch(q, k_cache, v_cache, attn, scale)
+        if attn.max_query_len == 1:  # all decodes: the KV write is fused into the attention
+            return self._decode(q, k, v, k_cache, v_cache, attn, scale)
         self.kernels.write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+        return self._attend(q, k_cache, v_cache, attn, scale)
+
+    def rope_and_attend(
+        self,
+        q: torch.Tensor,  # [T, Hq, D] before RoPE (a view of qkv; may be rotated in place)
+        k: torch.Tensor,  # [T, Hkv, D] before RoPE
+        v: torch.Tensor,
+        positions: torch.Tensor,  # int [T]
+        cos: torch.Tensor,  # fp32 [max_positions, D // 2] (engine.model.RotaryEmbedding)
+        sin: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """ "triton" backend: RoPE, KV write and attention in 2 launches (1 for all decodes)."""
+        assert self.kernels is not None, "rope_and_attend needs the triton backend"
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        if attn.max_query_len == 1:
+            return self._decode(q, k, v, k_cache, v_cache, attn, scale, positions, cos, sin)
+        self.kernels.rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache,
+                                   attn.slot_mapping)  # fmt: skip
+        return self._attend(q, k_cache, v_cache, attn, scale)
+
+    def _decode(self, q, k, v, k_cache, v_cache, attn, scale, positions=None, cos=None, sin=None):
+        return self.kernels.decode_attention(
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            attn.query_start_loc,
+            attn.seq_lens,
+            attn.block_tables,
+            attn.max_seq_len,
+            scale,
+            positions=positions,
+            cos=cos,
+            sin=sin,
+            slot_mapping=attn.slot_mapping,
+            num_splits=attn.num_kv_splits,
+        )
+
+    def _attend(self, q, k_cache, v_cache, attn, scale):
         return self.kernels.paged_attention(
             q,
             k_cache,

@@ -96,23 +96,34 @@ class Attention(nn.Module):
         self.o_proj = _param((spec.hidden_size, spec.q_size), dtype, device)
 
     def forward(self, x, positions, attn: AttentionMetadata, kv_cache: torch.Tensor):
-        s = self.spec
+        s, rotary = self.spec, self.rotary[0]
         qkv = F.linear(x, self.qkv_proj)  # [T, q | k | v]
-        qk = qkv[:, : s.q_size + s.kv_size].view(-1, s.num_heads + s.num_kv_heads, s.head_dim)
-        q, k = self.rotary[0](positions, qk).split([s.num_heads, s.num_kv_heads], dim=1)
         v = qkv[:, s.q_size + s.kv_size :].view(-1, s.num_kv_heads, s.head_dim)
-        o = self.attention(q, k, v, kv_cache, attn, self.scale)
-        return F.linear(o.view(-1, s.q_size), self.o_proj)
+        if rotary.kernels is not None:  # RoPE fused with the KV write (and decode attention)
+            q = qkv[:, : s.q_size].view(-1, s.num_heads, s.head_dim)
+            k = qkv[:, s.q_size : s.q_size + s.kv_size].view(-1, s.num_kv_heads, s.head_dim)
+            o = self.attention.rope_and_attend(
+                q, k, v, positions, rotary.cos, rotary.sin, kv_cache, attn, self.scale
+            )
+        else:
+            qk = qkv[:, : s.q_size + s.kv_size].view(-1, s.num_heads + s.num_kv_heads, s.head_dim)
+            q, k = rotary(positions, qk).split([s.num_heads, s.num_kv_heads], dim=1)
+            o = self.attention(q, k, v, kv_cache, attn, self.scale)
+        return F.linear(o.reshape(-1, s.q_size), self.o_proj)
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, dtype, device):
+    def __init__(self, spec: ModelSpec, dtype, device, kernels=None):
         super().__init__()
+        self.kernels = kernels  # engine.kernels for the fused SiLU * up, else None
         self.gate_up_proj = _param((2 * spec.intermediate_size, spec.hidden_size), dtype, device)
         self.down_proj = _param((spec.hidden_size, spec.intermediate_size), dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        gate_up = F.linear(x, self.gate_up_proj)
+        if self.kernels is not None:
+            return F.linear(self.kernels.silu_mul(gate_up), self.down_proj)
+        gate, up = gate_up.chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.down_proj)
 
 
@@ -123,7 +134,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(h, eps, dtype, device, kernels)
         self.self_attn = Attention(spec, attention, rotary, dtype, device)
         self.post_attention_layernorm = RMSNorm(h, eps, dtype, device, kernels)
-        self.mlp = MLP(spec, dtype, device)
+        self.mlp = MLP(spec, dtype, device, kernels)
 
     def forward(self, x, residual, positions, attn, kv_cache):
         x, residual = self.input_layernorm(x, residual)
@@ -137,7 +148,8 @@ class LlamaModel(nn.Module):
 
     Parameter names follow HF minus the "model." prefix, with q/k/v fused into
     `self_attn.qkv_proj` ([q; k; v] rows) and gate/up into `mlp.gate_up_proj` ([gate; up]).
-    The "triton" attention backend also selects the fused RMSNorm and in-place RoPE kernels."""
+    The "triton" attention backend also selects the fused kernels: RMSNorm + residual add, RoPE +
+    KV write (+ attention for all-decode batches), SiLU * up."""
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,71 @@ def test_torch_kv_write():
     _check_kv_write(write_kv_cache_torch, "cpu", torch.float32)
 
 
+def _rotary(head_dim: int, device: str = "cpu"):
+    from core.models import PRESETS
+    from engine.model import RotaryEmbedding
+
+    spec = replace(PRESETS["tiny"], head_dim=head_dim, rope_scaling_factor=8.0,
+                   rope_original_max_context=64)  # fmt: skip
+    return RotaryEmbedding(spec, 9000, torch.device(device))
+
+
+def _check_decode(contexts, hq, hkv, d, bs, dtype, tol, device="cpu", pad_rows=2, seed=0, **kw):
+    """decode_attention with RoPE and the KV write fused, on `contexts` (prior tokens per
+    sequence) plus `pad_rows` graph-padding rows, vs torch RoPE + KV write + the float64 loop.
+    The new tokens' cache slots start as NaN, so the kernel must write them before reading."""
+    from engine.kernels import decode_attention
+    from engine.kernels.decode_attention import _COUNTERS
+
+    q, kc, vc, attn = make_batch([(1, c) for c in contexts], hq, hkv, d, bs, dtype, seed=seed)
+    b, t = len(contexts), len(contexts) + pad_rows
+    rot = _rotary(d)
+    gen = torch.Generator().manual_seed(seed + 1)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(dtype)
+    q_new = qkv[:, : hq * d].view(t, hq, d)  # strided views, like the model's
+    k_new = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+    v_new = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+    positions = torch.tensor(list(contexts) + [0] * pad_rows)
+    slots = torch.cat([attn.slot_mapping, torch.full((pad_rows,), -1)])
+    k_ref, v_ref = kc.clone(), vc.clone()
+    write_kv_cache_torch(rot(positions, k_new.clone()), v_new, k_ref, v_ref, slots)
+    # the vectorised float64 reference (checked against the loop above), on the device: fast
+    ref_attn = replace(
+        attn,
+        **{
+            f: getattr(attn, f).to(device)
+            for f in ("query_start_loc", "seq_lens", "block_tables", "slot_mapping")
+        },
+    )
+    q_rot = rot(positions, q_new.clone())[:b].to(device).double()
+    ref = paged_attention_torch(q_rot, k_ref.to(device).double(), v_ref.to(device).double(),
+                                ref_attn, d**-0.5).cpu()  # fmt: skip
+    owned = attn.slot_mapping
+    kc.view(-1, hkv, d)[owned] = float("nan")
+    vc.view(-1, hkv, d)[owned] = float("nan")
+
+    def dev(x: torch.Tensor) -> torch.Tensor:
+        return x.to(device)
+
+    i32 = torch.int32
+    qsl = torch.cat([attn.query_start_loc, torch.full((pad_rows,), b, dtype=i32)])
+    seq_lens = torch.cat([attn.seq_lens, torch.ones(pad_rows, dtype=i32)])
+    tables = torch.cat([attn.block_tables, torch.zeros(pad_rows, attn.block_tables.shape[1],
+                                                       dtype=i32)])  # fmt: skip
+    kc, vc, qkv = dev(kc), dev(vc), dev(qkv)
+    out = torch.full((t, hq, d), float("nan"), dtype=dtype, device=device)
+    decode_attention(
+        qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d),
+        qkv[:, (hq + hkv) * d :].view(t, hkv, d), kc, vc, dev(qsl), dev(seq_lens), dev(tables),
+        max(contexts) + 1, d**-0.5, positions=dev(positions), cos=dev(rot.cos),
+        sin=dev(rot.sin), slot_mapping=dev(slots), out=out, **kw,
+    )  # fmt: skip
+    assert rel_err(out[:b].cpu(), ref) < tol
+    assert rel_err(kc.view(-1, hkv, d)[owned].cpu(), k_ref.view(-1, hkv, d)[owned]) < tol
+    assert torch.equal(vc.view(-1, hkv, d)[owned].cpu(), v_ref.view(-1, hkv, d)[owned])
+    assert all(not c.any() for c in _COUNTERS.values()), "split counters left non-zero"
+
+
 # ---- Triton under the interpreter (subprocess) ------------------------------------------------
 
 
@@ -215,6 +281,95 @@ def test_interp_bucketed_grid_and_padding_tokens():
     assert rel_err(out[: q.shape[0]], ref) < 1e-5
 
 
+DECODE_CASES = [  # (Hq, Hkv, D, block_size, block_n, num_splits)
+    (4, 2, 16, 4, 16, 1),
+    (4, 2, 16, 4, 16, 4),  # splits: partials merged by the last split of each (seq, kv head)
+    (6, 2, 24, 8, 16, 2),  # group 3 (rows padded), head_dim not a power of two
+    (8, 1, 32, 1, 16, 8),  # group 8, block_size 1
+    (4, 4, 16, 16, 32, 32),  # more splits than any sequence has tiles
+]
+
+
+@interp_only
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-3)])
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_interp_decode_attention_rope_and_kv_write(case, dtype, tol):
+    hq, hkv, d, bs, block_n, splits = case
+    contexts = [0, 20, 37, 5, 64, 100]  # 0: the first decode after an empty prompt
+    _check_decode(contexts, hq, hkv, d, bs, dtype, tol, seed=sum(case), num_splits=splits,
+                  block_n=block_n)  # fmt: skip
+
+
+@interp_only
+def test_interp_decode_attention_without_rope_matches_paged_attention():
+    """The PagedAttention entry with max_query_len == 1 (no RoPE): write, then attend."""
+    from engine.attention import PagedAttention
+
+    q, kc, vc, attn = make_batch([(1, 9), (1, 0), (1, 30)], 4, 2, 16, 4, torch.float32, seed=2)
+    gen = torch.Generator().manual_seed(4)
+    k, v = torch.randn(2, 3, 2, 16, generator=gen)
+    k_ref, v_ref = kc.clone(), vc.clone()
+    write_kv_cache_torch(k, v, k_ref, v_ref, attn.slot_mapping)
+    ref = reference_attention(q, k_ref, v_ref, attn, 0.25)
+    attn.num_kv_splits = 2
+    out = PagedAttention("triton", "cpu")(q, k, v, torch.stack([kc, vc]), attn, 0.25)
+    assert rel_err(out, ref) < 1e-5
+
+
+@interp_only
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
+def test_interp_rope_write_kv(dtype, tol):
+    from engine.kernels import rope_write_kv
+
+    gen = torch.Generator().manual_seed(6)
+    t, hq, hkv, d, bs, nb = 7, 6, 2, 24, 4, 5
+    rot = _rotary(d)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(dtype)
+    q = qkv[:, : hq * d].view(t, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+    positions = torch.randint(0, 9000, (t,), generator=gen)
+    slots = torch.randperm(nb * bs, generator=gen)[:t]
+    slots[3] = -1
+    kc = torch.full((nb, bs, hkv, d), float("nan"), dtype=dtype)
+    vc = kc.clone()
+    k_ref, v_ref = kc.clone(), vc.clone()
+    q_ref = rot(positions, q.clone())
+    write_kv_cache_torch(rot(positions, k.clone()), v, k_ref, v_ref, slots)
+    k_before = k.clone()
+    rope_write_kv(q, k, v, positions, rot.cos, rot.sin, kc, vc, slots)
+    assert rel_err(q, q_ref) < tol and torch.equal(k, k_before)
+    kept = slots[slots >= 0]
+    assert rel_err(kc.view(-1, hkv, d)[kept], k_ref.view(-1, hkv, d)[kept]) < tol
+    assert torch.equal(vc.view(-1, hkv, d)[kept], v_ref.view(-1, hkv, d)[kept])
+    untouched = torch.ones(nb * bs, dtype=torch.bool)
+    untouched[kept] = False
+    assert kc.view(-1, hkv, d)[untouched].isnan().all()
+
+
+@interp_only
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
+def test_interp_silu_mul(dtype, tol):
+    import torch.nn.functional as F
+
+    from engine.kernels import silu_mul
+
+    x = torch.randn(3, 2 * 1500, generator=torch.Generator().manual_seed(7)).to(dtype) * 3
+    gate, up = x.chunk(2, dim=-1)
+    assert rel_err(silu_mul(x), F.silu(gate) * up) < tol
+
+
+@interp_only
+def test_interp_model_decode_steps_triton_match_torch():
+    """Decode steps (the fused RoPE + KV write + decode attention path) after a prefill."""
+    try:
+        from tests.test_model import run_decode_steps
+    except ImportError:  # tests/ on sys.path, not the repo root
+        from test_model import run_decode_steps
+
+    assert rel_err(run_decode_steps("triton"), run_decode_steps("torch")) < 1e-5
+
+
 @interp_only
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
 def test_interp_fused_rms_norm(dtype, tol):
@@ -235,8 +390,6 @@ def test_interp_fused_rms_norm(dtype, tol):
 @interp_only
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
 def test_interp_rope_in_place_on_strided_qk(dtype, tol):
-    from dataclasses import replace
-
     from core.models import PRESETS
     from engine.kernels import rope_inplace
     from engine.model import RotaryEmbedding
@@ -321,6 +474,37 @@ def test_kernels_lower_to_sm90_cubin():
                 stride_x_h=i32, stride_cs=i32)  # fmt: skip
     consts = dict(NUM_HEADS=40, HALF=64, HEADS_PAD=64, HALF_PAD=64)
     _compile_sm90(mods["rope"]._rope_kernel, rope, consts)
+    dec = importlib.import_module("engine.kernels.decode_attention")
+    sig = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, positions_ptr="*i64", cos_ptr=f32,
+               sin_ptr=f32, slot_mapping_ptr="*i64", k_cache_ptr=bf16, v_cache_ptr=bf16,
+               out_ptr=bf16, part_acc_ptr=f32, part_ml_ptr=f32, counter_ptr="*i32",
+               query_start_loc_ptr="*i32", seq_lens_ptr="*i32", block_tables_ptr="*i32",
+               scale_log2="fp32", **dict.fromkeys(
+                   ["stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
+                    "stride_v_h", "stride_o_t", "stride_o_h", "stride_cs", "stride_bt",
+                    "stride_cache_block"], i32))  # fmt: skip
+    for head_dim, splits, block_n, rope_on in [(128, 1, 64, True), (128, 32, 64, True),
+                                               (64, 4, 32, False)]:  # fmt: skip
+        consts = dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, GROUP=4, GROUP_PAD=16, HEAD_DIM=head_dim,
+                      DIM_PAD=head_dim, HALF=head_dim // 2, HALF_PAD=head_dim // 2,
+                      BLOCK_SIZE=16, BLOCK_N=block_n, NUM_SPLITS=splits, ROPE=rope_on,
+                      WRITE_KV=rope_on)  # fmt: skip
+        _compile_sm90(dec._decode_attention_kernel, sig, consts)
+    sig = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, positions_ptr="*i64", cos_ptr=f32,
+               sin_ptr=f32, k_cache_ptr=bf16, v_cache_ptr=bf16, slot_mapping_ptr="*i64",
+               **dict.fromkeys(["stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h",
+                                "stride_v_t", "stride_v_h", "stride_cs", "stride_cache_block"],
+                               i32))  # fmt: skip
+    consts = dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, HALF=64, Q_HEADS_PAD=32,
+                  KV_HEADS_PAD=8, HALF_PAD=64, DIM_PAD=128, BLOCK_SIZE=16)  # fmt: skip
+    _compile_sm90(mods["kv_cache_write"]._rope_write_kv_kernel, sig, consts)
+    act = importlib.import_module("engine.kernels.activation")
+    sig = dict(x_ptr=bf16, out_ptr=bf16, stride_x=i32, stride_o=i32, size=i32)
+    _compile_sm90(act._silu_mul_kernel, sig, dict(BLOCK=1024))
+    gemm = importlib.import_module("engine.kernels.skinny_gemm")
+    sig = dict(x_ptr=bf16, w_ptr=bf16, out_ptr=bf16, M=i32, N=i32, K=i32, stride_xm=i32,
+               stride_wn=i32, stride_om=i32)  # fmt: skip
+    _compile_sm90(gemm._skinny_gemm_kernel, sig, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256))
 
 
 # ---- GPU (bf16) --------------------------------------------------------------------------------
@@ -390,3 +574,67 @@ def test_gpu_fused_norm_and_rope_bf16():
     positions = torch.randint(0, 4096, (33,), device="cuda")
     ref = rotary(positions, qk.clone())
     assert rel_err(rope_inplace(qk, positions, rotary.cos, rotary.sin), ref) < 1e-2
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("splits", [0, 1, 8, 32])
+@pytest.mark.parametrize("num_seqs", [1, 8, 64])
+def test_gpu_decode_attention_rope_kv_write_bf16(num_seqs, splits):
+    contexts = [(37 * i + 500) % 1500 for i in range(num_seqs)]
+    contexts[0] = 0
+    _check_decode(contexts, 32, 8, 128, 16, torch.bfloat16, 1.5e-2, "cuda", seed=num_seqs,
+                  num_splits=splits)  # fmt: skip
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_decode_attention_in_cuda_graph_follows_seq_lens():
+    """Captured once with a large max_seq_len; replays with other lengths == eager."""
+    from engine.kernels import decode_attention
+
+    shapes = [(1, 3000), (1, 40), (1, 700), (1, 1)]
+    q, kc, vc, attn = make_batch(shapes, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=3)
+    kc, vc = kc.cuda(), vc.cuda()
+    out = torch.empty_like(q)
+
+    def run():
+        decode_attention(q, q, q, kc, vc, attn.query_start_loc, attn.seq_lens,
+                         attn.block_tables, 131072, 128**-0.5, out=out)  # fmt: skip
+
+    run()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for lens in ([3001, 41, 701, 2], [17, 2900, 5, 1200]):
+        attn.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        ref = paged_attention_torch(q.double(), kc.double(), vc.double(), attn, 128**-0.5)
+        assert rel_err(out, ref) < 1.5e-2
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_rope_write_kv_and_silu_mul_bf16():
+    import torch.nn.functional as F
+
+    from engine.kernels import rope_write_kv, silu_mul
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    t, hq, hkv, d = 33, 32, 8, 128
+    rot = _rotary(d, "cuda")
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda", generator=gen).bfloat16()
+    q = qkv[:, : hq * d].view(t, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+    positions = torch.randint(0, 9000, (t,), device="cuda", generator=gen)
+    slots = torch.randperm(64 * 16, device="cuda", generator=gen)[:t]
+    kc = torch.zeros(64, 16, hkv, d, device="cuda", dtype=torch.bfloat16)
+    vc, k_ref, v_ref = kc.clone(), kc.clone(), kc.clone()
+    q_ref = rot(positions, q.clone())
+    write_kv_cache_torch(rot(positions, k.clone()), v, k_ref, v_ref, slots)
+    rope_write_kv(q, k, v, positions, rot.cos, rot.sin, kc, vc, slots)
+    assert rel_err(q, q_ref) < 1e-2 and rel_err(kc, k_ref) < 1e-2 and torch.equal(vc, v_ref)
+    x = torch.randn(9, 2 * 14336, device="cuda", generator=gen).bfloat16()
+    gate, up = x.chunk(2, dim=-1)
+    assert rel_err(silu_mul(x), F.silu(gate) * up) < 1e-2

@@ -154,6 +154,22 @@ def run_mixed_step(backend: str, device: str = "cpu", dtype=torch.float32) -> to
     return run_step(model, cache, seqs, [(0, 6, 10), (1, 5, 6), (2, 3, 6)], tables, bs)
 
 
+def run_decode_steps(backend: str, device: str = "cpu", dtype=torch.float32) -> torch.Tensor:
+    """A prefill of three sequences, then three all-decode steps (one token each): the decode
+    steps' logits, stacked."""
+    model = LlamaModel(SPEC, dtype, device, attn_backend=backend)
+    model.load_state_dict(LlamaModel(SPEC, torch.float32, "cpu").init_random(2).state_dict())
+    lengths, bs = [9, 4, 14], 4
+    seqs, tables = token_ids(SPEC, lengths, seed=2), block_tables_for(lengths, bs, seed=2)
+    cache = allocate_kv_cache(SPEC, sum(map(len, tables)) + 2, bs, dtype, device)
+    run_step(model, cache, seqs, [(0, 0, 6), (1, 0, 1), (2, 0, 11)], tables, bs)
+    out = []
+    for p in range(3):
+        chunks = [(0, 6 + p, 7 + p), (1, 1 + p, 2 + p), (2, 11 + p, 12 + p)]
+        out.append(run_step(model, cache, seqs, chunks, tables, bs))
+    return torch.cat(out)
+
+
 # ---- tests -------------------------------------------------------------------------------------
 
 
@@ -262,6 +278,14 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_triton_backend_matches_dense_bf16():
     out = run_mixed_step("triton", "cuda", torch.bfloat16)
     ref = run_mixed_step("torch", "cpu", torch.float32)
+    assert rel_err(out.cpu(), ref) < 3e-2
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_triton_decode_steps_match_torch_bf16():
+    out = run_decode_steps("triton", "cuda", torch.bfloat16)
+    ref = run_decode_steps("torch", "cpu", torch.float32)
     assert rel_err(out.cpu(), ref) < 3e-2
 
 

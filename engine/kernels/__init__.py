@@ -2,9 +2,19 @@
 only for the "triton" backend. On CPU the kernels run only under TRITON_INTERPRET=1, which must be
 set before this package is first imported (triton.jit decides at decoration time)."""
 
-from engine.kernels.kv_cache_write import write_kv_cache
+from engine.kernels.activation import silu_mul
+from engine.kernels.decode_attention import decode_attention
+from engine.kernels.kv_cache_write import rope_write_kv, write_kv_cache
 from engine.kernels.paged_attention import paged_attention
 from engine.kernels.rms_norm import rms_norm
 from engine.kernels.rope import rope_inplace
 
-__all__ = ["paged_attention", "rms_norm", "rope_inplace", "write_kv_cache"]
+__all__ = [
+    "decode_attention",
+    "paged_attention",
+    "rms_norm",
+    "rope_inplace",
+    "rope_write_kv",
+    "silu_mul",
+    "write_kv_cache",
+]

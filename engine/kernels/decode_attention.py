@@ -1,0 +1,363 @@
+"""Paged attention for an all-decode batch (one query token per sequence), with RoPE and the new
+token's KV-cache write fused in: one launch per layer instead of rope + kv write + attention +
+split reduce.
+
+Batch layout as in `paged_attention`: sequence b owns query token query_start_loc[b] if
+query_start_loc[b+1] > query_start_loc[b] (a graph padding row owns none), has seq_lens[b] keys
+including the new one, and its query sits at position seq_lens[b] - 1, so it sees every key.
+
+Grid: (sequence, kv head, split). A program takes the GROUP query heads of one kv head (rows
+padded to GROUP_PAD >= 16 for tl.dot). The keys of a sequence are cut at run time into at most
+NUM_SPLITS runs of whole BLOCK_N tiles from its real seq_len, so the split count may come from the
+batch size alone (a CUDA graph captured for max_model_len behaves like one for the real context);
+splits past the last tile exit at once.
+
+Fused pieces:
+- ROPE: q (and the new key) are rotated in registers (rotate-half form, fp32, rounded to the model
+  dtype as `engine.model.RotaryEmbedding` does), so q and k are read straight from the qkv output.
+- WRITE_KV: the split that covers the last position writes the rotated new key and its value into
+  the cache at slot_mapping[token] (slot < 0: no write), then a barrier, then reads them back
+  through the normal tile loop. No other program reads that position.
+- Split merge: with more than one active split, each writes an unnormalised fp32 partial (acc,
+  running max in log2 units, running sum) and bumps the (sequence, kv head) counter with an
+  acq_rel atomic; the last one to arrive merges the partials and resets the counter to 0, so the
+  counters are all 0 between launches. Launches that share the counters must be stream-ordered
+  (they are: the engine runs one compute stream).
+
+All sizes come from tensors or constexprs; the host reads no tensor values (CUDA-graph safe).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+TARGET_PROGRAMS_PER_SM = 2  # split until (seqs x kv heads x splits) reaches this many per SM
+MAX_SPLITS = 32
+NUM_COUNTERS = 1 << 14  # (seq, kv head) pairs a split launch may use; splits need few programs
+
+
+@triton.jit
+def _normalise_and_store(acc, l_i, out_ptr, token, head, dims, row_ok, dim_ok, stride_o_t,
+                         stride_o_h):  # fmt: skip
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(
+        out_ptr + token * stride_o_t + head[:, None] * stride_o_h + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr,  # [T, Hq, D] view (e.g. columns of the fused qkv output)
+    k_ptr,  # [T, Hkv, D] view: the new tokens' keys (before RoPE when ROPE)
+    v_ptr,  # [T, Hkv, D] view
+    positions_ptr,
+    cos_ptr,  # fp32 [max_positions, D // 2]
+    sin_ptr,
+    slot_mapping_ptr,
+    k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
+    v_cache_ptr,
+    out_ptr,  # [T, Hq, D]
+    part_acc_ptr,  # fp32 [T * Hq * NUM_SPLITS, HEAD_DIM]; only when NUM_SPLITS > 1
+    part_ml_ptr,  # fp32 [T * Hq * NUM_SPLITS, 2]
+    counter_ptr,  # int32 [>= B * Hkv], all 0 between launches
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    block_tables_ptr,
+    scale_log2,
+    stride_q_t,
+    stride_q_h,
+    stride_k_t,
+    stride_k_h,
+    stride_v_t,
+    stride_v_h,
+    stride_o_t,
+    stride_o_h,
+    stride_cs,
+    stride_bt,
+    stride_cache_block,
+    NUM_Q_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    ROPE: tl.constexpr,
+    WRITE_KV: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    if tl.load(query_start_loc_ptr + seq + 1) == q_start:
+        return  # graph padding row: no query token, no partials, no counter
+    token = q_start.to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    num_tiles = tl.cdiv(seq_len, BLOCK_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    num_active = tl.cdiv(num_tiles, tiles_per_split)  # same for every split of this sequence
+    if split >= num_active:
+        return
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
+
+    half = tl.arange(0, HALF_PAD)
+    half_ok = half < HALF
+    dims = tl.arange(0, DIM_PAD)
+    dim_ok = dims < HEAD_DIM
+    rows = tl.arange(0, GROUP_PAD)
+    row_ok = rows < GROUP
+    head = kv_head * GROUP + rows
+    q_mask = row_ok[:, None] & half_ok[None, :]
+    q_lo = q_ptr + token * stride_q_t + head[:, None] * stride_q_h + half[None, :]
+    q1 = tl.load(q_lo, mask=q_mask, other=0.0)  # dims 0 .. HALF-1
+    q2 = tl.load(q_lo + HALF, mask=q_mask, other=0.0)  # dims HALF .. HEAD_DIM-1
+    if ROPE:
+        pos = tl.load(positions_ptr + token).to(tl.int64)
+        cos = tl.load(cos_ptr + pos * stride_cs + half, mask=half_ok, other=0.0)
+        sin = tl.load(sin_ptr + pos * stride_cs + half, mask=half_ok, other=0.0)
+        qa, qb = q1.to(tl.float32), q2.to(tl.float32)
+        q1 = (qa * cos[None, :] - qb * sin[None, :]).to(q_ptr.dtype.element_ty)
+        q2 = (qb * cos[None, :] + qa * sin[None, :]).to(q_ptr.dtype.element_ty)
+
+    row_elems = NUM_KV_HEADS * HEAD_DIM
+    if WRITE_KV:  # noqa: SIM102 (a constexpr branch around a run-time one)
+        if split == num_active - 1:  # this split's last tile holds position seq_len - 1
+            slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+            if slot >= 0:
+                dst = (slot // BLOCK_SIZE) * stride_cache_block
+                dst += (slot % BLOCK_SIZE) * row_elems + kv_head * HEAD_DIM
+                k_src = k_ptr + token * stride_k_t + kv_head * stride_k_h
+                k1 = tl.load(k_src + half, mask=half_ok, other=0.0)
+                k2 = tl.load(k_src + HALF + half, mask=half_ok, other=0.0)
+                if ROPE:
+                    ka, kb = k1.to(tl.float32), k2.to(tl.float32)
+                    k1 = (ka * cos - kb * sin).to(k_ptr.dtype.element_ty)
+                    k2 = (kb * cos + ka * sin).to(k_ptr.dtype.element_ty)
+                cache_ty = k_cache_ptr.dtype.element_ty
+                tl.store(k_cache_ptr + dst + half, k1.to(cache_ty), mask=half_ok)
+                tl.store(k_cache_ptr + dst + HALF + half, k2.to(cache_ty), mask=half_ok)
+                v_new = tl.load(v_ptr + token * stride_v_t + kv_head * stride_v_h + dims,
+                                mask=dim_ok, other=0.0)  # fmt: skip
+                tl.store(v_cache_ptr + dst + dims, v_new.to(cache_ty), mask=dim_ok)
+            tl.debug_barrier()  # the tile loop below reads the new row back
+
+    # A finite initial max keeps fully masked rows NaN-free (their exp2 terms are exactly 0).
+    m_i = tl.full([GROUP_PAD], -1.0e30, tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for tile in range(tile_lo, tile_hi):
+        keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        key_ok = keys < seq_len
+        block = tl.load(block_table + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        kv_row = block * stride_cache_block + (keys % BLOCK_SIZE) * row_elems
+        kv_row += kv_head * HEAD_DIM
+        k_mask = key_ok[None, :] & half_ok[:, None]
+        k_lo = k_cache_ptr + kv_row[None, :] + half[:, None]
+        k1_t = tl.load(k_lo, mask=k_mask, other=0.0)  # [HALF_PAD, BLOCK_N]
+        k2_t = tl.load(k_lo + HALF, mask=k_mask, other=0.0)
+        s = (tl.dot(q1, k1_t) + tl.dot(q2, k2_t)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_cache_ptr + kv_row[:, None] + dims[None, :],
+            mask=key_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:  # noqa: SIM114 (constexpr, then run-time)
+        _normalise_and_store(acc, l_i, out_ptr, token, head, dims, row_ok, dim_ok, stride_o_t,
+                             stride_o_h)  # fmt: skip
+    elif num_active == 1:
+        _normalise_and_store(acc, l_i, out_ptr, token, head, dims, row_ok, dim_ok, stride_o_t,
+                             stride_o_h)  # fmt: skip
+    else:
+        part_row = (token * NUM_Q_HEADS + head) * NUM_SPLITS + split  # int64 [GROUP_PAD]
+        tl.store(
+            part_acc_ptr + part_row[:, None] * HEAD_DIM + dims[None, :],
+            acc,
+            mask=row_ok[:, None] & dim_ok[None, :],
+        )
+        tl.store(part_ml_ptr + part_row * 2, m_i, mask=row_ok)
+        tl.store(part_ml_ptr + part_row * 2 + 1, l_i, mask=row_ok)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        counter = counter_ptr + seq * NUM_KV_HEADS + kv_head
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+        if arrived == num_active - 1:  # the last split of this (sequence, kv head): merge
+            splits = tl.arange(0, NUM_SPLITS)
+            split_ok = splits < num_active
+            for g in tl.static_range(GROUP):
+                h = kv_head * GROUP + g
+                rows_g = (token * NUM_Q_HEADS + h) * NUM_SPLITS + splits
+                m = tl.load(part_ml_ptr + rows_g * 2, mask=split_ok, other=-1.0e30,
+                            cache_modifier=".cg")  # fmt: skip
+                l = tl.load(part_ml_ptr + rows_g * 2 + 1, mask=split_ok, other=0.0,
+                            cache_modifier=".cg")  # fmt: skip
+                part = tl.load(
+                    part_acc_ptr + rows_g[:, None] * HEAD_DIM + dims[None, :],
+                    mask=split_ok[:, None] & dim_ok[None, :],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                weight = tl.exp2(m - tl.max(m, 0))
+                total = tl.sum(weight * l, 0)
+                o = tl.sum(part * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+                tl.store(
+                    out_ptr + token * stride_o_t + h * stride_o_h + dims,
+                    o.to(out_ptr.dtype.element_ty),
+                    mask=dim_ok,
+                )
+            tl.atomic_xchg(counter, 0)  # ready for the next launch
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def _counters(device: torch.device, need: int) -> torch.Tensor:
+    """The zeroed per-device counters (allocated once; the kernel leaves them at 0)."""
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < need:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "decode_attention: split counters first allocated inside a CUDA graph capture; "
+                "run the forward once before capturing"
+            )
+        buf = torch.zeros(max(need, NUM_COUNTERS), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
+
+
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
+                      device: torch.device) -> int:  # fmt: skip
+    """Splits per (sequence, kv head) from the batch size (host ints only; graph-safe): enough
+    programs to fill the GPU, no more splits than max_seq_len has tiles. A power of two."""
+    if device.type != "cuda":
+        return 1
+    programs = num_seqs * num_kv_heads
+    target = TARGET_PROGRAMS_PER_SM * _num_sms(device.index or 0)
+    if programs >= target:
+        return 1
+    splits = min(math.ceil(target / programs), math.ceil(max_seq_len / block_n), MAX_SPLITS)
+    return 1 if splits <= 1 else triton.next_power_of_2(splits)
+
+
+def decode_attention(
+    q: torch.Tensor,  # [T, Hq, D], head_dim contiguous (rotated already unless cos/sin given)
+    k: torch.Tensor,  # [T, Hkv, D]: the new keys (used only with slot_mapping)
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,  # int32 [B+1]; every q_b is 0 or 1
+    seq_lens: torch.Tensor,  # int32 [B]
+    block_tables: torch.Tensor,  # int32 [B, max_blocks]
+    max_seq_len: int,  # >= every seq_lens[b] (a bucket bound is fine); caps the split count
+    scale: float,
+    positions: torch.Tensor | None = None,  # int [T]; with cos/sin: rotate q and the new k
+    cos: torch.Tensor | None = None,  # fp32 [max_positions, D // 2]
+    sin: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,  # int [T]: write the new k/v there first
+    out: torch.Tensor | None = None,  # [T, Hq, D]
+    num_splits: int = 0,  # 0 = choose; else a power of two
+    block_n: int = 0,  # keys per tile, a power of two >= 16; 0 = choose
+    num_warps: int = 4,
+) -> torch.Tensor:
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    assert cache_dim == head_dim and num_q_heads % num_kv_heads == 0, "q does not match cache"
+    assert head_dim % 2 == 0, "RoPE halves"
+    assert k_cache.stride()[1:] == (num_kv_heads * head_dim, head_dim, 1), "cache rows"
+    assert v_cache.stride() == k_cache.stride(), "k and v caches must share strides"
+    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
+    assert block_tables.stride(1) == 1
+    rope = cos is not None
+    assert not rope or (positions is not None and sin is not None and cos.stride(1) == 1)
+    assert not rope or cos.stride() == sin.stride()
+    if out is None:
+        out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    assert out.shape == q.shape and out.stride(2) == 1
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+
+    group = num_q_heads // num_kv_heads
+    block_n = block_n or 64
+    if num_splits <= 0:
+        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, block_n, q.device)
+    assert num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
+    if num_splits > 1:
+        rows = num_tokens * num_q_heads * num_splits
+        part_acc = torch.empty((rows, head_dim), dtype=torch.float32, device=q.device)
+        part_ml = torch.empty((rows, 2), dtype=torch.float32, device=q.device)
+        counters = _counters(q.device, num_seqs * num_kv_heads)
+    else:
+        part_acc = part_ml = counters = out  # unused
+    half = head_dim // 2
+    _decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q,
+        k,
+        v,
+        positions if rope else seq_lens,
+        cos if rope else out,
+        sin if rope else out,
+        slot_mapping if slot_mapping is not None else seq_lens,
+        k_cache,
+        v_cache,
+        out,
+        part_acc,
+        part_ml,
+        counters,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        scale * _LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        cos.stride(0) if rope else 0,
+        block_tables.stride(0),
+        k_cache.stride(0),
+        NUM_Q_HEADS=num_q_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        DIM_PAD=triton.next_power_of_2(head_dim),
+        HALF=half,
+        HALF_PAD=max(16, triton.next_power_of_2(half)),
+        BLOCK_SIZE=block_size,
+        BLOCK_N=block_n,
+        NUM_SPLITS=num_splits,
+        ROPE=rope,
+        WRITE_KV=slot_mapping is not None,
+        num_warps=num_warps,
+    )
+    return out
