@@ -39,15 +39,19 @@ class AcceptanceModel:
             if not e.generates or e.num_drafts == 0:
                 out.append(1)
             else:
-                out.append(1 + self._accepted(e.req, e.start_pos, e.num_drafts))
+                out.append(1 + self._accepted(e.req, e.num_drafts))
         return out
 
-    def _accepted(self, req: Request, start_pos: int, k: int) -> int:
+    def _accepted(self, req: Request, k: int) -> int:
+        """Drafts of the entry completing now. Batches complete in order, so the request's
+        confirmed outputs are exactly those before this step: the drafts were proposed (on the
+        GPU, or on the CPU in sync mode) from that true context, whatever positions the CPU
+        assumed optimistically when it scheduled the entry with earlier batches in flight."""
         ids = self.token_ids[req.index] if self.token_ids is not None else None
         if ids is not None:
-            drafts = self.drafts_at(req, start_pos + 1)[:k]
+            done = req.num_output_tokens  # outputs known before this step's tokens
+            drafts = self.drafts_at(req, req.prompt_len + done)[:k]
             prompt, output = ids
-            done = start_pos + 1 - req.prompt_len  # outputs known before this step's tokens
             return accepted_prefix(drafts, output[done : done + k])
         rate = self.default_rate
         if self.accept_rate is not None:

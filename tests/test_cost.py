@@ -146,11 +146,11 @@ def test_launch_graph_vs_eager():
 
 
 # ---- seed terms ------------------------------------------------------------------------------
-def test_seed3_forward_scan_costs_1_4_ns_per_history_element():
+def test_seed3_forward_scan_costs_13_ns_per_history_element():
     fwd, rev = model(reverse_placeholder_scan=False), model(reverse_placeholder_scan=True)
     s = BatchShape(num_reqs=128, decode_tokens=128, history_tokens=128 * 60_000)
     base = BatchShape(num_reqs=128, decode_tokens=128)
-    assert fwd.cpu_phase_ms("sample", s) - fwd.cpu_phase_ms("sample", base) == pytest.approx(10.752)
+    assert fwd.cpu_phase_ms("sample", s) - fwd.cpu_phase_ms("sample", base) == pytest.approx(99.84)
     assert rev.cpu_phase_ms("sample", s) == rev.cpu_phase_ms("sample", base)  # O(1) per request
     assert fwd.cpu_phase_ms("sample", s) > 10 * rev.cpu_phase_ms("sample", s)
 

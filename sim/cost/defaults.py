@@ -95,8 +95,11 @@ DEFAULTS: dict[str, Any] = {
     # (terms.py lists the conditions).
     "terms": {
         # Seed 3 (PR 42938): list.index(-1) from the front scans each history;
-        # 10.9 ms for 128 x 60k output tokens = ~1.4 ns per element.
-        "sample.forward_placeholder_scan": {"history_tokens": 1.4 * NS},
+        # `list.index(-1)` over a list of ints compares each element: 13 ns per element measured
+        # here (CPython 3.11); the PR's end-to-end numbers (TPOT 65 -> 10 ms at 128 x ~30k
+        # average history) imply ~14 ns. (An earlier reading of its "10.9 ms" as per step at
+        # 128 x 60k gave 1.4 ns, ten times too cheap: reports/whatif.md.)
+        "sample.forward_placeholder_scan": {"history_tokens": 13.0 * NS},
         "sample.reverse_placeholder_scan": {"num_reqs": 0.3 * US},  # O(1) per request
         # Seed 2 (PR 38372): cat + sentinel + argmax ~6 launches vs (ids != -1).sum ~3.
         "sample.accept_count_cat": {"intercept": 6 * 8 * US},

@@ -19,7 +19,10 @@ GPU_TARGET = "gpu"
 def optimistic_active(c: Config) -> bool:
     """Seed 5 runs only with drafts and async scheduling (with 1 batch in flight there is no
     next step to prepare optimistically)."""
-    return c.spec.enabled and c.optimistic_spec_decode and c.batches_in_flight > 1
+    sync_drafter = c.spec.method == "ngram-cpu"  # runs synchronously whatever the depth
+    return (
+        c.spec.enabled and c.optimistic_spec_decode and c.batches_in_flight > 1 and not sync_drafter
+    )
 
 
 # name -> when it applies. Before/after pairs of one switch are listed together.
