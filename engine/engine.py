@@ -490,8 +490,11 @@ class Engine:
         g = cfg.max_num_seqs * self.q  # logits rows: k + 1 per request with drafts
         logits = self.model.compute_logits(hidden[torch.arange(g, device=dev) % n_tok])
         r = torch.arange(g, dtype=torch.int32, device=dev)
-        rows = SampleRows(r, r * 0, r, r * 0 - 1, r)
+        rows = SampleRows(r % cfg.max_num_seqs, r * 0, r, r * 0 - 1, r)
+        # verification rows' penalty history (engine.spec.decoder) lives alongside the logits
+        extra = torch.zeros_like(logits, dtype=torch.int32) if self.sd is not None else None
         self.sampler.sample(logits, rows, torch.empty_like(r))
+        del extra
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated(dev) - before
         del hidden, logits, kv

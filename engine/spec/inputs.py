@@ -117,8 +117,10 @@ class SpecInputBuffers(InputBuffers):
         out_t[:] = -1
         forced_t[:] = -1
 
+        known_of = known.tolist() if known is not None else None
         qsl, seq_lens, row_slot, known_row, row_gen = [0], [], [], [], []
         logits_idx, g_slot, g_key, hist, num_drafts, gen_slot = [], [], [], [], [], []
+        d_tok, d_id, d_pos, d_smap, d_out, d_forced = [], [], [], [], [], []  # decode tokens
         p_idx, p_blk = [], []
         tok = 0
         max_q = 1
@@ -136,26 +138,46 @@ class SpecInputBuffers(InputBuffers):
                 p_idx.extend(range(base + sent, base + len(blocks)))
                 p_blk.extend(blocks[sent:])
                 self.sent_blocks[slot] = len(blocks)
-            p = np.arange(s, s + n, dtype=np.int32)
-            table = np.asarray(blocks[s // bs : (s + n - 1) // bs + 1], dtype=np.int32)
-            pos[tok : tok + n] = p
-            smap[tok : tok + n] = table[p // bs - s // bs] * bs + p % bs
+            last = tok + n - 1
             if e.is_prefill:
                 ids[tok : tok + n] = st.token_ids[s : s + n]
-            else:
-                ids[tok] = -1 - slot
+                p = np.arange(s, s + n, dtype=np.int32)
+                pos[tok : tok + n] = p
+                table = np.asarray(blocks[s // bs : (s + n - 1) // bs + 1], dtype=np.int32)
+                smap[tok : tok + n] = table[p // bs - s // bs] * bs + p % bs
+                if e.generates:  # only the last token has logits
+                    out_t[last] = s + n - req.prompt_len
+                    if st.forced is not None:
+                        forced_t[last] = out_t[last] + slot * forced_width
+            else:  # the last token (device), then drafts (device table or CPU ids)
                 d = e.num_drafts
+                d_id.append(-1 - slot)
                 if d:
                     if cpu_drafts is not None:
-                        ids[tok + 1 : tok + 1 + d] = cpu_drafts[req.index][:d]
+                        d_id.extend(cpu_drafts[req.index][:d])
                     else:
-                        first = S + slot * k
-                        ids[tok + 1 : tok + 1 + d] = np.arange(-1 - first, -1 - first - d, -1)
+                        first = -1 - S - slot * k
+                        d_id.extend(range(first, first - d, -1))
+                out0 = s + 1 - req.prompt_len
+                d_tok.extend(range(tok, tok + n))
+                d_pos.extend(range(s, s + n))
+                d_out.extend(range(out0, out0 + n))
+                if st.forced is not None:
+                    f0 = slot * forced_width + out0
+                    d_forced.extend(range(f0, f0 + n))
+                else:
+                    d_forced.extend([-1] * n)
+                b0, b1 = s // bs, (s + n - 1) // bs
+                if b0 == b1:  # the usual case: all k + 1 tokens in one block
+                    base = (blocks[b0] - b0) * bs
+                    d_smap.extend(range(base + s, base + s + n))
+                else:
+                    d_smap.extend([blocks[p // bs] * bs + p % bs for p in range(s, s + n)])
             max_q = max(max_q, n)
             qsl.append(tok + n)
             seq_lens.append(s + n)
             row_slot.append(slot)
-            known_row.append(0 if known is None else int(known[slot]))
+            known_row.append(known_of[slot] if known_of is not None else 0)
             if e.generates:
                 g = len(gen_slot)
                 row_gen.append(g)
@@ -163,18 +185,25 @@ class SpecInputBuffers(InputBuffers):
                 gen_slot.append(slot)
                 if req.needs_history:
                     hist.extend(range(g * q, g * q + q))
-                last = tok + n - 1
-                lo = last if e.is_prefill else tok  # tokens with logits: lo .. last
-                logits_idx.extend([min(lo + j, last) for j in range(q)])
+                if n == q and not e.is_prefill:  # k drafts: one logits row per token
+                    logits_idx.extend(range(tok, tok + q))
+                else:  # fewer tokens with logits (lo .. last): the last one repeats
+                    lo = last if e.is_prefill else tok
+                    logits_idx.extend([lo + j if lo + j < last else last for j in range(q)])
                 g_slot.extend([slot] * q)
                 g_key.extend([st.key] * q)
-                first_out = s + (lo - tok) + 1 - req.prompt_len
-                out_t[lo : last + 1] = np.arange(first_out, first_out + last + 1 - lo)
-                if st.forced is not None:
-                    forced_t[lo : last + 1] = out_t[lo : last + 1] + slot * forced_width
             else:
                 row_gen.append(-1)
             tok += n
+        if len(d_tok) == t_real:  # all decodes: the tokens are 0 .. T-1 in order
+            ids[:t_real], pos[:t_real], smap[:t_real] = d_id, d_pos, d_smap
+            out_t[:t_real], forced_t[:t_real] = d_out, d_forced
+        elif d_tok:
+            ids[d_tok] = d_id
+            pos[d_tok] = d_pos
+            smap[d_tok] = d_smap
+            out_t[d_tok] = d_out
+            forced_t[d_tok] = d_forced
         if t > t_real:  # graph padding: no sequence owns these tokens, their KV is dropped
             ids[t_real:] = 0
             pos[t_real:] = 0
