@@ -27,10 +27,13 @@ in bulk, request states are written back, and the passes still in flight become 
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from core import phases as P
 from core.policy import Entry, ScheduledBatch, Scheduler
@@ -158,23 +161,29 @@ class _Member:
         self.old: list[int] = [0]  # old passes holding it, cumulative: old[q] = among first q
 
 
+def _times() -> array[float]:
+    return array("d")
+
+
 @dataclass
 class _Run:
     """What a segment computed: per launch k, and per iteration (the pass completed in it)."""
 
     n: int = 0
-    shapes: list[tuple[int, ...]] = field(default_factory=list)
-    sched0: list[float] = field(default_factory=list)
-    sched1: list[float] = field(default_factory=list)
-    prep1: list[float] = field(default_factory=list)
-    launch1: list[float] = field(default_factory=list)
-    sample1: list[float] = field(default_factory=list)
-    draft1: list[float] = field(default_factory=list)
-    gpu_start: list[float] = field(default_factory=list)
-    gpu_counts: list[float] = field(default_factory=list)
-    gpu_end: list[float] = field(default_factory=list)
-    po0: list[float] = field(default_factory=list)  # per iteration
-    po1: list[float] = field(default_factory=list)
+    # decode shapes: from launch k0 on, (k0, b, sum cr, sum hr, history members, sum prompt+a)
+    pieces: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    rows: dict[int, tuple[int, ...]] = field(default_factory=dict)  # other shapes, by launch
+    sched0: array[float] = field(default_factory=_times)
+    sched1: array[float] = field(default_factory=_times)
+    prep1: array[float] = field(default_factory=_times)
+    launch1: array[float] = field(default_factory=_times)
+    sample1: array[float] = field(default_factory=_times)
+    draft1: array[float] = field(default_factory=_times)
+    gpu_start: array[float] = field(default_factory=_times)
+    gpu_counts: array[float] = field(default_factory=_times)
+    gpu_end: array[float] = field(default_factory=_times)
+    po0: array[float] = field(default_factory=_times)  # per iteration
+    po1: array[float] = field(default_factory=_times)
     sync_step: list[int] = field(default_factory=list)
     sync0: list[float] = field(default_factory=list)
     sync1: list[float] = field(default_factory=list)
@@ -212,8 +221,8 @@ class FastForward:
         run = self._simulate(old, members)
         if run.n == 0:
             return False  # nothing changed: the first step already needs the normal path
-        self._record(old, run)
-        self._write_back(old, run)
+        shapes = self._record(old, run)
+        self._write_back(old, run, shapes)
         self.num_segments += 1
         self.num_steps += run.n
         return True
@@ -262,7 +271,7 @@ class FastForward:
         nd = len(old)  # completed in iterations 0 .. nd - 1, before any launched pass
         s0 = rec.num_steps
         run = _Run(members=members)
-        shapes = run.shapes
+        pieces, rows = run.pieces, run.rows
         sched0, sched1, prep1 = run.sched0, run.sched1, run.prep1
         launch1, sample1, draft1 = run.launch1, run.sample1, run.draft1
         g_start, g_counts, g_end = run.gpu_start, run.gpu_counts, run.gpu_end
@@ -313,6 +322,7 @@ class FastForward:
         next_arrival_s = loop.next_arrival_s()
         cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
         stop_after = False
+        reload = True
         k = 0
         while k < MAX_SEGMENT_STEPS and not stop_after:
             # ---- top of the loop: arrivals up to the CPU clock are visible
@@ -362,16 +372,23 @@ class FastForward:
                         grow.setdefault(k + bs, []).append(m)
             kv = sum_cr + b * (k + 1)
             ctx = sum_prompt + sum_a + b * k
+            hist = sum_hr + nh * k
+            if changed or not k:
+                pieces.append((k, b, sum_cr, sum_hr, nh, sum_prompt + sum_a))
             if young:
-                ctx += self._young_correction(young, k)
-            row: tuple[int, ...] = (b, 0, 0, b, 0, kv, kv, sum_hr + nh * k, ctx, 0, 0)
+                corr = self._young_correction(young, k)
+                if corr:
+                    ctx += corr
+                    rows[k] = (b, 0, 0, b, 0, kv, kv, hist, ctx, 0, 0)
             budget = max_tokens - b
             admitted: list[Entry] = []
             if waiting and budget > 0 and len(running) < max_seqs:
                 sched._admit(admitted, budget)
             if admitted:
                 pf = Scheduler._shape(admitted)
-                row = tuple(x + y for x, y in zip(row, _row(pf), strict=True))
+                decode = (b, 0, 0, b, 0, kv, kv, hist, ctx, 0, 0)
+                row = tuple(x + y for x, y in zip(decode, _row(pf), strict=True))
+                rows[k] = row
                 for e in admitted:
                     sched._launch(e)
                 run.admitted[k] = admitted
@@ -409,20 +426,23 @@ class FastForward:
                 if changed:
                     sh.set_decode(b)
                     const = costs.const(sh)
+                reload = True  # the next decode step takes the decode costs again
                 cur = mx
             else:
                 if changed:
                     sh.set_decode(b)
                     const = costs.const(sh)
+                    reload = True
+                if reload:
+                    (
+                        c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
+                        a_sched, a_prep, a_launch, a_sample, a_draft, a_po,
+                    ) = const  # fmt: skip
+                    reload = False
                 sh.kv_read_tokens = sh.attn_pairs = kv
-                sh.history_tokens = row[7]
+                sh.history_tokens = hist
                 sh.context_tokens = ctx
-                (
-                    c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
-                    a_sched, a_prep, a_launch, a_sample, a_draft, a_po,
-                ) = const  # fmt: skip
                 cur = sh
-            shapes.append(row)
             step = s0 + k
             # ---- launch_step
             sched0.append(cpu)
@@ -541,11 +561,12 @@ class FastForward:
             rec.finish(r.index, t)
 
     # ---- bulk bookkeeping ---------------------------------------------------------------------
-    def _record(self, old: list[Pass], run: _Run) -> None:
+    def _record(self, old: list[Pass], run: _Run) -> np.ndarray:
         rec = self.loop.rec
         n, nd = run.n, len(old)
+        shapes = _shape_rows(run)
         s0 = rec.add_steps(
-            run.shapes[:n],
+            shapes,
             {
                 P.SCHEDULE: (run.sched0[:n], run.sched1[:n]),
                 P.PREPARE_INPUTS: (run.sched1[:n], run.prep1[:n]),
@@ -579,8 +600,9 @@ class FastForward:
         rec.tokens_ranges(rows, starts, stops, po1)
         if self.loop.progress is not None:
             self.loop.progress(s0 + done - 1 if done > 0 else old[n - 1].step)
+        return shapes
 
-    def _write_back(self, old: list[Pass], run: _Run) -> None:
+    def _write_back(self, old: list[Pass], run: _Run, shapes: np.ndarray) -> None:
         """Leave requests, the scheduler and the loop as the step-by-step path would have."""
         from sim.loop import Pass
 
@@ -599,7 +621,7 @@ class FastForward:
         for k in range(max(0, n - nd), n):  # launches still in flight, in launch order
             entries = [Entry(m.req, m.cr + k, 1, 0, True, False) for m in live if m.j1 <= k < m.end]
             entries.extend(run.admitted.get(k, ()))
-            shape = BatchShape(*run.shapes[k])
+            shape = BatchShape(*shapes[k].tolist())
             batch = ScheduledBatch(first + k, entries, shape)
             g0, gc_, g1 = run.gpu_start[k], run.gpu_counts[k], run.gpu_end[k]
             inflight.append(Pass(batch, s0 + k, run.launch1[k], g0, gc_, g1))
@@ -618,6 +640,25 @@ def _row(s: BatchShape) -> tuple[int, ...]:
         s.kv_read_tokens, s.attn_pairs, s.history_tokens, s.context_tokens, s.new_reqs,
         s.finished_reqs,
     )  # fmt: skip
+
+
+def _shape_rows(run: _Run) -> np.ndarray:
+    """(n, len(SHAPE_FIELDS)) int64: the decode pieces evaluated at every launch, then the
+    launches whose shape was written out."""
+    n = run.n
+    p = np.array([x for x in run.pieces if x[0] < n], dtype=np.int64).reshape(-1, 6)
+    lengths = np.diff(np.append(p[:, 0], n))
+    b, sum_cr, sum_hr, nh, sum_pa = np.repeat(p[:, 1:], lengths, axis=0).T
+    k = np.arange(n, dtype=np.int64)
+    out = np.zeros((n, len(SHAPE_FIELDS)), dtype=np.int64)
+    out[:, 0] = out[:, 3] = b  # num_reqs, decode_tokens
+    out[:, 5] = out[:, 6] = sum_cr + b * (k + 1)  # kv_read_tokens, attn_pairs
+    out[:, 7] = sum_hr + nh * k  # history_tokens
+    out[:, 8] = sum_pa + b * k  # context_tokens
+    for i, row in run.rows.items():
+        if i < n:
+            out[i] = row
+    return out
 
 
 def _set_state(m: _Member, n: int, nd: int) -> None:

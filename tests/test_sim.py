@@ -215,3 +215,66 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path: Path, bad: str) -> None:
     assert ("output_len" if bad == "trace" else "batches_in_flight") in lines[0]
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")], "temp left behind"
+
+
+# ---- behind a router ---------------------------------------------------------------------------
+def _replica(cfg_sets: list[str], trace: Path, env: object) -> SimLoop:
+    """What simulate() builds, on a shared SimPy environment."""
+    from core.gpus import get_gpu
+    from core.models import get_model, with_context
+    from core.policy import Scheduler
+    from core.policy.sizing import kv_blocks_for_gpu, scheduler_config
+    from core.runfmt import RunRecorder
+    from core.trace import read_trace
+    from sim.cost import load_cost_model
+    from sim.gcmodel import GCModel
+
+    cfg = load_config(None, cfg_sets)
+    model = with_context(get_model(cfg.model), cfg.max_model_len)
+    t = read_trace(trace, model)
+    cost = load_cost_model(cfg)
+    blocks = kv_blocks_for_gpu(cfg, model, get_gpu(cfg.gpu).memory_bytes)
+    requests = simrun.build_requests(t)
+    rec = RunRecorder()
+    for r in requests:
+        rec.add_request(r.request_id, r.arrival_s)
+    gc = GCModel(cfg.gc, cfg.gc_freeze, cost.gc_pause_ms)
+    sched = Scheduler(scheduler_config(cfg, model, blocks))
+    accept = simrun.acceptance_for(cfg, t)
+    return SimLoop(cfg, sched, cost, rec, requests, accept, gc, None, env, check_invariants=True)  # type: ignore[arg-type]
+
+
+def test_router_replicas_match_their_own_runs(tmp_path: Path) -> None:
+    """Two replicas on one SimPy environment, fed through `start(own_arrivals=False)` and
+    `submit` by a router process, run exactly as each would alone on its share of the trace."""
+    import simpy
+
+    rng = np.random.default_rng(4)
+    n = 60
+    arrival = np.sort(rng.uniform(0, 3, n))
+    prompt, output = rng.integers(20, 900, n), rng.integers(1, 150, n)
+    parts = [
+        trace_file(tmp_path, f"part{j}", arrival[j::2], prompt[j::2], output[j::2])
+        for j in range(2)
+    ]
+    sets = ["model=llama3-8b", "num_kv_blocks=400"]
+    env = simpy.Environment()
+    loops = [_replica(sets, p, env) for p in parts]
+
+    def router() -> object:
+        queue = sorted((r.arrival_s, j, r.index) for j, lp in enumerate(loops) for r in lp.requests)
+        for arrival_s, j, i in queue:
+            if arrival_s > env.now:
+                yield env.timeout(arrival_s - env.now)
+            loops[j].submit(loops[j].requests[i])
+
+    env.process(router())
+    done = [lp.start(own_arrivals=False) for lp in loops]
+    env.run(until=env.all_of(done))
+    for lp, part in zip(loops, parts, strict=True):
+        alone = simrun.simulate(load_config(None, sets), part).recorder.freeze()
+        shared = lp.rec.freeze()
+        assert shared.num_steps == alone.num_steps
+        for name in ("gpu_start", "gpu_end", "first_token", "finish"):
+            np.testing.assert_allclose(getattr(shared, name), getattr(alone, name), rtol=1e-9)
+        np.testing.assert_array_equal(shared.shape, alone.shape)

@@ -153,21 +153,28 @@ class RunRecorder:
     # Each is exactly the per-call methods above called once per element, in order.
     def add_steps(
         self,
-        shapes: Sequence[Sequence[int]],
+        shapes: Sequence[Sequence[int]] | np.ndarray,
         phases: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None,
     ) -> int:
-        """`add_step` for each row of `shapes` (BatchShape fields in SHAPE_FIELDS order, ints),
-        then `phase(step, name, starts[i], ends[i])` for each new step and each
+        """`add_step` for each row of `shapes` (BatchShape fields in SHAPE_FIELDS order, ints;
+        a (n, len(SHAPE_FIELDS)) integer array is taken as is), then
+        `phase(step, name, starts[i], ends[i])` for each new step and each
         `phases[name] = (starts, ends)`; returns the index of the first step added."""
         first = self.num_steps
         n = len(shapes)
         width = len(SHAPE_FIELDS)
-        for row in shapes:
-            if len(row) != width:
-                raise ValueError(
-                    f"add_steps: a shape row has {len(row)} values, expected {width} "
-                    f"({', '.join(SHAPE_FIELDS)})"
-                )
+        rows: np.ndarray | None = None
+        if isinstance(shapes, np.ndarray):
+            if shapes.ndim != 2 or shapes.shape[1] != width or shapes.dtype.kind not in "iu":
+                raise ValueError(f"add_steps: shapes must be an (n, {width}) integer array")
+            rows = shapes.astype(np.int64)
+        else:
+            for row in shapes:
+                if len(row) != width:
+                    raise ValueError(
+                        f"add_steps: a shape row has {len(row)} values, expected {width} "
+                        f"({', '.join(SHAPE_FIELDS)})"
+                    )
         for name, (starts_s, ends_s) in (phases or {}).items():
             if name not in self._phase:
                 raise ValueError(f"unknown CPU phase {name!r}; expected one of {CPU_PHASES}")
@@ -175,15 +182,20 @@ class RunRecorder:
                 raise ValueError(f"add_steps: phase {name!r} needs {n} starts and ends")
         while self._cap < first + n:
             self._grow()
-        self._shape_buf.extend(map(tuple, shapes))
-        if len(self._shape_buf) >= self._chunk:
-            self._flush_shapes()
+        if rows is not None:
+            self._flush_shapes()  # keeps rows in step order
+            if n:
+                self._shape_chunks.append(rows)
+        else:
+            self._shape_buf.extend(map(tuple, shapes))
+            if len(self._shape_buf) >= self._chunk:
+                self._flush_shapes()
         self.num_steps = first + n
         cut = slice(first, first + n)
         for name, (starts_s, ends_s) in (phases or {}).items():
             starts, ends = self._phase[name]
-            starts[cut] = array("d", starts_s)  # new steps: nothing recorded there yet
-            ends[cut] = array("d", ends_s)
+            starts[cut] = _doubles(starts_s)  # new steps: nothing recorded there yet
+            ends[cut] = _doubles(ends_s)
         return first
 
     def phases(
@@ -197,16 +209,16 @@ class RunRecorder:
         cut = self._steps_slice(f"phases {name!r}", first_step, starts_s, ends_s)
         if not _unset(starts[cut]):
             raise ValueError(f"phase {name!r} recorded twice in steps {cut.start}..{cut.stop - 1}")
-        starts[cut] = array("d", starts_s)
-        ends[cut] = array("d", ends_s)
+        starts[cut] = _doubles(starts_s)
+        ends[cut] = _doubles(ends_s)
 
     def gpus(self, first_step: int, starts_s: Sequence[float], ends_s: Sequence[float]) -> None:
         """`gpu(first_step + i, starts_s[i], ends_s[i])` for every i."""
         cut = self._steps_slice("gpus", first_step, starts_s, ends_s)
         if not _unset(self._gpu_start[cut]):
             raise ValueError(f"gpu interval recorded twice in steps {cut.start}..{cut.stop - 1}")
-        self._gpu_start[cut] = array("d", starts_s)
-        self._gpu_end[cut] = array("d", ends_s)
+        self._gpu_start[cut] = _doubles(starts_s)
+        self._gpu_end[cut] = _doubles(ends_s)
 
     def syncs(
         self, steps: Sequence[int], starts_s: Sequence[float], ends_s: Sequence[float]
@@ -444,6 +456,12 @@ class RunRecorder:
         self._gpu_end.extend(nans)
         self._accepted.extend(array("q", [0]) * more)
         self._cap += more
+
+
+def _doubles(values: Sequence[float]) -> array[float]:
+    if isinstance(values, array) and values.typecode == "d":
+        return values
+    return array("d", values)
 
 
 def _unset(times: array[float]) -> bool:
