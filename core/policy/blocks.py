@@ -111,6 +111,9 @@ class BlockManager:
         free = self.free
         if need > free.size:
             return False
+        if need == 1:  # a decode crossing into its next block: the common case
+            self._allocate_one(ids)
+            return True
         take = min(need, free.num_blocks - free.fresh)
         if take:  # fresh blocks first, in id order
             ids.extend(free.take_fresh(take))
@@ -136,6 +139,32 @@ class BlockManager:
             free.prev[b] = _NONE
         free.size -= need
         return True
+
+    def _allocate_one(self, ids: list[int]) -> None:
+        """allocate() of a single block, inlined: a fresh one, else the queue's head."""
+        free = self.free
+        b = free.fresh
+        if b < free.num_blocks:
+            free.fresh = b + 1
+            free.prev.append(_NONE)
+            free.next.append(_NONE)
+            free.on.append(False)
+            self.refcount.append(1)
+            self.block_hash.append(None)
+        else:
+            b = free.head
+            free.on[b] = False
+            if self.block_hash[b] is not None:
+                self._evict_hash(b)
+            self.refcount[b] = 1
+            nb = free.next[b]
+            free.head = nb
+            if nb == _NONE:
+                free.tail = _NONE
+            else:
+                free.prev[nb] = _NONE
+        free.size -= 1
+        ids.append(b)
 
     def release(self, req: Request) -> None:
         """Drop `req`'s references; blocks no longer used return to the free queue.
