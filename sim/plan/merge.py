@@ -22,6 +22,10 @@ from core.runfmt.recording import Recording
 from core.runfmt.stats import dist
 from sim.plan.recview import bubble_totals, merged_itl_quantiles
 
+# Attributing bubbles to causes costs ~10x their totals (~1 s on an hour of steps): only
+# worth it where there is something to show.
+CAUSES_MIN_FRACTION = 1e-3
+UNATTRIBUTED = "unattributed"
 _REQUEST_FIELDS = (
     "arrival",
     "first_token",
@@ -51,8 +55,11 @@ def _pick(frozen: list[Recording], owner: np.ndarray, name: str, fill: float) ->
 
 def _replica_entry(rec: Recording, rows: np.ndarray, causes: bool) -> dict[str, Any]:
     mine = _rows(rec, rows)
-    bub = account_bubbles(mine) if causes else bubble_totals(mine)
+    bub = bubble_totals(mine)
     busy_plus_bubble = bub.busy_s + bub.bubble_s
+    by_cause = None
+    if causes and bub.bubble_s > CAUSES_MIN_FRACTION * busy_plus_bubble:
+        by_cause = account_bubbles(mine).by_cause
     return {
         "requests": int(rows.size),
         "output_tokens": int(mine.output_tokens.sum()),
@@ -63,7 +70,7 @@ def _replica_entry(rec: Recording, rows: np.ndarray, causes: bool) -> dict[str, 
         "bubble_s": bub.bubble_s,
         "idle_s": bub.idle_s,
         "bubble_fraction": bub.bubble_s / busy_plus_bubble if busy_plus_bubble > 0 else 0.0,
-        "bubble_s_by_cause": bub.by_cause if causes else None,
+        "bubble_s_by_cause": by_cause,
         "_window": (bub.start_s, bub.end_s),
     }
 
@@ -72,7 +79,9 @@ def fleet_summary(
     recorders: list[RunRecorder], owner: np.ndarray, causes: bool = True
 ) -> dict[str, Any]:
     """`owner[row]` = the replica request `row` went to, -1 if it never arrived (a stopped
-    run). Without `causes`, bubble seconds are not attributed (`bubble_s_by_cause` None)."""
+    run). With `causes`, the bubbles of replicas whose bubble fraction is at least
+    CAUSES_MIN_FRACTION are attributed (`bubble_s_by_cause`; the other replicas' bubbles go to
+    "unattributed"); without, or when no replica reaches it, `bubble_s_by_cause` is None."""
     frozen = [r.freeze() for r in recorders]
     arrival = frozen[0].arrival
     first = _pick(frozen, owner, "first_token", math.nan)
@@ -103,9 +112,12 @@ def fleet_summary(
     busy = sum(e["busy_s"] for e in replicas)
     bubble = sum(e["bubble_s"] for e in replicas)
     by_cause: dict[str, float] | None = None
-    if causes:
-        by_cause = {}
+    if any(e["bubble_s_by_cause"] for e in replicas):
+        by_cause = {UNATTRIBUTED: 0.0}
         for e in replicas:
+            if e["bubble_s_by_cause"] is None:
+                by_cause[UNATTRIBUTED] += e["bubble_s"]
+                continue
             for c, s in e["bubble_s_by_cause"].items():
                 by_cause[c] = by_cause.get(c, 0.0) + s
     return {

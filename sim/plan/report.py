@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from core.runfmt import CAUSES
+from sim.plan.merge import UNATTRIBUTED
 from sim.plan.svg import Chart, Series, bar_chart, color, line_chart, stacked_bars
 
 MAX_LINES = 8  # candidates drawn in the line charts
@@ -163,7 +164,8 @@ def gpu_time_chart(shown: list[dict[str, Any]]) -> str:
             by_cause = {"bubbles (not attributed)": g["bubble_s"]}
         for cause, s in sorted((by_cause or {}).items(), key=lambda kv: -kv[1]):
             if s > 0:
-                segs.append((cause, 100 * s / total))
+                name = "bubbles (not attributed)" if cause == UNATTRIBUTED else cause
+                segs.append((name, 100 * s / total))
         segs.append(("idle (no request)", 100 * max(g["idle_s"], 0.0) / total))
         for name, _ in segs:
             used[name] = _CAUSE_COLORS.get(name, "#999")
