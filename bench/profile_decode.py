@@ -56,8 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-seq-len", type=int, default=0, help="attention bound (default context)")
+    p.add_argument("--skinny-rows", type=int, default=None,
+                   help="override engine.model.SKINNY_MAX_ROWS (0 = cuBLAS path only)")  # fmt: skip
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
+    if args.skinny_rows is not None:
+        import engine.model
+
+        engine.model.SKINNY_MAX_ROWS = args.skinny_rows
     device = torch.device("cuda")
     spec = get_model(args.model)
     dtype = torch.bfloat16
@@ -108,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "model": args.model, "batch": args.batch, "graph_ms": graph_ms, "kernel_ms": kernel_ms,
             "floor_ms": floor_ms, "max_seq_len": attn.max_seq_len,
+            "gpu": torch.cuda.get_device_name(), "copy_gb_s": bw,
             "kernels_per_step": sum(count.values()) // 5, "groups": groups,
             "kernels": {n: ms for n, ms in rows},
         }, indent=1))  # fmt: skip

@@ -218,12 +218,13 @@ class PagedAttention:
         assert self.kernels is not None, "rope_and_attend needs the triton backend"
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         if attn.max_query_len == 1:
-            return self._decode(q, k, v, k_cache, v_cache, attn, scale, positions, cos, sin)
+            return self._decode(q, k, v, k_cache, v_cache, attn, scale, cos, sin)
         self.kernels.rope_write_kv(q, k, v, positions, cos, sin, k_cache, v_cache,
                                    attn.slot_mapping)  # fmt: skip
         return self._attend(q, k_cache, v_cache, attn, scale)
 
-    def _decode(self, q, k, v, k_cache, v_cache, attn, scale, positions=None, cos=None, sin=None):
+    def _decode(self, q, k, v, k_cache, v_cache, attn, scale, cos=None, sin=None):
+        """All decodes: one launch (RoPE at position seq_len - 1, which `positions` equals)."""
         return self.kernels.decode_attention(
             q,
             k,
@@ -235,7 +236,6 @@ class PagedAttention:
             attn.block_tables,
             attn.max_seq_len,
             scale,
-            positions=positions,
             cos=cos,
             sin=sin,
             slot_mapping=attn.slot_mapping,

@@ -19,6 +19,9 @@ from core.models import ModelSpec
 from engine.attention import AttentionMetadata, PagedAttention
 
 INIT_STD = 0.02
+# Steps of at most this many tokens (decode batches) take the fused skinny-GEMM layer on the
+# "triton" backend; larger ones cuBLAS + separate norm / activation kernels.
+SKINNY_MAX_ROWS = 8
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -96,8 +99,12 @@ class Attention(nn.Module):
         self.o_proj = _param((spec.hidden_size, spec.q_size), dtype, device)
 
     def forward(self, x, positions, attn: AttentionMetadata, kv_cache: torch.Tensor):
-        s, rotary = self.spec, self.rotary[0]
         qkv = F.linear(x, self.qkv_proj)  # [T, q | k | v]
+        return F.linear(self.attend(qkv, positions, attn, kv_cache), self.o_proj)
+
+    def attend(self, qkv, positions, attn: AttentionMetadata, kv_cache) -> torch.Tensor:
+        """qkv [T, q | k | v] -> attention output [T, q_size] (RoPE, KV write, attention)."""
+        s, rotary = self.spec, self.rotary[0]
         v = qkv[:, s.q_size + s.kv_size :].view(-1, s.num_kv_heads, s.head_dim)
         if rotary.kernels is not None:  # RoPE fused with the KV write (and decode attention)
             q = qkv[:, : s.q_size].view(-1, s.num_heads, s.head_dim)
@@ -109,7 +116,7 @@ class Attention(nn.Module):
             qk = qkv[:, : s.q_size + s.kv_size].view(-1, s.num_heads + s.num_kv_heads, s.head_dim)
             q, k = rotary(positions, qk).split([s.num_heads, s.num_kv_heads], dim=1)
             o = self.attention(q, k, v, kv_cache, attn, self.scale)
-        return F.linear(o.reshape(-1, s.q_size), self.o_proj)
+        return o.reshape(-1, s.q_size)
 
 
 class MLP(nn.Module):
@@ -163,7 +170,7 @@ class LlamaModel(nn.Module):
         device = torch.device(device)
         self.spec, self.dtype, self.device = spec, dtype, device
         self.attention = PagedAttention(attn_backend, device)
-        kernels = self.attention.kernels
+        kernels = self.kernels = self.attention.kernels
         self.rotary = RotaryEmbedding(spec, max_positions or spec.max_context, device, kernels)
         self.embed_tokens = _param((spec.vocab_size, spec.hidden_size), dtype, device)
         self.layers = nn.ModuleList(
@@ -175,6 +182,9 @@ class LlamaModel(nn.Module):
             self.lm_head = self.embed_tokens
         else:
             self.lm_head = _param((spec.vocab_size, spec.hidden_size), dtype, device)
+        # the skinny-GEMM path needs the triton kernels and 16-wide inner sizes
+        inner = (spec.hidden_size, spec.q_size, spec.intermediate_size)
+        self.skinny_ok = kernels is not None and all(kernels.skinny_supports(k) for k in inner)
 
     @property
     def attn_backend(self) -> str:
@@ -203,13 +213,35 @@ class LlamaModel(nn.Module):
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, Hkv, D]
     ) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
+        if self._skinny(x.shape[0]):
+            return self._forward_skinny(x, positions, attn, kv_cache)
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, attn, kv_cache[i])
         return self.norm(x, residual)[0]
 
+    def _skinny(self, num_tokens: int) -> bool:
+        """Few tokens on the triton backend: the fused skinny-GEMM layer (host ints only)."""
+        return self.skinny_ok and 0 < num_tokens <= SKINNY_MAX_ROWS
+
+    def _forward_skinny(self, h, positions, attn, kv_cache) -> torch.Tensor:
+        """The same layers in 5 launches each: RMSNorm rides in the qkv / gate_up GEMMs, the
+        residual add in the o / down GEMMs (h, the residual stream, is updated in place), SiLU*up
+        in the down GEMM, RoPE + KV write in the attention."""
+        gemm, eps = self.kernels.skinny_gemm, self.spec.rms_norm_eps
+        for i, layer in enumerate(self.layers):
+            a, mlp = layer.self_attn, layer.mlp
+            qkv = gemm(h, a.qkv_proj, norm_weight=layer.input_layernorm.weight, eps=eps)
+            gemm(a.attend(qkv, positions, attn, kv_cache[i]), a.o_proj, residual=h)
+            gate_up = gemm(h, mlp.gate_up_proj, norm_weight=layer.post_attention_layernorm.weight,
+                           eps=eps)  # fmt: skip
+            gemm(gate_up, mlp.down_proj, silu_mul=True, residual=h)
+        return self.norm(h)[0]
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (already final-normed by forward) -> float32 logits [n, vocab]."""
+        if self._skinny(hidden.shape[0]):  # fp32 straight from the accumulator: one launch
+            return self.kernels.skinny_gemm(hidden, self.lm_head, out_dtype=torch.float32)
         return F.linear(hidden, self.lm_head).float()
 
 

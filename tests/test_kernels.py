@@ -206,13 +206,44 @@ def _check_decode(contexts, hq, hkv, d, bs, dtype, tol, device="cpu", pad_rows=2
     decode_attention(
         qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d),
         qkv[:, (hq + hkv) * d :].view(t, hkv, d), kc, vc, dev(qsl), dev(seq_lens), dev(tables),
-        max(contexts) + 1, d**-0.5, positions=dev(positions), cos=dev(rot.cos),
+        max(contexts) + 1, d**-0.5, cos=dev(rot.cos),
         sin=dev(rot.sin), slot_mapping=dev(slots), out=out, **kw,
     )  # fmt: skip
     assert rel_err(out[:b].cpu(), ref) < tol
     assert rel_err(kc.view(-1, hkv, d)[owned].cpu(), k_ref.view(-1, hkv, d)[owned]) < tol
     assert torch.equal(vc.view(-1, hkv, d)[owned].cpu(), v_ref.view(-1, hkv, d)[owned])
     assert all(not c.any() for c in _COUNTERS.values()), "split counters left non-zero"
+
+
+def _check_skinny_gemm(m, n, k, dtype, tol, device="cpu", config=None, seed=0) -> None:
+    """skinny_gemm plain, with the RMSNorm prologue, the SiLU*up prologue, the residual
+    epilogue and fp32 output, each vs float64 torch."""
+    import torch.nn.functional as F
+
+    from engine.kernels import skinny_gemm
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(dtype).to(device)
+
+    x, w, g = rand(m, k), rand(n, k, scale=k**-0.5), rand(k) + 1
+    gate_up, res = rand(m, 2 * k, scale=2.0), rand(m, n)
+    x64, w64 = x.double(), w.double()
+    normed = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * g.double()
+    act = F.silu(gate_up[:, :k].double()) * gate_up[:, k:].double()
+    res_before = res.clone()
+    cases = [
+        (skinny_gemm(x, w, config=config), x64 @ w64.T),
+        (skinny_gemm(x, w, norm_weight=g, eps=1e-5, config=config), normed @ w64.T),
+        (skinny_gemm(gate_up, w, silu_mul=True, config=config), act @ w64.T),
+        (skinny_gemm(x, w, residual=res, config=config), res_before.double() + x64 @ w64.T),
+    ]
+    for i, (out, ref) in enumerate(cases):
+        assert out.dtype == dtype and rel_err(out.cpu(), ref.cpu()) < tol, i
+    assert torch.equal(res, cases[3][0])  # in place
+    logits = skinny_gemm(x, w, out_dtype=torch.float32, config=config)
+    assert logits.dtype == torch.float32 and rel_err(logits.cpu(), (x64 @ w64.T).cpu()) < tol
 
 
 # ---- Triton under the interpreter (subprocess) ------------------------------------------------
@@ -360,6 +391,13 @@ def test_interp_silu_mul(dtype, tol):
 
 
 @interp_only
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 3e-3)])
+@pytest.mark.parametrize("m", [1, 5])
+def test_interp_skinny_gemm_and_fusions(m, dtype, tol):
+    _check_skinny_gemm(m, 48, 64, dtype, tol, config=(16, 32, 2, 4), seed=m)
+
+
+@interp_only
 def test_interp_model_decode_steps_triton_match_torch():
     """Decode steps (the fused RoPE + KV write + decode attention path) after a prefill."""
     try:
@@ -475,19 +513,19 @@ def test_kernels_lower_to_sm90_cubin():
     consts = dict(NUM_HEADS=40, HALF=64, HEADS_PAD=64, HALF_PAD=64)
     _compile_sm90(mods["rope"]._rope_kernel, rope, consts)
     dec = importlib.import_module("engine.kernels.decode_attention")
-    sig = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, positions_ptr="*i64", cos_ptr=f32,
-               sin_ptr=f32, slot_mapping_ptr="*i64", k_cache_ptr=bf16, v_cache_ptr=bf16,
-               out_ptr=bf16, part_acc_ptr=f32, part_ml_ptr=f32, counter_ptr="*i32",
+    sig = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, cos_ptr=f32, sin_ptr=f32,
+               slot_mapping_ptr="*i64", k_cache_ptr=bf16, v_cache_ptr=bf16, out_ptr=bf16,
+               part_acc_ptr=f32, part_ml_ptr=f32, counter_ptr="*i32",
                query_start_loc_ptr="*i32", seq_lens_ptr="*i32", block_tables_ptr="*i32",
                scale_log2="fp32", **dict.fromkeys(
                    ["stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
                     "stride_v_h", "stride_o_t", "stride_o_h", "stride_cs", "stride_bt",
                     "stride_cache_block"], i32))  # fmt: skip
-    for head_dim, splits, block_n, rope_on in [(128, 1, 64, True), (128, 32, 64, True),
+    for head_dim, splits, block_n, rope_on in [(128, 1, 64, True), (128, 16, 64, True),
                                                (64, 4, 32, False)]:  # fmt: skip
-        consts = dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, GROUP=4, GROUP_PAD=16, HEAD_DIM=head_dim,
-                      DIM_PAD=head_dim, HALF=head_dim // 2, HALF_PAD=head_dim // 2,
-                      BLOCK_SIZE=16, BLOCK_N=block_n, NUM_SPLITS=splits, ROPE=rope_on,
+        consts = dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, GROUP=4, GROUP_P2=4, GROUP_PAD=16,
+                      HEAD_DIM=head_dim, DIM_PAD=head_dim, HALF=head_dim // 2, BLOCK_SIZE=16,
+                      BLOCK_N=block_n, NUM_SPLITS=splits, ROPE=rope_on,
                       WRITE_KV=rope_on)  # fmt: skip
         _compile_sm90(dec._decode_attention_kernel, sig, consts)
     sig = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, positions_ptr="*i64", cos_ptr=f32,
@@ -502,9 +540,13 @@ def test_kernels_lower_to_sm90_cubin():
     sig = dict(x_ptr=bf16, out_ptr=bf16, stride_x=i32, stride_o=i32, size=i32)
     _compile_sm90(act._silu_mul_kernel, sig, dict(BLOCK=1024))
     gemm = importlib.import_module("engine.kernels.skinny_gemm")
-    sig = dict(x_ptr=bf16, w_ptr=bf16, out_ptr=bf16, M=i32, N=i32, K=i32, stride_xm=i32,
-               stride_wn=i32, stride_om=i32)  # fmt: skip
-    _compile_sm90(gemm._skinny_gemm_kernel, sig, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256))
+    sig = dict(x_ptr=bf16, w_ptr=bf16, out_ptr=bf16, norm_w_ptr=bf16, res_ptr=bf16, M=i32,
+               N=i32, K=i32, stride_xm=i32, stride_wn=i32, stride_om=i32, stride_rm=i32,
+               eps="fp32")  # fmt: skip
+    for norm, silu, res in [(False, False, False), (True, False, False), (False, True, True)]:
+        consts = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, NORM=norm, SILU_MUL=silu,
+                      RESIDUAL=res)  # fmt: skip
+        _compile_sm90(gemm._skinny_gemm_kernel, sig, consts)
 
 
 # ---- GPU (bf16) --------------------------------------------------------------------------------
@@ -638,3 +680,11 @@ def test_gpu_rope_write_kv_and_silu_mul_bf16():
     x = torch.randn(9, 2 * 14336, device="cuda", generator=gen).bfloat16()
     gate, up = x.chunk(2, dim=-1)
     assert rel_err(silu_mul(x), F.silu(gate) * up) < 1e-2
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m", [1, 8])
+def test_gpu_skinny_gemm_and_fusions_bf16(m):
+    _check_skinny_gemm(m, 4096 + 96, 4096, torch.bfloat16, 1e-2, "cuda", seed=m)
+    _check_skinny_gemm(m, 6144, 1024, torch.bfloat16, 1e-2, "cuda", config=(64, 128, 6, 4))

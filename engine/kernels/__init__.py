@@ -8,6 +8,8 @@ from engine.kernels.kv_cache_write import rope_write_kv, write_kv_cache
 from engine.kernels.paged_attention import paged_attention
 from engine.kernels.rms_norm import rms_norm
 from engine.kernels.rope import rope_inplace
+from engine.kernels.skinny_gemm import skinny_gemm
+from engine.kernels.skinny_gemm import supports as skinny_supports
 
 __all__ = [
     "decode_attention",
@@ -16,5 +18,7 @@ __all__ = [
     "rope_inplace",
     "rope_write_kv",
     "silu_mul",
+    "skinny_gemm",
+    "skinny_supports",
     "write_kv_cache",
 ]

@@ -2,9 +2,11 @@
 token's KV-cache write fused in: one launch per layer instead of rope + kv write + attention +
 split reduce.
 
-Batch layout as in `paged_attention`: sequence b owns query token query_start_loc[b] if
-query_start_loc[b+1] > query_start_loc[b] (a graph padding row owns none), has seq_lens[b] keys
-including the new one, and its query sits at position seq_lens[b] - 1, so it sees every key.
+Batch layout as in `paged_attention`, specialised: row b is a real sequence iff
+query_start_loc[b+1] > query_start_loc[b], and then its query token is token b (every real row
+owns exactly one token and the graph padding rows come last, so query_start_loc[b] = b). It has
+seq_lens[b] keys including the new one, and its query sits at position seq_lens[b] - 1 (the RoPE
+position), so it sees every key.
 
 Grid: (sequence, kv head, split). A program takes the GROUP query heads of one kv head (rows
 padded to GROUP_PAD >= 16 for tl.dot). The keys of a sequence are cut at run time into at most
@@ -12,17 +14,21 @@ NUM_SPLITS runs of whole BLOCK_N tiles from its real seq_len, so the split count
 batch size alone (a CUDA graph captured for max_model_len behaves like one for the real context);
 splits past the last tile exit at once.
 
-Fused pieces:
-- ROPE: q (and the new key) are rotated in registers (rotate-half form, fp32, rounded to the model
-  dtype as `engine.model.RotaryEmbedding` does), so q and k are read straight from the qkv output.
-- WRITE_KV: the split that covers the last position writes the rotated new key and its value into
-  the cache at slot_mapping[token] (slot < 0: no write), then a barrier, then reads them back
-  through the normal tile loop. No other program reads that position.
+Fused pieces (decode is latency-bound at small batch: each dependent global load is ~1 us, so
+every load that depends on nothing is issued first):
+- ROPE: q and the new key are rotated in registers on full rows, x * cos + sign * swap(x) * sin
+  (swap = the other half, loaded as a second gather), in fp32 and rounded to the model dtype as
+  `engine.model.RotaryEmbedding` does; q and k are read straight from the qkv output.
+- WRITE_KV: the new token's K/V are not read back from the cache: the split that covers the last
+  position starts its online softmax from the new key (weight 1 at its score, acc = v) and masks
+  that position in its tiles; it also writes the rotated key and the value to the cache at
+  slot_mapping[token] (slot < 0: no write) for later steps. No program of this launch reads it.
 - Split merge: with more than one active split, each writes an unnormalised fp32 partial (acc,
   running max in log2 units, running sum) and bumps the (sequence, kv head) counter with an
-  acq_rel atomic; the last one to arrive merges the partials and resets the counter to 0, so the
-  counters are all 0 between launches. Launches that share the counters must be stream-ordered
-  (they are: the engine runs one compute stream).
+  acq_rel atomic after a CTA barrier; the last one to arrive merges all partials of its kv head in
+  one [split, head, dim] load (L2, .cg) and resets the counter to 0, so the counters are all 0
+  between launches. Launches that share the counters must be stream-ordered (they are: the engine
+  runs one compute stream).
 
 All sizes come from tensors or constexprs; the host reads no tensor values (CUDA-graph safe).
 """
@@ -38,7 +44,7 @@ import triton.language as tl
 
 _LOG2E = 1.4426950408889634
 TARGET_PROGRAMS_PER_SM = 2  # split until (seqs x kv heads x splits) reaches this many per SM
-MAX_SPLITS = 32
+MAX_SPLITS = 16
 NUM_COUNTERS = 1 << 14  # (seq, kv head) pairs a split launch may use; splits need few programs
 
 
@@ -58,7 +64,6 @@ def _decode_attention_kernel(
     q_ptr,  # [T, Hq, D] view (e.g. columns of the fused qkv output)
     k_ptr,  # [T, Hkv, D] view: the new tokens' keys (before RoPE when ROPE)
     v_ptr,  # [T, Hkv, D] view
-    positions_ptr,
     cos_ptr,  # fp32 [max_positions, D // 2]
     sin_ptr,
     slot_mapping_ptr,
@@ -86,25 +91,51 @@ def _decode_attention_kernel(
     NUM_Q_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
+    GROUP_P2: tl.constexpr,  # next power of two of GROUP (merge tile)
+    GROUP_PAD: tl.constexpr,  # >= 16 (tl.dot rows)
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     HALF: tl.constexpr,
-    HALF_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     ROPE: tl.constexpr,
     WRITE_KV: tl.constexpr,
 ):
+    # Latency first: every load that needs no other load is issued before the first wait.
+    # Token of sequence b is b (all decodes: query_start_loc[b] = b for every real row).
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    if tl.load(query_start_loc_ptr + seq + 1) == q_start:
-        return  # graph padding row: no query token, no partials, no counter
-    token = q_start.to(tl.int64)
+    token = seq.to(tl.int64)
+    q_lo = tl.load(query_start_loc_ptr + seq)
+    q_hi = tl.load(query_start_loc_ptr + seq + 1)
     seq_len = tl.load(seq_lens_ptr + seq)
+    dims = tl.arange(0, DIM_PAD)
+    dim_ok = dims < HEAD_DIM
+    rows = tl.arange(0, GROUP_PAD)
+    row_ok = rows < GROUP
+    head = kv_head * GROUP + rows
+    q_row = q_ptr + token * stride_q_t + head[:, None] * stride_q_h
+    q_mask = row_ok[:, None] & dim_ok[None, :]
+    q = tl.load(q_row + dims[None, :], mask=q_mask, other=0.0)
+    # RoPE (rotate-half) on full rows: x * cos + sign * swap_halves(x) * sin, no shuffles.
+    swapped = tl.where(dims < HALF, dims + HALF, dims - HALF)
+    freq = tl.where(dims < HALF, dims, dims - HALF)
+    sign = tl.where(dims < HALF, -1.0, 1.0)
+    if ROPE:
+        q_sw = tl.load(q_row + swapped[None, :], mask=q_mask, other=0.0)
+    if WRITE_KV:
+        k_row = k_ptr + token * stride_k_t + kv_head * stride_k_h
+        k_new = tl.load(k_row + dims, mask=dim_ok, other=0.0)
+        v_new = tl.load(v_ptr + token * stride_v_t + kv_head * stride_v_h + dims, mask=dim_ok,
+                        other=0.0)  # fmt: skip
+        slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+        if ROPE:
+            k_sw = tl.load(k_row + swapped, mask=dim_ok, other=0.0)
+
+    if q_hi == q_lo:
+        return  # graph padding row: no query token, no partials, no counter
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
     num_active = tl.cdiv(num_tiles, tiles_per_split)  # same for every split of this sequence
@@ -113,63 +144,50 @@ def _decode_attention_kernel(
     tile_lo = split * tiles_per_split
     tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
-    half = tl.arange(0, HALF_PAD)
-    half_ok = half < HALF
-    dims = tl.arange(0, DIM_PAD)
-    dim_ok = dims < HEAD_DIM
-    rows = tl.arange(0, GROUP_PAD)
-    row_ok = rows < GROUP
-    head = kv_head * GROUP + rows
-    q_mask = row_ok[:, None] & half_ok[None, :]
-    q_lo = q_ptr + token * stride_q_t + head[:, None] * stride_q_h + half[None, :]
-    q1 = tl.load(q_lo, mask=q_mask, other=0.0)  # dims 0 .. HALF-1
-    q2 = tl.load(q_lo + HALF, mask=q_mask, other=0.0)  # dims HALF .. HEAD_DIM-1
     if ROPE:
-        pos = tl.load(positions_ptr + token).to(tl.int64)
-        cos = tl.load(cos_ptr + pos * stride_cs + half, mask=half_ok, other=0.0)
-        sin = tl.load(sin_ptr + pos * stride_cs + half, mask=half_ok, other=0.0)
-        qa, qb = q1.to(tl.float32), q2.to(tl.float32)
-        q1 = (qa * cos[None, :] - qb * sin[None, :]).to(q_ptr.dtype.element_ty)
-        q2 = (qb * cos[None, :] + qa * sin[None, :]).to(q_ptr.dtype.element_ty)
+        pos = (seq_len - 1).to(tl.int64)  # the query's position
+        cos = tl.load(cos_ptr + pos * stride_cs + freq, mask=dim_ok, other=0.0)
+        sin = tl.load(sin_ptr + pos * stride_cs + freq, mask=dim_ok, other=0.0) * sign
+        q = q.to(tl.float32) * cos[None, :] + q_sw.to(tl.float32) * sin[None, :]
+        q = q.to(q_ptr.dtype.element_ty)
 
-    row_elems = NUM_KV_HEADS * HEAD_DIM
-    if WRITE_KV:  # noqa: SIM102 (a constexpr branch around a run-time one)
-        if split == num_active - 1:  # this split's last tile holds position seq_len - 1
-            slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-            if slot >= 0:
-                dst = (slot // BLOCK_SIZE) * stride_cache_block
-                dst += (slot % BLOCK_SIZE) * row_elems + kv_head * HEAD_DIM
-                k_src = k_ptr + token * stride_k_t + kv_head * stride_k_h
-                k1 = tl.load(k_src + half, mask=half_ok, other=0.0)
-                k2 = tl.load(k_src + HALF + half, mask=half_ok, other=0.0)
-                if ROPE:
-                    ka, kb = k1.to(tl.float32), k2.to(tl.float32)
-                    k1 = (ka * cos - kb * sin).to(k_ptr.dtype.element_ty)
-                    k2 = (kb * cos + ka * sin).to(k_ptr.dtype.element_ty)
-                cache_ty = k_cache_ptr.dtype.element_ty
-                tl.store(k_cache_ptr + dst + half, k1.to(cache_ty), mask=half_ok)
-                tl.store(k_cache_ptr + dst + HALF + half, k2.to(cache_ty), mask=half_ok)
-                v_new = tl.load(v_ptr + token * stride_v_t + kv_head * stride_v_h + dims,
-                                mask=dim_ok, other=0.0)  # fmt: skip
-                tl.store(v_cache_ptr + dst + dims, v_new.to(cache_ty), mask=dim_ok)
-            tl.debug_barrier()  # the tile loop below reads the new row back
-
-    # A finite initial max keeps fully masked rows NaN-free (their exp2 terms are exactly 0).
+    # Online softmax state (base 2). A finite initial max keeps fully masked rows NaN-free.
     m_i = tl.full([GROUP_PAD], -1.0e30, tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    num_cached = seq_len
+    if WRITE_KV:
+        # The new token is not read from the cache: the split that covers its position starts
+        # from it (weight 1 at score s_new), and writes it to the cache for later steps.
+        num_cached = seq_len - 1
+        if split == num_active - 1:
+            if ROPE:
+                k_new = k_new.to(tl.float32) * cos + k_sw.to(tl.float32) * sin
+                k_new = k_new.to(k_ptr.dtype.element_ty)
+            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale_log2
+            m_i = s_new
+            l_i = tl.full([GROUP_PAD], 1.0, tl.float32)
+            acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32) + v_new.to(tl.float32)[None, :]
+            if slot >= 0:
+                dst = (slot // BLOCK_SIZE) * stride_cache_block
+                dst += (slot % BLOCK_SIZE) * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM
+                cache_ty = k_cache_ptr.dtype.element_ty
+                tl.store(k_cache_ptr + dst + dims, k_new.to(cache_ty), mask=dim_ok)
+                tl.store(v_cache_ptr + dst + dims, v_new.to(cache_ty), mask=dim_ok)
+
     block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for tile in range(tile_lo, tile_hi):
         keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        key_ok = keys < seq_len
+        key_ok = keys < num_cached
         block = tl.load(block_table + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-        kv_row = block * stride_cache_block + (keys % BLOCK_SIZE) * row_elems
+        kv_row = block * stride_cache_block + (keys % BLOCK_SIZE) * (NUM_KV_HEADS * HEAD_DIM)
         kv_row += kv_head * HEAD_DIM
-        k_mask = key_ok[None, :] & half_ok[:, None]
-        k_lo = k_cache_ptr + kv_row[None, :] + half[:, None]
-        k1_t = tl.load(k_lo, mask=k_mask, other=0.0)  # [HALF_PAD, BLOCK_N]
-        k2_t = tl.load(k_lo + HALF, mask=k_mask, other=0.0)
-        s = (tl.dot(q1, k1_t) + tl.dot(q2, k2_t)) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32
+        k_t = tl.load(
+            k_cache_ptr + kv_row[None, :] + dims[:, None],
+            mask=key_ok[None, :] & dim_ok[:, None],
+            other=0.0,
+        )
+        s = tl.dot(q, k_t) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -202,29 +220,32 @@ def _decode_attention_kernel(
         counter = counter_ptr + seq * NUM_KV_HEADS + kv_head
         arrived = tl.atomic_add(counter, 1, sem="acq_rel")
         if arrived == num_active - 1:  # the last split of this (sequence, kv head): merge
-            splits = tl.arange(0, NUM_SPLITS)
-            split_ok = splits < num_active
-            for g in tl.static_range(GROUP):
-                h = kv_head * GROUP + g
-                rows_g = (token * NUM_Q_HEADS + h) * NUM_SPLITS + splits
-                m = tl.load(part_ml_ptr + rows_g * 2, mask=split_ok, other=-1.0e30,
-                            cache_modifier=".cg")  # fmt: skip
-                l = tl.load(part_ml_ptr + rows_g * 2 + 1, mask=split_ok, other=0.0,
-                            cache_modifier=".cg")  # fmt: skip
-                part = tl.load(
-                    part_acc_ptr + rows_g[:, None] * HEAD_DIM + dims[None, :],
-                    mask=split_ok[:, None] & dim_ok[None, :],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                weight = tl.exp2(m - tl.max(m, 0))
-                total = tl.sum(weight * l, 0)
-                o = tl.sum(part * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
-                tl.store(
-                    out_ptr + token * stride_o_t + h * stride_o_h + dims,
-                    o.to(out_ptr.dtype.element_ty),
-                    mask=dim_ok,
-                )
+            # all partials of the group in one [split, head, dim] load
+            sp = tl.arange(0, NUM_SPLITS)[:, None]
+            g = tl.arange(0, GROUP_P2)[None, :]
+            ok = (sp < num_active) & (g < GROUP)
+            rows3 = (token * NUM_Q_HEADS + kv_head * GROUP + g) * NUM_SPLITS + sp  # [S, G]
+            m = tl.load(part_ml_ptr + rows3 * 2, mask=ok, other=-1.0e30, cache_modifier=".cg")
+            l = tl.load(part_ml_ptr + rows3 * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            d3 = dims[None, None, :]
+            part = tl.load(
+                part_acc_ptr + rows3[:, :, None] * HEAD_DIM + d3,
+                mask=ok[:, :, None] & (d3 < HEAD_DIM),
+                other=0.0,
+                cache_modifier=".cg",
+            )  # [S, G, D]
+            weight = tl.exp2(m - tl.max(m, 0)[None, :])  # [S, G]; empty splits: l = 0
+            total = tl.sum(weight * l, 0)  # [G]
+            o = tl.sum(part * weight[:, :, None], 0) / tl.where(total > 0, total, 1.0)[:, None]
+            g1 = tl.arange(0, GROUP_P2)
+            tl.store(
+                out_ptr
+                + token * stride_o_t
+                + (kv_head * GROUP + g1[:, None]) * stride_o_h
+                + dims[None, :],
+                o.to(out_ptr.dtype.element_ty),
+                mask=(g1[:, None] < GROUP) & dim_ok[None, :],
+            )
             tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
@@ -271,15 +292,15 @@ def decode_attention(
     v: torch.Tensor,  # [T, Hkv, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor,
-    query_start_loc: torch.Tensor,  # int32 [B+1]; every q_b is 0 or 1
+    query_start_loc: torch.Tensor,  # int32 [B+1]; q_b = 1 for real rows, 0 for padding (last)
     seq_lens: torch.Tensor,  # int32 [B]
     block_tables: torch.Tensor,  # int32 [B, max_blocks]
     max_seq_len: int,  # >= every seq_lens[b] (a bucket bound is fine); caps the split count
     scale: float,
-    positions: torch.Tensor | None = None,  # int [T]; with cos/sin: rotate q and the new k
-    cos: torch.Tensor | None = None,  # fp32 [max_positions, D // 2]
+    cos: torch.Tensor | None = None,  # fp32 [max_positions, D // 2]: rotate q and the new k
     sin: torch.Tensor | None = None,
-    slot_mapping: torch.Tensor | None = None,  # int [T]: write the new k/v there first
+    slot_mapping: torch.Tensor | None = None,  # int [T]: k/v are new (not in the cache): attend
+    # to them from registers and write them there; None: the cache holds every key already
     out: torch.Tensor | None = None,  # [T, Hq, D]
     num_splits: int = 0,  # 0 = choose; else a power of two
     block_n: int = 0,  # keys per tile, a power of two >= 16; 0 = choose
@@ -295,7 +316,7 @@ def decode_attention(
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
     assert block_tables.stride(1) == 1
     rope = cos is not None
-    assert not rope or (positions is not None and sin is not None and cos.stride(1) == 1)
+    assert not rope or (sin is not None and cos.stride(1) == 1)
     assert not rope or cos.stride() == sin.stride()
     if out is None:
         out = torch.empty((num_tokens, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -320,7 +341,6 @@ def decode_attention(
         q,
         k,
         v,
-        positions if rope else seq_lens,
         cos if rope else out,
         sin if rope else out,
         slot_mapping if slot_mapping is not None else seq_lens,
@@ -348,11 +368,11 @@ def decode_attention(
         NUM_Q_HEADS=num_q_heads,
         NUM_KV_HEADS=num_kv_heads,
         GROUP=group,
+        GROUP_P2=triton.next_power_of_2(group),
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         DIM_PAD=triton.next_power_of_2(head_dim),
         HALF=half,
-        HALF_PAD=max(16, triton.next_power_of_2(half)),
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
