@@ -159,6 +159,30 @@ def test_round_robin_fleet_spreads_evenly(tmp_path: Path) -> None:
     assert [r["requests"] for r in res["replicas"]] == [10, 10, 10, 10]
 
 
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_round_robin_replicas_run_alone_give_the_shared_run(tmp_path: Path, replicas: int) -> None:
+    _, tr = _roundtrip(_poisson(90, 40.0, seed=4), tmp_path)
+    cfg = Config(batches_in_flight=1, gc_freeze=False)
+    spec = FleetSpec(cfg, replicas, "round-robin")
+    alone = simulate_fleet(spec, tr)
+    shared = simulate_fleet(spec, tr, shared_env=True)
+    alone.pop("sim")
+    shared.pop("sim")
+    assert alone == shared
+
+
+def test_round_robin_run_alone_stops_early_with_the_right_verdict(tmp_path: Path) -> None:
+    _, tr = _roundtrip(_poisson(150, 25.0, seed=5), tmp_path)
+    slos = parse_slos(["ttft_p99_s=0.3", "tpot_p99_s=0.04"])
+    for factor in (2.0, 6.0, 40.0):
+        spec = FleetSpec(CFG, 2, "round-robin", load_factor=factor)
+        full = simulate_fleet(spec, tr, slos, early_stop=False)
+        fast = simulate_fleet(spec, tr, slos)
+        assert fast["complete"] == all(s.met(full) for s in slos), factor
+        if not fast["complete"]:
+            assert not next(s for s in slos if s.key == fast["stopped"]["slo"]).met(full)
+
+
 def test_least_outstanding_beats_round_robin_on_skewed_sizes(tmp_path: Path) -> None:
     n = 48
     big = np.arange(n) % 2 == 0

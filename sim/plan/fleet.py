@@ -6,10 +6,11 @@ are built once (row = arrival rank) and shared: each is only ever in one replica
 The acceptance model is shared too (its per-request streams do not depend on the replica), so
 a request's drafts are accepted alike whatever the routing.
 
-A replica's `requests` is the whole trace (its loop cannot know in advance how many it will
-get), so its CPU thread idles instead of exiting once the trace is done; `env.run()` returns
-when no event is left. A fleet of one replica takes its own arrivals, which is exactly the
-model of `sim.run.simulate` (and its fast paths).
+Behind a state-reading router (least-outstanding, prefix-aware) a replica's `requests` is the
+whole trace (its loop cannot know in advance how many it will get), so its CPU thread idles
+instead of exiting once the trace is done; `env.run()` returns when no event is left.
+A fleet of one replica, and each replica of a round-robin fleet, takes its own arrivals in an
+environment of its own: exactly the model of `sim.run.simulate` (and its fast paths).
 Load scaling: arrival_s / load_factor, so factor 2 offers twice the trace's request rate.
 """
 
@@ -85,46 +86,60 @@ def check_trace_fits(cfg: Config, trace: Trace, name: str) -> None:
 
 
 class _Fleet:
-    def __init__(self, spec: FleetSpec, trace: Trace, cost: CostModel) -> None:
+    def __init__(
+        self, spec: FleetSpec, trace: Trace, cost: CostModel, shared_env: bool = False
+    ) -> None:
         cfg = spec.config
         model = with_context(get_model(cfg.model), cfg.max_model_len)
         self.num_blocks = kv_blocks(cfg)
         self.env = simpy.Environment()
         self.requests = build_requests(trace)
         self.accept = acceptance_for(cfg, trace)
-        self.owner = np.full(len(self.requests), -1, dtype=np.int64)
-        self.router: Router = make_router(
-            spec.router, spec.replicas, spec.prefix_abs_tokens, spec.prefix_rel
-        )
+        n, total = spec.replicas, len(self.requests)
+        self.owner = np.full(total, -1, dtype=np.int64)
+        self.router: Router = make_router(spec.router, n, spec.prefix_abs_tokens, spec.prefix_rel)
+        # Round-robin routing reads nothing but arrival order and replicas share nothing, so
+        # each replica can run alone on its own requests (own arrivals: the loop's fast paths),
+        # one after another, with the same result. Other routers read the replicas' state at
+        # each arrival: one environment for all, the router submitting.
+        self.split = not shared_env and (n == 1 or spec.router == "round-robin")
+        self.rows = [np.arange(r, total, n) for r in range(n)]  # split: replica r's rows
+        self.done_rows = np.zeros(total, dtype=bool)  # split: rows of replicas already run
+        self.current = 0
         self.watch: SLOWatch | None = None
         self.recorders: list[RunRecorder] = []
         self.loops: list[SimLoop] = []
         self.num_routed = 0
-        for _ in range(spec.replicas):
+        for r in range(n):
             rec = RunRecorder()
-            for r in self.requests:
-                rec.add_request(r.request_id, r.arrival_s)
+            for req in self.requests:
+                rec.add_request(req.request_id, req.arrival_s)
             sched = Scheduler(scheduler_config(cfg, model, self.num_blocks))
             gc = GCModel(cfg.gc, cfg.gc_freeze, cost.gc_pause_ms)
-            loop = SimLoop(
-                cfg, sched, cost, rec, self.requests, self.accept, gc, self._tick, env=self.env
-            )
+            env, reqs = self.env, self.requests
+            if self.split and n > 1:
+                env, reqs = simpy.Environment(), [self.requests[i] for i in self.rows[r].tolist()]
+            loop = SimLoop(cfg, sched, cost, rec, reqs, self.accept, gc, self._tick, env=env)
             self.recorders.append(rec)
             self.loops.append(loop)
-
-    @property
-    def solo(self) -> bool:
-        """One replica takes its own arrivals: exactly `sim.run.simulate`'s model."""
-        return len(self.loops) == 1
 
     def _tick(self, step: int) -> None:
         if self.watch is None:
             return
-        if self.solo:
-            loop = self.loops[0]
-            self.watch.tick(loop.cpu_s, loop.num_arrived)
-        else:
-            self.watch.tick(self.env.now, self.num_routed)
+        if self.split:
+            self.watch.tick(self.loops[self.current].cpu_s, self._known_split)
+        else:  # every CPU thread is at or ahead of env.now
+            self.watch.tick(self.env.now, lambda: self.num_routed)
+
+    def _known_split(self) -> int | np.ndarray:
+        """Rows whose state is known up to the running replica's clock: those of replicas
+        already run, and the running one's arrived requests."""
+        loop = self.loops[self.current]
+        if len(self.loops) == 1:
+            return loop.num_arrived
+        known = self.done_rows.copy()
+        known[self.rows[self.current][: loop.num_arrived]] = True
+        return known
 
     def route(self) -> Generator[simpy.events.Event, Any, None]:
         env = self.env
@@ -139,18 +154,32 @@ class _Fleet:
     def run(self, watch: SLOWatch | None) -> dict[str, Any] | None:
         """Run to the end; returns the early-stop info if the watch stopped it."""
         self.watch = watch
-        if not self.solo:
-            self.env.process(self.route())
+        if self.split:
+            return self._run_split()
+        self.env.process(self.route())
         for loop in self.loops:
-            loop.start(own_arrivals=self.solo)
+            loop.start(own_arrivals=False)
         try:
             self.env.run()
         except EarlyStop as stop:
             return stop.info
-        finally:
-            if self.solo:
-                self.owner[: self.loops[0].num_arrived] = 0
-                self.router.loads.routed[0] = self.loops[0].num_arrived
+        return None
+
+    def _run_split(self) -> dict[str, Any] | None:
+        for r, loop in enumerate(self.loops):
+            self.current = r
+            if self.watch is not None:
+                self.watch.restart()  # each replica's clock starts at 0
+            loop.start(own_arrivals=True)
+            try:
+                loop.env.run()
+            except EarlyStop as stop:
+                return stop.info
+            finally:
+                arrived = self.rows[r][: loop.num_arrived]
+                self.owner[arrived] = r
+                self.done_rows[arrived] = True
+                self.router.loads.routed[r] = loop.num_arrived
         return None
 
 
@@ -168,16 +197,18 @@ def simulate_fleet(
     early_stop: bool = True,
     cost: CostModel | None = None,
     causes: bool | None = None,
+    shared_env: bool = False,
 ) -> dict[str, Any]:
     """Simulate the fleet on the trace (in arrival order, unscaled); returns the fleet summary
     (sim.plan.merge) plus `complete`, `stopped` (early-stop info or None), `router`, `sim`.
-    Bubbles are attributed to causes (`causes`, default: at the trace's own load only)."""
+    Bubbles are attributed to causes (`causes`, default: at the trace's own load only).
+    `shared_env` runs even a round-robin fleet in one environment (tests: same result)."""
     if spec.replicas < 1:
         raise ValueError("a fleet needs at least one replica")
     cfg = spec.config
     cost = cost or load_cost_model(cfg)
     trace = scaled(trace.by_arrival(), spec.load_factor)
-    fleet = _Fleet(spec, trace, cost)
+    fleet = _Fleet(spec, trace, cost, shared_env)
     watch = None
     if early_stop and slos:
         watch = SLOWatch(slos, fleet.recorders, trace.output_len, check_interval_s(trace, slos))

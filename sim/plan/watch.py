@@ -5,16 +5,19 @@ lo = floor((n - 1) q), the quantile is >= the (lo+1)-th smallest value. So once 
 n - lo values are known to exceed the limit, the quantile exceeds it whatever the rest are.
 A value is known to exceed the limit when it did (a finished TTFT, E2E or TPOT) or must
 (a request still waiting for its first token, or unfinished, for longer than the limit).
-The loops call `tick(now, arrived)` after each step (their `progress` hook); a check runs when
-`now` has passed the next multiple of `check_s`. `now` must be a time up to which every
-replica's state is known: the CPU clock of a lone replica, `env.now` behind a router (each
-CPU thread is at or ahead of it). Checks only read, so a run that is not stopped is identical
-to one without a watch. ITL SLOs are judged at the end only.
+The loops call `tick(now, known)` after each step (their `progress` hook); a check runs when
+`now` has passed the next multiple of `check_s`. `known()` gives the rows (a count k: rows
+0..k-1, or a mask) whose state is known up to `now`: for a lone replica its CPU clock and its
+arrived requests; behind a router `env.now` (each CPU thread is at or ahead of it) and the
+routed requests; replicas run one after another add the rows of those already run.
+Checks only read, so a run that is not stopped is identical to one without a watch. ITL SLOs
+are judged at the end only.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,30 +69,35 @@ class SLOWatch:
         self.next_s = check_s if self.rules else float("inf")
         self.num_checks = 0
 
-    def tick(self, now: float, arrived: int) -> None:
+    def restart(self) -> None:
+        """A new clock from 0 (the next replica of a fleet run one replica at a time)."""
+        self.next_s = self.check_s if self.rules else float("inf")
+
+    def tick(self, now: float, known: Callable[[], int | np.ndarray]) -> None:
         if now >= self.next_s:
             self.next_s = (now // self.check_s + 1) * self.check_s
-            self.check(now, arrived)
+            self.check(now, known())
 
-    def check(self, now: float, k: int) -> None:
-        """Raise EarlyStop if a watched SLO is surely violated, given the first k requests
-        (rows 0..k-1, arrival order) have arrived by `now`."""
+    def check(self, now: float, known: int | np.ndarray) -> None:
+        """Raise EarlyStop if a watched SLO is surely violated, given the state of the `known`
+        rows (k: rows 0..k-1 in arrival order; or a mask) up to `now`."""
         self.num_checks += 1
-        if k == 0:
-            return
+        sel: slice | np.ndarray = slice(0, known) if isinstance(known, int) else known
         c0 = self.cols[0]
-        arrival = c0.arrival[:k]
+        arrival = c0.arrival[sel]
+        if arrival.size == 0:
+            return
         first, last, finish, out = (
-            c0.first_token[:k],
-            c0.last_token[:k],
-            c0.finish[:k],
-            c0.output_tokens[:k],
+            c0.first_token[sel],
+            c0.last_token[sel],
+            c0.finish[sel],
+            c0.output_tokens[sel],
         )
         if len(self.cols) > 1:  # a row has values in the recorder of its replica only
-            first = np.fmin.reduce([c.first_token[:k] for c in self.cols])
-            last = np.fmin.reduce([c.last_token[:k] for c in self.cols])
-            finish = np.fmin.reduce([c.finish[:k] for c in self.cols])
-            out = np.sum([c.output_tokens[:k] for c in self.cols], axis=0)
+            first = np.fmin.reduce([c.first_token[sel] for c in self.cols])
+            last = np.fmin.reduce([c.last_token[sel] for c in self.cols])
+            finish = np.fmin.reduce([c.finish[sel] for c in self.cols])
+            out = np.sum([c.output_tokens[sel] for c in self.cols], axis=0)
         waited = now - arrival
         for rule in self.rules:
             lim = rule.slo.limit_s
