@@ -39,6 +39,7 @@ from core import phases as P
 from core.policy import Entry, ScheduledBatch, Scheduler
 from core.request import Request
 from core.shape import SHAPE_FIELDS, BatchShape
+from sim.stream import gpu_pass
 
 if TYPE_CHECKING:
     from sim.loop import Pass, SimLoop
@@ -321,6 +322,7 @@ class FastForward:
         old_step = [p.step for p in old]
         next_arrival_s = loop.next_arrival_s()
         cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
+        graphed, graphs = loop.cost.graphed, loop.cfg.cuda_graphs
         stop_after = False
         reload = True
         k = 0
@@ -462,6 +464,7 @@ class FastForward:
                     pause_at((cpu, pause, gc.last_generation, P.PREPARE_INPUTS, step))
                     cpu += pause
             prep1.append(cpu)
+            launch0 = cpu
             cpu += c_launch if c_launch is not None else f_launch(cur)
             a = a_launch if a_launch is not None else fa_launch(cur)
             if a > 0:
@@ -470,8 +473,10 @@ class FastForward:
                     pause_at((cpu, pause, gc.last_generation, P.LAUNCH, step))
                     cpu += pause
             launch1.append(cpu)
-            start = cpu if cpu > gpu_free else gpu_free
-            counts = start + (c_gpu if c_gpu is not None else f_gpu(cur))
+            start, counts = gpu_pass(
+                launch0, cpu, gpu_free, c_gpu if c_gpu is not None else f_gpu(cur),
+                graphed(cur, graphs),
+            )  # fmt: skip
             d = c_dgpu if c_dgpu is not None else f_dgpu(cur)
             gpu_free = counts + d if d > 0 else counts
             g_start.append(start)

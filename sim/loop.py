@@ -35,6 +35,7 @@ from core.shape import BatchShape
 from sim.acceptance import AcceptanceModel
 from sim.cost import CostModel
 from sim.gcmodel import GCModel
+from sim.stream import gpu_pass
 
 if TYPE_CHECKING:
     from sim.fastforward import FastForward
@@ -158,10 +159,12 @@ class SimLoop:
         if self._wait_for_counts and self.inflight:
             # spec decoding before PR 32951: prep waits for the previous step's accepted counts
             self._sync(step, self.inflight[-1].counts_s)
-        self._run_phase(step, P.PREPARE_INPUTS, shape)
+        launch_s = self._run_phase(step, P.PREPARE_INPUTS, shape)
         ready = self._run_phase(step, P.LAUNCH, shape)
-        start = ready if ready > self.gpu_free_s else self.gpu_free_s
-        counts = start + self.cost.gpu_pass_ms(shape) / 1e3
+        start, counts = gpu_pass(
+            launch_s, ready, self.gpu_free_s, self.cost.gpu_pass_ms(shape) / 1e3,
+            self.cost.graphed(shape, self._graphs),
+        )  # fmt: skip
         draft_s = self.cost.draft_gpu_ms(shape) / 1e3
         end = counts + draft_s if draft_s > 0 else counts
         self.gpu_free_s = end
@@ -193,10 +196,21 @@ class SimLoop:
                     tokens(e.req.index, t, n, 0)
         for r in self.sched.complete(batch, emitted):
             rec.finish(r.index, t)
+        if self._cpu_ngram:
+            self._draft_hints(entries)
         if self.check:
             self.sched.check_invariants()
         if self.progress is not None:
             self.progress(p.step)
+
+    def _draft_hints(self, entries: list[Any]) -> None:
+        """The synchronous CPU proposer schedules only the drafts it found (the engine sets the
+        same hint), so verify passes carry as many draft tokens as in the real run."""
+        accept = self.accept
+        for e in entries:
+            r = e.req
+            if e.generates and not r.is_finished and accept.has_ids(r):
+                r.draft_hint = len(accept.drafts_at(r, r.prompt_len + r.num_output_tokens))
 
     def _record_spec_tokens(
         self, step: int, entries: list[Any], emitted: list[int], taken: list[int], t: float

@@ -97,9 +97,13 @@ class CostModel:
             raise ValueError(f"unknown CPU phase {phase!r}, expected one of {CPU_PHASES}") from None
         return fn(shape)
 
-    def launch_ms(self, shape: BatchShape, cuda_graphs: bool) -> float:
+    def graphed(self, shape: BatchShape, cuda_graphs: bool) -> bool:
+        """The forward is one CUDA graph replay (pure decode within the captured sizes)."""
         graphable = not shape.num_prefill_reqs and shape.decode_tokens <= self._graph_max_tokens
-        if cuda_graphs and graphable:
+        return cuda_graphs and graphable
+
+    def launch_ms(self, shape: BatchShape, cuda_graphs: bool) -> float:
+        if self.graphed(shape, cuda_graphs):
             return self._graph_launch_ms
         return self._eager_launch_ms
 
