@@ -475,7 +475,7 @@ class FastForward:
             launch1.append(cpu)
             start, counts = gpu_pass(
                 launch0, cpu, gpu_free, c_gpu if c_gpu is not None else f_gpu(cur),
-                graphed(cur, graphs),
+                graphed(cur, graphs),  # type: ignore[arg-type]  # _Shape quacks like one
             )  # fmt: skip
             d = c_dgpu if c_dgpu is not None else f_dgpu(cur)
             gpu_free = counts + d if d > 0 else counts
