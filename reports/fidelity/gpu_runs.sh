@@ -37,11 +37,10 @@ case $part in
       replay "8b-$w" "$W/$w.parquet" llama3-8b 20000 2
     done
     ;;
-  profile)
-    log "kernel profile of 8b-reasoning45 (penalties on every request)"
-    python3 -m replay run "$W/reasoning45.parquet" --set model=llama3-8b --set num_kv_blocks=20000 \
-      --profile-kernels --max-seconds 25 --no-warmup -q -o "$out/8b-reasoning45-prof" 2>&1 | tail -5
-    ls "$out/8b-reasoning45-prof.kernels" && head -30 "$out"/8b-reasoning45-prof.kernels/*.txt
+  history)  # A/B: the same reasoning window with and without penalties (needs_history)
+    for w in reasoning45 reasoning45nh; do
+      replay "8b-$w-ab" "$W/$w.parquet" llama3-8b 20000 1 --max-seconds 30
+    done
     ;;
   seeds)
     S="--set model=llama3.2-1b"
