@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -17,7 +18,11 @@ class UsageError(Exception):
 def add_config_args(p: argparse.ArgumentParser, output: bool = True) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML config file")
     p.add_argument(
-        "--set", metavar="KEY=VALUE", action="append", default=[], dest="sets",
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="sets",
         help="override a config key, e.g. --set spec.k=4 (repeatable)",
     )
     if output:
@@ -44,3 +49,7 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `... | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0

@@ -242,7 +242,7 @@ def from_dict(data: dict[str, Any]) -> Config:
 
 
 def parse_sets(sets: list[str] | None) -> dict[str, Any]:
-    """`["spec.k=4", "model=tiny"]` -> `{"spec.k": "4", "model": "tiny"}` (strings, coerced later)."""
+    """`["spec.k=4", "model=tiny"]` -> `{"spec.k": "4", "model": "tiny"}` (coerced later)."""
     out: dict[str, Any] = {}
     for item in sets or []:
         key, sep, value = item.partition("=")

@@ -35,4 +35,6 @@ def get_gpu(name: str) -> GPUSpec:
     try:
         return GPUS[name.lower()]
     except KeyError:
-        raise ValueError(f"config key 'gpu': unknown GPU '{name}', expected one of {sorted(GPUS)}") from None
+        raise ValueError(
+            f"config key 'gpu': unknown GPU '{name}', expected one of {sorted(GPUS)}"
+        ) from None
