@@ -231,6 +231,49 @@ def bench_gemm(batches, dtype, device, iters) -> list[dict]:
     return rows
 
 
+def _site_calls(kind, x, ws, g, res) -> None:
+    from engine.kernels import skinny_gemm
+
+    for w in ws:
+        if kind == "plain":
+            skinny_gemm(x, w)
+        elif kind == "norm":
+            skinny_gemm(x, w, norm_weight=g)
+        elif kind == "residual":
+            skinny_gemm(x, w, residual=res)
+        elif kind == "silu":
+            skinny_gemm(x, w, silu_mul=True)
+        elif kind == "silu+residual":
+            skinny_gemm(x, w, silu_mul=True, residual=res)
+        elif kind == "fp32":
+            skinny_gemm(x, w, out_dtype=torch.float32)
+
+
+def bench_gemm_sites(m, dtype, device, iters) -> list[dict]:
+    """The model's skinny-GEMM call sites at M = m, default configs: each fused variant vs the
+    plain kernel on the same weights (which fusion costs what)."""
+    sites = [("qkv", "norm"), ("o", "residual"), ("gate_up", "norm"), ("down", "silu"),
+             ("down", "silu+residual"), ("lm_head", "fp32")]  # fmt: skip
+    rows = []
+    for name, fused in sites:
+        n_out, k_in = GEMM_SHAPES[name]
+        w_bytes = n_out * k_in * 2
+        c = _copies(w_bytes)
+        ws = [torch.randn(n_out, k_in, dtype=dtype, device=device) * 0.02 for _ in range(c)]
+        g = torch.rand(k_in, dtype=dtype, device=device) + 0.5
+        res = torch.randn(m, n_out, dtype=dtype, device=device)
+        for kind in ("plain", fused):
+            width = 2 * k_in if kind.startswith("silu") else k_in
+            x = torch.randn(m, width, dtype=dtype, device=device)
+            call = functools.partial(_site_calls, kind, x, ws, g, res)
+            ms = time_ms(call, device, max(5, iters // c), graph=True) / c
+            rows.append({"kind": "gemm_site", "shape": name, "m": m, "variant": kind,
+                         "us": round(ms * 1e3, 2),
+                         "gb_per_s": round(w_bytes / ms / 1e6, 1)})  # fmt: skip
+        del ws
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     for kind in dict.fromkeys(r["kind"] for r in rows):
         part = [r for r in rows if r["kind"] == kind]
@@ -253,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     p.add_argument("--sweep", action="store_true", help="attention variants (CUDA)")
     p.add_argument("--gemm", action="store_true", help="cuBLAS vs Triton skinny GEMM (CUDA)")
+    p.add_argument("--gemm-sites", action="store_true", help="skinny GEMM fusions (CUDA)")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     spec = get_model(args.model)
@@ -268,8 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     cases = QUICK_CASES if args.quick or device.type != "cuda" else DECODE_CASES
     batches = FORWARD_BATCHES[:2] if args.quick or device.type != "cuda" else FORWARD_BATCHES
     print(f"model {spec.name}, {gpu}, {dtype}, block_size {BLOCK_SIZE}")
-    if args.sweep or args.gemm:
+    if args.sweep or args.gemm or args.gemm_sites:
         rows = []
+        if args.gemm_sites:
+            rows += bench_gemm_sites(1, dtype, device, args.iters)
         if args.sweep:
             rows += bench_attention_sweep(spec, SWEEP_CASES, dtype, device, args.iters)
         if args.gemm:

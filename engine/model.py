@@ -19,9 +19,11 @@ from core.models import ModelSpec
 from engine.attention import AttentionMetadata, PagedAttention
 
 INIT_STD = 0.02
-# Steps of at most this many tokens (decode batches) take the fused skinny-GEMM layer on the
-# "triton" backend; larger ones cuBLAS + separate norm / activation kernels.
-SKINNY_MAX_ROWS = 8
+# Steps of at most this many tokens (decode batches) run their GEMMs through the Triton skinny
+# GEMM on the "triton" backend (larger ones: cuBLAS), with these fusions (docs/engine-perf.md):
+SKINNY_MAX_ROWS = 0  # 0 = off until measured in the model (run 2: 4x slower there, see notes)
+SKINNY_FUSE_NORM = True  # residual add in the o / down epilogue, RMSNorm in the next prologue
+SKINNY_FUSE_SILU = True  # SiLU * up in the down GEMM's prologue
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -224,19 +226,38 @@ class LlamaModel(nn.Module):
         """Few tokens on the triton backend: the fused skinny-GEMM layer (host ints only)."""
         return self.skinny_ok and 0 < num_tokens <= SKINNY_MAX_ROWS
 
-    def _forward_skinny(self, h, positions, attn, kv_cache) -> torch.Tensor:
-        """The same layers in 5 launches each: RMSNorm rides in the qkv / gate_up GEMMs, the
-        residual add in the o / down GEMMs (h, the residual stream, is updated in place), SiLU*up
-        in the down GEMM, RoPE + KV write in the attention."""
+    def _forward_skinny(self, x, positions, attn, kv_cache) -> torch.Tensor:
+        """The same layers on the skinny GEMM. With both fusions a layer is 5 launches: RMSNorm
+        rides in the qkv / gate_up GEMMs, the residual add in the o / down GEMMs (h, the residual
+        stream, is updated in place), SiLU * up in the down GEMM, RoPE + KV write in the
+        attention. Without them the separate fused-add RMSNorm / SiLU*up kernels run."""
         gemm, eps = self.kernels.skinny_gemm, self.spec.rms_norm_eps
+        fuse_norm, fuse_silu = SKINNY_FUSE_NORM, SKINNY_FUSE_SILU
+        h, y = x, None  # residual stream; y = the last GEMM output not yet added to it
         for i, layer in enumerate(self.layers):
             a, mlp = layer.self_attn, layer.mlp
-            qkv = gemm(h, a.qkv_proj, norm_weight=layer.input_layernorm.weight, eps=eps)
-            gemm(a.attend(qkv, positions, attn, kv_cache[i]), a.o_proj, residual=h)
-            gate_up = gemm(h, mlp.gate_up_proj, norm_weight=layer.post_attention_layernorm.weight,
-                           eps=eps)  # fmt: skip
-            gemm(gate_up, mlp.down_proj, silu_mul=True, residual=h)
-        return self.norm(h)[0]
+            ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
+            if fuse_norm:
+                qkv = gemm(h, a.qkv_proj, norm_weight=ln1.weight, eps=eps)
+            else:
+                normed, h = ln1(h if y is None else y, None if y is None else h)
+                qkv = gemm(normed, a.qkv_proj)
+            o = a.attend(qkv, positions, attn, kv_cache[i])
+            if fuse_norm:
+                gemm(o, a.o_proj, residual=h)
+                gate_up = gemm(h, mlp.gate_up_proj, norm_weight=ln2.weight, eps=eps)
+            else:
+                normed, h = ln2(gemm(o, a.o_proj), h)
+                gate_up = gemm(normed, mlp.gate_up_proj)
+            if fuse_silu:
+                act, silu = gate_up, True
+            else:
+                act, silu = self.kernels.silu_mul(gate_up), False
+            if fuse_norm:
+                gemm(act, mlp.down_proj, silu_mul=silu, residual=h)
+            else:
+                y = gemm(act, mlp.down_proj, silu_mul=silu)
+        return self.norm(h if y is None else y, None if y is None else h)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (already final-normed by forward) -> float32 logits [n, vocab]."""

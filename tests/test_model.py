@@ -283,7 +283,11 @@ def test_gpu_triton_backend_matches_dense_bf16():
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_triton_decode_steps_match_torch_bf16():
+@pytest.mark.parametrize("skinny_rows", [0, 8])
+def test_gpu_triton_decode_steps_match_torch_bf16(monkeypatch, skinny_rows):
+    import engine.model
+
+    monkeypatch.setattr(engine.model, "SKINNY_MAX_ROWS", skinny_rows)
     out = run_decode_steps("triton", "cuda", torch.bfloat16)
     ref = run_decode_steps("torch", "cpu", torch.float32)
     assert rel_err(out.cpu(), ref) < 3e-2
@@ -291,8 +295,12 @@ def test_gpu_triton_decode_steps_match_torch_bf16():
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_decode_step_replays_in_cuda_graph():
+@pytest.mark.parametrize("skinny_rows", [0, 8])
+def test_gpu_decode_step_replays_in_cuda_graph(monkeypatch, skinny_rows):
     """Capture one decode step with preallocated buffers; replay with new data == eager."""
+    import engine.model
+
+    monkeypatch.setattr(engine.model, "SKINNY_MAX_ROWS", skinny_rows)
     spec, bs, batch = PRESETS["small"], 16, 8
     model = LlamaModel(spec, torch.bfloat16, "cuda").init_random(0)
     cache = allocate_kv_cache(spec, 64, bs, torch.bfloat16, "cuda")

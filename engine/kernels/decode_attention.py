@@ -44,7 +44,7 @@ import triton.language as tl
 
 _LOG2E = 1.4426950408889634
 TARGET_PROGRAMS_PER_SM = 2  # split until (seqs x kv heads x splits) reaches this many per SM
-MAX_SPLITS = 16
+MAX_SPLITS = 32
 NUM_COUNTERS = 1 << 14  # (seq, kv head) pairs a split launch may use; splits need few programs
 
 
@@ -187,17 +187,17 @@ def _decode_attention_kernel(
             mask=key_ok[None, :] & dim_ok[:, None],
             other=0.0,
         )
+        v = tl.load(  # issued with K, before the first use of either
+            v_cache_ptr + kv_row[:, None] + dims[None, :],
+            mask=key_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
         s = tl.dot(q, k_t) * scale_log2  # [GROUP_PAD, BLOCK_N] fp32
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr + kv_row[:, None] + dims[None, :],
-            mask=key_ok[:, None] & dim_ok[None, :],
-            other=0.0,
-        )
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
@@ -272,18 +272,21 @@ def _counters(device: torch.device, need: int) -> torch.Tensor:
     return buf
 
 
-def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, block_n: int,
-                      device: torch.device) -> int:  # fmt: skip
-    """Splits per (sequence, kv head) from the batch size (host ints only; graph-safe): enough
-    programs to fill the GPU, no more splits than max_seq_len has tiles. A power of two."""
+def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int,
+                      device: torch.device) -> tuple[int, int]:  # fmt: skip
+    """(splits per (sequence, kv head), keys per tile) from the batch size (host ints only;
+    graph-safe): enough programs to fill the GPU, no more splits than max_seq_len has tiles;
+    short 32-key tiles when splitting 16+ ways (H200 sweep: batch 1, context 512-2048)."""
     if device.type != "cuda":
-        return 1
+        return 1, 64
     programs = num_seqs * num_kv_heads
     target = TARGET_PROGRAMS_PER_SM * _num_sms(device.index or 0)
     if programs >= target:
-        return 1
-    splits = min(math.ceil(target / programs), math.ceil(max_seq_len / block_n), MAX_SPLITS)
-    return 1 if splits <= 1 else triton.next_power_of_2(splits)
+        return 1, 64
+    splits = min(math.ceil(target / programs), MAX_SPLITS)
+    block_n = 32 if splits >= 16 else 64
+    splits = min(splits, math.ceil(max_seq_len / block_n))
+    return (1 if splits <= 1 else triton.next_power_of_2(splits)), block_n
 
 
 def decode_attention(
@@ -325,9 +328,11 @@ def decode_attention(
         return out
 
     group = num_q_heads // num_kv_heads
-    block_n = block_n or 64
     if num_splits <= 0:
-        num_splits = decode_num_splits(num_seqs, num_kv_heads, max_seq_len, block_n, q.device)
+        num_splits, auto_block_n = decode_num_splits(num_seqs, num_kv_heads, max_seq_len,
+                                                     q.device)  # fmt: skip
+        block_n = block_n or auto_block_n
+    block_n = block_n or 64
     assert num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     if num_splits > 1:
         rows = num_tokens * num_q_heads * num_splits
