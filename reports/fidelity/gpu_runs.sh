@@ -46,7 +46,7 @@ case $part in
     S="--set model=llama3.2-1b"
     ablate seed3 "$W/seed3_scaled.parquet" reverse_placeholder_scan 1 $S --set num_kv_blocks=82000
     ablate seed4 traces/seed4_ngram.parquet spec.method 3 $S --set num_kv_blocks=20000 --set spec.k=3
-    ablate seed12 traces/seed1_backup_tokens.parquet preallocated_backup_tokens,accepted_count_by_sum 3 \
+    ablate seed12 traces/seed1_backup_tokens.parquet preallocated_backup_tokens,accepted_count_by_sum 2 \
       $S --set num_kv_blocks=20000 --set spec.method=ngram-gpu --set spec.k=3
     ablate seed5 traces/seed5_optimistic.parquet optimistic_spec_decode 1 $S \
       --set num_kv_blocks=20000 --set spec.method=ngram-gpu --set spec.k=3
