@@ -348,20 +348,20 @@ def render(plan: dict[str, Any]) -> str:
         f"({tr['req_per_s']:.2f} req/s, {tr['offered_output_tok_per_s']:.0f} output tok/s "
         f"offered); SLOs {slos}; {len(plan['candidates'])} candidates.</p>",
         _answer(plan),
-        "<h2>Latency vs load, one replica</h2>",
+        '<h2 id="latency">Latency vs load, one replica</h2>',
         '<p class="note">Each candidate\'s arrival rate scaled (arrival_s / factor) to find the '
         f"highest load it sustains within the SLOs (red dashed lines).{more}</p>",
         f'<div class="grid2">{"".join(charts_lat)}</div>',
-        "<h2>Fleet size vs load</h2>",
+        '<h2 id="fleet">Fleet size vs load</h2>',
         f'<div class="grid2">{fleet_chart(plan, shown)}</div>',
-        "<h2>Where GPU time goes</h2>",
+        '<h2 id="gpu-time">Where GPU time goes</h2>',
         '<p class="note">For the smallest fleet meeting the SLOs at the trace\'s load (one '
         "replica where none does): GPU busy, bubbles (GPU idle while requests wait) by the CPU "
         "activity the GPU waited for, and idle time with no request in the engine.</p>",
         gpu_time_chart(ranked[:MAX_BARS]),
-        "<h2>Cost</h2>",
+        '<h2 id="cost">Cost</h2>',
         cost or '<p class="note">No candidate meets the SLOs: no cost to show.</p>',
-        "<h2>All candidates</h2>",
+        '<h2 id="candidates">All candidates</h2>',
         _table(plan, ranked),
         f'<p class="note">{st.get("points_run", 0)} points simulated, '
         f"{st.get('points_cached', 0)} reused from an earlier run, {st.get('wall_s', 0):.1f} s. "

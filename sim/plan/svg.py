@@ -278,7 +278,10 @@ def bar_chart(
     top = max((v for _, bars in rows for v, _, _ in bars), default=1.0) or 1.0
     body = [f'<rect class="plotbg" x="{x0}" y="{y0}" width="{w}" height="{h}"/>']
     ticks = nice_ticks(0, top, 5)
-    top = max(top, ticks[-1])
+    if ticks[-1] < top:  # end the axis on the next tick above the longest bar
+        step = ticks[1] - ticks[0] if len(ticks) > 1 else top
+        ticks.append(round(ticks[-1] + step, 12))
+    top = ticks[-1]
     for t in ticks:
         x = x0 + t / top * w
         body.append(
