@@ -231,41 +231,27 @@ def bench_gemm(batches, dtype, device, iters) -> list[dict]:
     return rows
 
 
-def _site_calls(kind, x, ws, g, res) -> None:
+def _site_calls(kind, x, ws) -> None:
     from engine.kernels import skinny_gemm
 
     for w in ws:
-        if kind == "plain":
-            skinny_gemm(x, w)
-        elif kind == "norm":
-            skinny_gemm(x, w, norm_weight=g)
-        elif kind == "residual":
-            skinny_gemm(x, w, residual=res)
-        elif kind == "silu":
-            skinny_gemm(x, w, silu_mul=True)
-        elif kind == "silu+residual":
-            skinny_gemm(x, w, silu_mul=True, residual=res)
-        elif kind == "fp32":
-            skinny_gemm(x, w, out_dtype=torch.float32)
+        skinny_gemm(x, w, silu_mul=kind == "silu", out_dtype=torch.float32 if kind == "fp32"
+                    else None)  # fmt: skip
 
 
 def bench_gemm_sites(m, dtype, device, iters) -> list[dict]:
-    """The model's skinny-GEMM call sites at M = m, default configs: each fused variant vs the
-    plain kernel on the same weights (which fusion costs what)."""
-    sites = [("qkv", "norm"), ("o", "residual"), ("gate_up", "norm"), ("down", "silu"),
-             ("down", "silu+residual"), ("lm_head", "fp32")]  # fmt: skip
+    """The model's skinny-GEMM call sites at M = m, default configs: the epilogue variants vs
+    the plain kernel on the same weights (what each fusion costs)."""
+    sites = [("gate_up", "silu"), ("lm_head", "fp32")]
     rows = []
     for name, fused in sites:
         n_out, k_in = GEMM_SHAPES[name]
         w_bytes = n_out * k_in * 2
         c = _copies(w_bytes)
         ws = [torch.randn(n_out, k_in, dtype=dtype, device=device) * 0.02 for _ in range(c)]
-        g = torch.rand(k_in, dtype=dtype, device=device) + 0.5
-        res = torch.randn(m, n_out, dtype=dtype, device=device)
+        x = torch.randn(m, k_in, dtype=dtype, device=device)
         for kind in ("plain", fused):
-            width = 2 * k_in if kind.startswith("silu") else k_in
-            x = torch.randn(m, width, dtype=dtype, device=device)
-            call = functools.partial(_site_calls, kind, x, ws, g, res)
+            call = functools.partial(_site_calls, kind, x, ws)
             ms = time_ms(call, device, max(5, iters // c), graph=True) / c
             rows.append({"kind": "gemm_site", "shape": name, "m": m, "variant": kind,
                          "us": round(ms * 1e3, 2),

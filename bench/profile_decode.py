@@ -58,17 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seq-len", type=int, default=0, help="attention bound (default context)")
     p.add_argument("--skinny-rows", type=int, default=None,
                    help="override engine.model.SKINNY_MAX_ROWS (0 = cuBLAS path only)")  # fmt: skip
-    p.add_argument("--skinny-fuse", choices=["none", "silu", "norm", "all"],
-                   help="override the skinny path's fusions")  # fmt: skip
+    p.add_argument("--skinny-silu", type=int, choices=[0, 1], default=None,
+                   help="override engine.model.SKINNY_FUSE_SILU")  # fmt: skip
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     import engine.model
 
     if args.skinny_rows is not None:
         engine.model.SKINNY_MAX_ROWS = args.skinny_rows
-    if args.skinny_fuse is not None:
-        engine.model.SKINNY_FUSE_NORM = args.skinny_fuse in ("norm", "all")
-        engine.model.SKINNY_FUSE_SILU = args.skinny_fuse in ("silu", "all")
+    if args.skinny_silu is not None:
+        engine.model.SKINNY_FUSE_SILU = bool(args.skinny_silu)
     device = torch.device("cuda")
     spec = get_model(args.model)
     dtype = torch.bfloat16

@@ -20,10 +20,20 @@ from engine.attention import AttentionMetadata, PagedAttention
 
 INIT_STD = 0.02
 # Steps of at most this many tokens (decode batches) run their GEMMs through the Triton skinny
-# GEMM on the "triton" backend (larger ones: cuBLAS), with these fusions (docs/engine-perf.md):
-SKINNY_MAX_ROWS = 0  # 0 = off until measured in the model (run 2: 4x slower there, see notes)
-SKINNY_FUSE_NORM = True  # residual add in the o / down epilogue, RMSNorm in the next prologue
-SKINNY_FUSE_SILU = True  # SiLU * up in the down GEMM's prologue
+# GEMM on the "triton" backend; larger ones through cuBLAS (docs/engine-perf.md).
+SKINNY_MAX_ROWS = 4
+SKINNY_FUSE_SILU = True  # SiLU * up in the skinny gate_up GEMM's epilogue
+
+
+def _skinny(kernels, x: torch.Tensor) -> bool:
+    """The skinny GEMM for this many rows (host ints only)."""
+    return kernels is not None and 0 < x.shape[0] <= SKINNY_MAX_ROWS
+
+
+def _linear(kernels, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    if _skinny(kernels, x) and kernels.skinny_supports(w.shape[1]):
+        return kernels.skinny_gemm(x, w)
+    return F.linear(x, w)
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -101,8 +111,9 @@ class Attention(nn.Module):
         self.o_proj = _param((spec.hidden_size, spec.q_size), dtype, device)
 
     def forward(self, x, positions, attn: AttentionMetadata, kv_cache: torch.Tensor):
-        qkv = F.linear(x, self.qkv_proj)  # [T, q | k | v]
-        return F.linear(self.attend(qkv, positions, attn, kv_cache), self.o_proj)
+        kernels = self.attention.kernels
+        qkv = _linear(kernels, x, self.qkv_proj)  # [T, q | k | v]
+        return _linear(kernels, self.attend(qkv, positions, attn, kv_cache), self.o_proj)
 
     def attend(self, qkv, positions, attn: AttentionMetadata, kv_cache) -> torch.Tensor:
         """qkv [T, q | k | v] -> attention output [T, q_size] (RoPE, KV write, attention)."""
@@ -129,9 +140,13 @@ class MLP(nn.Module):
         self.down_proj = _param((spec.hidden_size, spec.intermediate_size), dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = F.linear(x, self.gate_up_proj)
-        if self.kernels is not None:
-            return F.linear(self.kernels.silu_mul(gate_up), self.down_proj)
+        k = self.kernels
+        if _skinny(k, x) and SKINNY_FUSE_SILU and k.skinny_supports(x.shape[1]):
+            act = k.skinny_gemm(x, self.gate_up_proj, silu_mul=True)
+            return _linear(k, act, self.down_proj)
+        gate_up = _linear(k, x, self.gate_up_proj)
+        if k is not None:
+            return _linear(k, k.silu_mul(gate_up), self.down_proj)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.down_proj)
 
@@ -184,9 +199,6 @@ class LlamaModel(nn.Module):
             self.lm_head = self.embed_tokens
         else:
             self.lm_head = _param((spec.vocab_size, spec.hidden_size), dtype, device)
-        # the skinny-GEMM path needs the triton kernels and 16-wide inner sizes
-        inner = (spec.hidden_size, spec.q_size, spec.intermediate_size)
-        self.skinny_ok = kernels is not None and all(kernels.skinny_supports(k) for k in inner)
 
     @property
     def attn_backend(self) -> str:
@@ -215,53 +227,15 @@ class LlamaModel(nn.Module):
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, Hkv, D]
     ) -> torch.Tensor:
         x = F.embedding(input_ids, self.embed_tokens)
-        if self._skinny(x.shape[0]):
-            return self._forward_skinny(x, positions, attn, kv_cache)
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, attn, kv_cache[i])
         return self.norm(x, residual)[0]
 
-    def _skinny(self, num_tokens: int) -> bool:
-        """Few tokens on the triton backend: the fused skinny-GEMM layer (host ints only)."""
-        return self.skinny_ok and 0 < num_tokens <= SKINNY_MAX_ROWS
-
-    def _forward_skinny(self, x, positions, attn, kv_cache) -> torch.Tensor:
-        """The same layers on the skinny GEMM. With both fusions a layer is 5 launches: RMSNorm
-        rides in the qkv / gate_up GEMMs, the residual add in the o / down GEMMs (h, the residual
-        stream, is updated in place), SiLU * up in the down GEMM, RoPE + KV write in the
-        attention. Without them the separate fused-add RMSNorm / SiLU*up kernels run."""
-        gemm, eps = self.kernels.skinny_gemm, self.spec.rms_norm_eps
-        fuse_norm, fuse_silu = SKINNY_FUSE_NORM, SKINNY_FUSE_SILU
-        h, y = x, None  # residual stream; y = the last GEMM output not yet added to it
-        for i, layer in enumerate(self.layers):
-            a, mlp = layer.self_attn, layer.mlp
-            ln1, ln2 = layer.input_layernorm, layer.post_attention_layernorm
-            if fuse_norm:
-                qkv = gemm(h, a.qkv_proj, norm_weight=ln1.weight, eps=eps)
-            else:
-                normed, h = ln1(h if y is None else y, None if y is None else h)
-                qkv = gemm(normed, a.qkv_proj)
-            o = a.attend(qkv, positions, attn, kv_cache[i])
-            if fuse_norm:
-                gemm(o, a.o_proj, residual=h)
-                gate_up = gemm(h, mlp.gate_up_proj, norm_weight=ln2.weight, eps=eps)
-            else:
-                normed, h = ln2(gemm(o, a.o_proj), h)
-                gate_up = gemm(normed, mlp.gate_up_proj)
-            if fuse_silu:
-                act, silu = gate_up, True
-            else:
-                act, silu = self.kernels.silu_mul(gate_up), False
-            if fuse_norm:
-                gemm(act, mlp.down_proj, silu_mul=silu, residual=h)
-            else:
-                y = gemm(act, mlp.down_proj, silu_mul=silu)
-        return self.norm(h if y is None else y, None if y is None else h)[0]
-
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (already final-normed by forward) -> float32 logits [n, vocab]."""
-        if self._skinny(hidden.shape[0]):  # fp32 straight from the accumulator: one launch
+        if _skinny(self.kernels, hidden) and self.kernels.skinny_supports(hidden.shape[1]):
+            # fp32 straight from the accumulator: no separate .float() launch
             return self.kernels.skinny_gemm(hidden, self.lm_head, out_dtype=torch.float32)
         return F.linear(hidden, self.lm_head).float()
 
