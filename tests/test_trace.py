@@ -389,10 +389,8 @@ def test_write_is_deterministic(tmp_path: Path) -> None:
     assert a.read_bytes() == b.read_bytes()
 
 
-def test_large_trace_reads_fast(tmp_path: Path) -> None:
-    """1M rows: columnar all the way (a per-row Python pass would take seconds)."""
-    import time
-
+def test_large_trace_round_trips(tmp_path: Path) -> None:
+    """1M rows read back whole (the read is columnar; its speed is bench/sim_speed.py's job)."""
     n = 1_000_000
     rng = np.random.default_rng(0)
     t = make_trace(
@@ -402,8 +400,6 @@ def test_large_trace_reads_fast(tmp_path: Path) -> None:
         needs_history=rng.random(n) < 0.3,
     )
     path = write_trace(t, tmp_path / "big.parquet")
-    start = time.perf_counter()
     back = read_trace(path, TINY)
-    elapsed = time.perf_counter() - start
     assert len(back) == n
-    assert elapsed < 5.0, f"read+validate of 1M rows took {elapsed:.1f} s"
+    assert np.array_equal(back.output_len, t.output_len)
