@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from core.atomic import swap_in
 from core.cli import UsageError
 
 
@@ -25,25 +26,10 @@ def atomic_dir(out: str | Path, marker: str) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         yield tmp
-        _swap_in(tmp, target)
+        swap_in(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-def _swap_in(tmp: Path, target: Path) -> None:
-    if not target.exists():
-        os.rename(tmp, target)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-    os.rename(target, old / "x")
-    try:
-        os.rename(tmp, target)
-    except BaseException:
-        os.rename(old / "x", target)
-        raise
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_file(path: str | Path, text: str) -> Path:

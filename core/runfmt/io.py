@@ -8,11 +8,9 @@ as it was, never half-written.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.atomic import swap_in
 from core.runfmt.bubbles import account_bubbles
 from core.runfmt.recording import Recording, validate
 from core.runfmt.records import RunRecorder
@@ -140,7 +139,7 @@ def write_run(
         pq.write_table(gc_table(frozen), tmp / GC_PAUSES, compression=_COMPRESSION)
         (tmp / TIMELINE).write_text(timeline_text)
         (tmp / SUMMARY).write_text(summary_text)  # last: a folder with it is complete
-        _swap_in(tmp, out)
+        swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -161,23 +160,6 @@ def _check_target(out: Path) -> None:
         raise RunFormatError(f"'{out}' exists and is not a run folder; not replacing it")
     if out.exists() and not out.is_dir():
         raise RunFormatError(f"'{out}' exists and is not a folder")
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Rename tmp to out; a previous out is moved aside first and deleted after."""
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.rename(out, old / "run")
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(old / "run", out)
-        raise
-    finally:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(old)
 
 
 @dataclass(frozen=True)
