@@ -44,7 +44,7 @@ def workload(n: int, seed: int = 0, history_every: int = 3) -> list[RequestInput
     out = []
     for i in range(n):
         phrase = rng.integers(0, 512, int(rng.integers(3, 9)))
-        text = np.tile(phrase, 40)
+        text = np.tile(phrase, 80)  # >= 240 tokens: longer than any prompt + output below
         edits = rng.random(len(text)) < 0.1
         text[edits] = rng.integers(0, 512, int(edits.sum()))
         p, o = int(rng.integers(16, 120)), int(rng.integers(8, 60))
