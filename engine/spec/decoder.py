@@ -78,7 +78,7 @@ class SpecDecoder:
         (enqueued after any earlier owner's in-flight work, before this step's)."""
         slot, req = st.slot, st.req
         self.draft_table[slot].fill_(-1)
-        self.rejected_total[slot] = 0
+        self.rejected_total[slot].fill_(0)  # a device fill: `= 0` copies a host scalar (syncs)
         if self.gpu_proposer is not None:
             known = st.token_ids[: req.prompt_len + req.num_output_tokens]
             self.gpu_proposer.reset_slot(slot, known)

@@ -93,7 +93,7 @@ class NgramProposerGPU:
         if self.pinned:
             src = src.pin_memory()
         self.token_ids[slot, :n].copy_(src, non_blocking=True)
-        self.num_tokens[slot] = n
+        self.num_tokens[slot].fill_(n)  # device fill, no host scalar copy
 
     def append(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         """Append each row's valid tokens: slots int [B] (distinct), tokens int32 [B, C] with
