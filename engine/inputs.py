@@ -199,16 +199,8 @@ class InputBuffers:
             ids[d_tok] = d_id
             pos[d_tok] = d_pos
             smap[d_tok] = d_smap
-        if t > t_real:  # graph padding: no sequence owns these tokens, their KV is dropped
-            ids[t_real:] = 0
-            pos[t_real:] = 0
-            smap[t_real:] = -1
+        self._fill_sequences(rows, ids, pos, smap, t, t_real, qsl, seq_lens, row_slot)
         g, h = len(logits_idx), len(hist)
-        rows[QSL, : b + 1] = qsl
-        rows[QSL, b + 1 :] = t_real  # padded sequences have no query tokens
-        rows[SEQ_LENS, :b] = seq_lens
-        rows[SEQ_LENS, b:] = 0
-        rows[ROW_SLOT, :b] = row_slot
         rows[LOGITS_IDX, :g] = logits_idx
         rows[GEN_SLOT, :g] = g_slot
         rows[GEN_OUT, :g] = g_out
@@ -240,6 +232,31 @@ class InputBuffers:
             num_pairs=len(p_idx),
             table_cols=min(mb, -(-max_seq // bs)),
         )
+
+    def _fill_sequences(
+        self,
+        rows: np.ndarray,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        smap: np.ndarray,
+        t: int,
+        t_real: int,
+        qsl: list[int],
+        seq_lens: list[int],
+        row_slot: list[int],
+    ) -> None:
+        """Per-sequence rows of the pinned staging area, and graph padding: tokens t_real..t
+        and sequences b..bucket belong to no request (no query tokens, KV dropped)."""
+        if t > t_real:
+            ids[t_real:] = 0
+            pos[t_real:] = 0
+            smap[t_real:] = -1
+        b = len(seq_lens)
+        rows[QSL, : b + 1] = qsl
+        rows[QSL, b + 1 :] = t_real
+        rows[SEQ_LENS, :b] = seq_lens
+        rows[SEQ_LENS, b:] = 0
+        rows[ROW_SLOT, :b] = row_slot
 
     def _stage_pairs(self, k: int, p_idx: list[int], p_blk: list[int]) -> None:
         """Block-table updates into pinned h_pairs[k]: [flat index (n) | block id (n)]."""

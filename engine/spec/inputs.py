@@ -31,9 +31,7 @@ from engine.inputs import (
     HIST,
     LOGITS_IDX,
     NUM_ROW_FIELDS,
-    QSL,
     ROW_SLOT,
-    SEQ_LENS,
     InputBuffers,
     StepInputs,
 )
@@ -204,16 +202,8 @@ class SpecInputBuffers(InputBuffers):
             smap[d_tok] = d_smap
             out_t[d_tok] = d_out
             forced_t[d_tok] = d_forced
-        if t > t_real:  # graph padding: no sequence owns these tokens, their KV is dropped
-            ids[t_real:] = 0
-            pos[t_real:] = 0
-            smap[t_real:] = -1
+        self._fill_sequences(rows, ids, pos, smap, t, t_real, qsl, seq_lens, row_slot)
         g, r, h = len(gen_slot), len(logits_idx), len(hist)
-        rows[QSL, : b + 1] = qsl
-        rows[QSL, b + 1 :] = t_real
-        rows[SEQ_LENS, :b] = seq_lens
-        rows[SEQ_LENS, b:] = 0
-        rows[ROW_SLOT, :b] = row_slot
         rows[KNOWN, :b] = known_row
         rows[ROW_GEN, :b] = row_gen
         rows[NUM_DRAFTS, :g] = num_drafts
