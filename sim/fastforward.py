@@ -446,7 +446,8 @@ class FastForward:
                 sh.context_tokens = ctx
                 cur = sh
             step = s0 + k
-            # ---- launch_step
+            # ---- launch_step. The phase blocks below are unrolled on purpose: a helper call per
+            # phase costs ~0.3 us, ~30 % of this loop's time on the Azure hour (bench/sim_speed).
             sched0.append(cpu)
             cpu += c_sched if c_sched is not None else f_sched(cur)
             a = a_sched if a_sched is not None else fa_sched(cur)

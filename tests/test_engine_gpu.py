@@ -8,6 +8,7 @@ import gc
 import numpy as np
 import pytest
 import torch
+from sync_debug import steps_without_host_sync
 
 from core.config import Config
 from engine.engine import Engine
@@ -91,19 +92,8 @@ def test_gpu_no_hidden_sync_in_the_loop(depth):
     OutputRing.wait is the deliberate sync point and is not reported by torch."""
     cfg = make_cfg(batches_in_flight=depth).replace(**{"sampling.temperature": 0.7})
     eng = Engine(cfg)
-    eng.run(workload(16, seed=1), arrival="asap")  # warm-up: Triton compiles, pinned pools
     reqs = workload(16, seed=2)
-    for r in reqs:
-        eng.add_request(r)
-    eng.start()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        steps = 0
-        while eng.has_work:
-            assert eng.step()
-            steps += 1
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    steps = steps_without_host_sync(eng, workload(16, seed=1), reqs)
     trace = eng.finish()
     assert steps > 20
     assert trace.num_steps > 10

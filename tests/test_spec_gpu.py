@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from sync_debug import steps_without_host_sync
 
 from core.config import Config
 from engine.engine import Engine
@@ -110,19 +111,8 @@ def test_gpu_spec_no_hidden_sync_in_the_loop(depth, optimistic, switches_on):
     cfg = make_cfg(batches_in_flight=depth, optimistic_spec_decode=optimistic)
     cfg = cfg.replace(**dict.fromkeys(SWITCHES, switches_on))
     eng = Engine(cfg)
-    eng.run(workload(16, seed=1), arrival="asap")  # warm-up: Triton compiles, pinned pools
     reqs = workload(16, seed=2)
-    for r in reqs:
-        eng.add_request(r)
-    eng.start()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        steps = 0
-        while eng.has_work:
-            assert eng.step()
-            steps += 1
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    steps = steps_without_host_sync(eng, workload(16, seed=1), reqs)
     eng.finish()
     assert steps > 10
     for r, st in zip(reqs, eng.states[-len(reqs) :]):
