@@ -66,7 +66,14 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 20)
     return 2 * nbytes * iters / seconds
 
 
-def make_engine(model: str, max_batch: int, depth: int, device: str) -> Engine:
+def set_context(tokens: int) -> None:
+    global CONTEXT
+    CONTEXT = tokens
+
+
+def make_engine(
+    model: str, max_batch: int, depth: int, device: str, max_model_len: int = 2048
+) -> Engine:
     per_req = -(-(CONTEXT + DECODE + 1) // BLOCK_SIZE)
     cfg = Config(
         model=model,
@@ -74,7 +81,7 @@ def make_engine(model: str, max_batch: int, depth: int, device: str) -> Engine:
         dtype="bfloat16",
         max_num_seqs=max_batch,
         max_num_batched_tokens=8192,
-        max_model_len=2048,
+        max_model_len=max_model_len,
         block_size=BLOCK_SIZE,
         num_kv_blocks=max_batch * per_req + 64,
         cuda_graphs=True,
@@ -118,6 +125,25 @@ def measure(eng: Engine, batch: int, bandwidth: float) -> dict:
     }
 
 
+def profile_steps(eng: Engine, batch: int, path: Path) -> None:
+    """Kernel table of one more run of the case under torch.profiler (GPU time per kernel name,
+    summed over the run, and per decode step), written to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    reqs = [RequestInput(f"p{i}", CONTEXT, DECODE) for i in range(batch)]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eng.run(reqs)
+    steps = sum(1 for s in eng.trace.shapes if s.is_pure_decode)
+    rows = [e for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda e: -e.device_time_total)
+    total_us = sum(e.device_time_total for e in rows)
+    lines = [f"{steps} pure-decode steps of {len(eng.trace.shapes)}; GPU us total {total_us:.0f}"]
+    lines.append(f"{'us/step':>9} {'calls/step':>10}  name")
+    for e in rows:
+        lines.append(f"{e.device_time_total / steps:9.2f} {e.count / steps:10.2f}  {e.key[:110]}")
+    path.write_text("\n".join(lines) + "\n")
+
+
 def free_engine(eng: Engine | None) -> None:
     del eng
     gc.unfreeze()  # the engine froze its start-up objects; let them go
@@ -139,8 +165,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default=CASES, help="model:b1,b2;model:b1 (default %(default)s)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--context", type=int, default=CONTEXT, help="prompt tokens per request")
+    ap.add_argument(
+        "--max-model-len", type=int, default=2048, help="the engine's max_model_len (graphs' bound)"
+    )
     ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument(
+        "--profile", type=Path, help="folder: a torch.profiler kernel table per case (batch <= 8)"
+    )
     args = ap.parse_args()
+    set_context(args.context)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: use --device cpu --cases tiny:1,4 to check the script")
         return 2
@@ -157,7 +191,7 @@ def main() -> int:
             eng = None
             try:
                 t0 = time.perf_counter()
-                eng = make_engine(model, max(batches), depth, args.device)
+                eng = make_engine(model, max(batches), depth, args.device, args.max_model_len)
                 print(f"{model} depth {depth}: engine ready in {time.perf_counter() - t0:.1f} s")
                 for batch in batches:
                     row = measure(eng, batch, bandwidth)
@@ -167,6 +201,10 @@ def main() -> int:
                         f"{row['floor_ms']:.3f} ms, busy {row['busy_fraction']:.3f}",
                         flush=True,
                     )
+                    if args.profile and batch <= 8 and device.type == "cuda":
+                        args.profile.mkdir(parents=True, exist_ok=True)
+                        name = f"{model}-b{batch}-d{depth}.txt"
+                        profile_steps(eng, batch, args.profile / name)
             except Exception as e:  # keep going: the other cases still tell something
                 traceback.print_exc()
                 failed.append(f"{model} depth {depth}: {type(e).__name__}: {e}")

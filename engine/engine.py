@@ -125,8 +125,9 @@ class Engine:
         self.sched = Scheduler(scheduler_config(cfg, self.spec, self.num_kv_blocks))
         self.graphs: DecodeGraphs | None = None
         if cfg.cuda_graphs and self.device.type == "cuda":
+            sampler = self.sampler if self.sd is None else None  # graphs sample w/o drafts
             self.graphs = DecodeGraphs(
-                self.model, self.kv_cache, self.inputs, n, self.max_model_len, self.q
+                self.model, self.kv_cache, self.inputs, n, self.max_model_len, self.q, sampler
             )
             self.graphs.capture()
         self.hooks = StepHooks(self.device)
@@ -208,16 +209,17 @@ class Engine:
                 if self.sd is not None:
                     self.sd.take_slot(st)
                 new.append(st)
+        sd = self.sd
         width = self.sampler.forced_width  # what `init_slot` will widen `forced` to
-        for st in new:
-            if st.forced is not None:
-                width = max(width, len(st.forced))
+        if sd is not None:  # plain decoding sends forced tokens in the rows instead
+            for st in new:
+                if st.forced is not None:
+                    width = max(width, len(st.forced))
         bucket = 0
         shape = batch.shape
         uniform = shape.draft_tokens == (self.q - 1) * shape.num_reqs  # k drafts each (or none)
         if self.graphs is not None and shape.is_pure_decode and uniform:
             bucket = self.graphs.bucket_for(shape.num_reqs)
-        sd = self.sd
         if sd is None:
             step = self.inputs.fill(batch, self.states, bucket, width)
         else:  # seed 5 on: the GPU corrects what in-flight steps rejected (`sd.correct`)
@@ -228,14 +230,18 @@ class Engine:
         self.hooks.gpu_begin(row)
         for st in new:  # device state of the new slots, enqueued before their first use
             history = (st.prompt_ids, st.confirmed_outputs()) if st.req.needs_history else None
-            self.sampler.init_slot(st.slot, history, st.forced)
+            self.sampler.init_slot(st.slot, history, st.forced if sd is not None else None)
             if sd is not None:
                 sd.reset_slot(st)
         assert self.sampler.forced_width == width
-        self.inputs.send(step)
+        self.inputs.send(step, finish=not self._graph_samples(step))
         if sd is not None:
             sd.correct(step, self.cfg.block_size)
         return step
+
+    def _graph_samples(self, step: StepInputs) -> bool:
+        """Does this step's CUDA graph finish its inputs and sample (engine.graphs)?"""
+        return bool(step.bucket) and self.graphs is not None and self.graphs.samples
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         """Logits [>= G, vocab] float32; row g belongs to the g-th generating entry."""
@@ -254,6 +260,9 @@ class Engine:
         out = self.outputs.device_tokens[step.ring, :n]
         if self.sd is not None:
             self.sd.sample(self.sampler, batch, self.states, step, logits, out)
+        elif self._graph_samples(step):  # sampled by the graph: one copy to the ring
+            assert self.graphs is not None
+            out.copy_(self.graphs.tokens[step.bucket][:g])
         elif g:
             self.sampler.sample(logits[:g], step.rows, out)
         if self.sd is None or self.sd.cpu_proposer is not None:
@@ -490,7 +499,7 @@ class Engine:
         g = cfg.max_num_seqs * self.q  # logits rows: k + 1 per request with drafts
         logits = self.model.compute_logits(hidden[torch.arange(g, device=dev) % n_tok])
         r = torch.arange(g, dtype=torch.int32, device=dev)
-        rows = SampleRows(r % cfg.max_num_seqs, r * 0, r, r * 0 - 1, r)
+        rows = SampleRows(r % cfg.max_num_seqs, r * 0, r, r * 0 - 1, r, forced_tok=r * 0 - 1)
         # verification rows' penalty history (engine.spec.decoder) lives alongside the logits
         extra = torch.zeros_like(logits, dtype=torch.int32) if self.sd is not None else None
         self.sampler.sample(logits, rows, torch.empty_like(r))

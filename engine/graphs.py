@@ -8,9 +8,14 @@ max_seq_len = max_model_len (the kernel reads the real lengths from seq_lens). M
 batches run eagerly. With speculative decoding (`query_len` = k + 1) a bucket serves B decodes
 of k drafts each: B * (k + 1) query tokens, laid out row after row, and logits for all of them.
 
+Without drafts a graph also does the step's device-side input work (decode ids from the last
+sampled tokens, the batch's block-table rows) and samples (`Sampler.sample_graph`) into its
+static `tokens[bucket]`: a decode step is then one input copy, one graph, one token copy
+(engine.engine). With drafts the sampler runs eagerly after the graph (engine.spec.decoder).
+
 Graphs are captured after a warm-up run of each bucket (Triton compiles then), largest first, in
-one shared memory pool; every graph's logits live in that pool and are valid until the next
-replay, which stream order puts after this step's sampler.
+one shared memory pool; every graph's logits and tokens live in that pool and are valid until
+the next replay, which stream order puts after this step's use of them.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from collections.abc import Callable
 
 import torch
 
-from engine.inputs import QSL, SEQ_LENS, InputBuffers
+from engine.inputs import QSL, ROW_SLOT, SEQ_LENS, InputBuffers
 from engine.model import LlamaModel
+from engine.sampler import Sampler
 
 
 def decode_buckets(max_num_seqs: int) -> list[int]:
@@ -49,13 +55,23 @@ class DecodeGraphs:
         max_num_seqs: int,
         max_seq_len: int,
         query_len: int = 1,
+        sampler: Sampler | None = None,
     ) -> None:
+        """`sampler`: capture input finishing and sampling too (plain decoding only)."""
         self.model, self.kv_cache, self.inputs = model, kv_cache, inputs
         self.max_seq_len = max_seq_len
         self.query_len = query_len  # query tokens per row: 1, or k + 1 with drafts
+        assert sampler is None or query_len == 1, "graphs sample only without drafts"
+        self.sampler = sampler
         self.buckets = decode_buckets(min(max_num_seqs, inputs.max_tokens // query_len))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.tokens: dict[int, torch.Tensor] = {}  # [bucket] int32, graphs that sample
+
+    @property
+    def samples(self) -> bool:
+        """Do the graphs finish the inputs and sample (`InputBuffers.send(finish=False)`)?"""
+        return self.sampler is not None
 
     @property
     def max_bucket(self) -> int:
@@ -78,6 +94,25 @@ class DecodeGraphs:
 
         return run
 
+    def step_fn(self, bucket: int) -> Callable[[], torch.Tensor]:
+        """What a bucket's graph captures: `forward_fn`, preceded by the inputs' device work and
+        followed by sampling into `tokens[bucket]` when the graphs sample."""
+        forward, sampler, inp = self.forward_fn(bucket), self.sampler, self.inputs
+        if sampler is None:
+            return forward
+        rows, hist = inp.graph_rows(bucket)
+        tokens = self.tokens.setdefault(
+            bucket, torch.zeros(bucket, dtype=torch.int32, device=inp.device)
+        )
+
+        def run() -> torch.Tensor:
+            inp.finish_graph(bucket)
+            logits = forward()
+            sampler.sample_graph(logits, rows, hist, tokens)
+            return logits
+
+        return run
+
     def _dummy_inputs(self, bucket: int) -> None:
         """Decode-shaped placeholders: each row one token at position 0, writing no KV."""
         inp = self.inputs
@@ -89,13 +124,20 @@ class DecodeGraphs:
         inp.d_toks[: 2 * t].zero_()
         inp.d_toks[2 * t : 3 * t].fill_(-1)
         inp.input_ids[:t].zero_()
+        if self.sampler is not None:  # rows that sample into the spare slot, unforced
+            rows, hist = inp.graph_rows(bucket)
+            rows.slot.fill_(inp.max_num_seqs)
+            d[ROW_SLOT, :bucket] = 0
+            assert rows.forced_tok is not None
+            rows.forced_tok.fill_(-1)
+            hist.zero_()
 
     @torch.no_grad()  # not inference_mode: the static logits are updated in place (penalties)
     def capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         for bucket in reversed(self.buckets):
-            run = self.forward_fn(bucket)
+            run = self.step_fn(bucket)
             self._dummy_inputs(bucket)
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):

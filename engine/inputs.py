@@ -32,9 +32,16 @@ from engine.attention import AttentionMetadata
 from engine.requests import RequestState
 from engine.sampler import SampleRows
 
-# row fields: rows[F, :] (QSL has B + 1 values, the others B or G or H)
+# row fields: rows[F, :] (QSL has B + 1 values, the others B or G or H). The first
+# NUM_ROW_FIELDS are shared with speculative decoding (engine.spec.inputs adds its own after
+# them); GEN_FORCED there is an index into the sampler's forced table, which the device corrects.
+# Plain decoding adds GEN_FORCED_TOK (the forced token itself, -1 = none) and GEN_HIST (0/1:
+# the row's request needs its history): the host knows both, and a CUDA graph that samples
+# reads them for every row of its bucket.
 QSL, SEQ_LENS, ROW_SLOT, LOGITS_IDX, GEN_SLOT, GEN_OUT, GEN_KEY, GEN_FORCED, HIST = range(9)
 NUM_ROW_FIELDS = 9
+GEN_FORCED_TOK, GEN_HIST = range(NUM_ROW_FIELDS, NUM_ROW_FIELDS + 2)
+NUM_PLAIN_ROW_FIELDS = NUM_ROW_FIELDS + 2
 
 
 @dataclass(slots=True)
@@ -70,7 +77,7 @@ class InputBuffers:
         max_blocks: int,
         block_size: int,
         last_sampled: torch.Tensor,
-        num_row_fields: int = NUM_ROW_FIELDS,
+        num_row_fields: int = NUM_PLAIN_ROW_FIELDS,
         row_width: int = 0,
         token_fields: int = 3,
     ) -> None:
@@ -84,13 +91,19 @@ class InputBuffers:
         self.block_size, self.max_blocks, self.max_tokens = block_size, max_blocks, max_tokens
         r = row_width or max_num_seqs + 1
         self.token_fields = token_fields
-        self.h_rows = [_pinned((num_row_fields, r), cuda) for _ in range(depth)]
-        self.h_toks = [_pinned((token_fields * max_tokens,), cuda) for _ in range(depth)]
+        self.max_num_seqs = max_num_seqs
+        # rows then tokens in one buffer: a step's inputs are one copy of a prefix of it
+        self.rows_len = num_row_fields * r
+        n_buf = self.rows_len + token_fields * max_tokens
+        self.h_buf = [_pinned((n_buf,), cuda) for _ in range(depth)]
+        self.h_rows = [h[: self.rows_len].view(num_row_fields, r) for h in self.h_buf]
+        self.h_toks = [h[self.rows_len :] for h in self.h_buf]
         self.h_pairs = [_pinned((2 * 64,), cuda) for _ in range(depth)]
         self._rows_np = [h.numpy() for h in self.h_rows]  # views of the pinned buffers
         self._toks_np = [h.numpy() for h in self.h_toks]
-        self.d_rows = torch.zeros((num_row_fields, r), dtype=torch.int32, device=device)
-        self.d_toks = torch.zeros(token_fields * max_tokens, dtype=torch.int32, device=device)
+        self.d_buf = torch.zeros(n_buf, dtype=torch.int32, device=device)
+        self.d_rows = self.d_buf[: self.rows_len].view(num_row_fields, r)
+        self.d_toks = self.d_buf[self.rows_len :]
         self.d_pairs = torch.zeros(2 * 64, dtype=torch.int32, device=device)
         self.input_ids = torch.zeros(max_tokens, dtype=torch.int32, device=device)
         self.block_table = torch.zeros((max_num_seqs, max_blocks), dtype=torch.int32, device=device)
@@ -117,6 +130,20 @@ class InputBuffers:
     def positions(self, t: int) -> torch.Tensor:
         return self.d_toks[t : 2 * t]
 
+    def graph_rows(self, bucket: int) -> tuple[SampleRows, torch.Tensor]:
+        """Sampling rows of a graph of `bucket` decodes (every row generates; padded rows have
+        the spare slot, no forced token, no history) and its [bucket] needs-history mask."""
+        d = self.d_rows
+        rows = SampleRows(
+            slot=d[GEN_SLOT, :bucket],
+            out_idx=d[GEN_OUT, :bucket],
+            key=d[GEN_KEY, :bucket],
+            forced_idx=None,
+            hist_rows=d[HIST, :0],
+            forced_tok=d[GEN_FORCED_TOK, :bucket],
+        )
+        return rows, d[GEN_HIST, :bucket]
+
     # ---- preparation -------------------------------------------------------------------------
     def prepare(
         self,
@@ -139,7 +166,8 @@ class InputBuffers:
     ) -> StepInputs:
         """Host work only: write the pinned buffers of the next ring slot for `batch` (every
         entry's request holds a slot). `bucket` > 0: a pure-decode batch padded to `bucket` rows
-        for a CUDA graph. `send` then enqueues the device work."""
+        for a CUDA graph. `send` then enqueues the device work. Forced tokens go in the rows
+        (`forced_width` is used by speculative decoding's override only)."""
         k = self._k
         self._k = (k + 1) % self.depth
         entries = batch.entries
@@ -152,7 +180,7 @@ class InputBuffers:
         ids, pos, smap = toks[:t], toks[t : 2 * t], toks[2 * t : 3 * t]
 
         qsl, seq_lens, row_slot = [0], [], []
-        logits_idx, g_slot, g_out, g_key, g_forced, hist = [], [], [], [], [], []
+        logits_idx, g_slot, g_out, g_key, g_forced, hist, g_hist = [], [], [], [], [], [], []
         d_tok, d_id, d_pos, d_smap = [], [], [], []  # decode tokens, written at once
         p_idx, p_blk = [], []  # block-table updates
         tok = 0
@@ -189,12 +217,13 @@ class InputBuffers:
             if e.generates:
                 if req.needs_history:
                     hist.append(len(logits_idx))
+                g_hist.append(req.needs_history)
                 out_idx = s + n - req.prompt_len
                 logits_idx.append(tok - 1)
                 g_slot.append(slot)
                 g_out.append(out_idx)
                 g_key.append(st.key)
-                g_forced.append(slot * forced_width + out_idx if st.forced is not None else -1)
+                g_forced.append(st.forced[out_idx] if st.forced is not None else -1)
         if d_tok:
             ids[d_tok] = d_id
             pos[d_tok] = d_pos
@@ -205,8 +234,13 @@ class InputBuffers:
         rows[GEN_SLOT, :g] = g_slot
         rows[GEN_OUT, :g] = g_out
         rows[GEN_KEY, :g] = g_key
-        rows[GEN_FORCED, :g] = g_forced
+        rows[GEN_FORCED_TOK, :g] = g_forced
         rows[HIST, :h] = hist
+        rows[GEN_HIST, :g] = g_hist
+        if bucket > g:  # padded rows of a sampling graph: no forcing, no history, no slot
+            rows[GEN_SLOT, g:bucket] = self.max_num_seqs  # the sampler's spare slot
+            rows[GEN_FORCED_TOK, g:bucket] = -1
+            rows[GEN_HIST, g:bucket] = 0
         self._stage_pairs(k, p_idx, p_blk)
 
         max_seq = max(seq_lens)
@@ -225,8 +259,9 @@ class InputBuffers:
                 slot=d[GEN_SLOT, :g],
                 out_idx=d[GEN_OUT, :g],
                 key=d[GEN_KEY, :g],
-                forced_idx=d[GEN_FORCED, :g],
+                forced_idx=None,
                 hist_rows=d[HIST, :h],
+                forced_tok=d[GEN_FORCED_TOK, :g],
             ),
             padded_tokens=t,
             num_pairs=len(p_idx),
@@ -272,21 +307,29 @@ class InputBuffers:
         hp[:n] = p_idx
         hp[n : 2 * n] = p_blk
 
-    def send(self, step: StepInputs) -> None:
-        """Enqueue the step's device work: host -> device copies (pinned, asynchronous), the
-        block-table update, decode ids from the last sampled tokens, the batch's table rows."""
-        k, t, n, b = step.ring, step.padded_tokens, step.num_pairs, step.num_reqs
-        f = self.token_fields
-        self.d_rows.copy_(self.h_rows[k], non_blocking=True)
-        self.d_toks[: f * t].copy_(self.h_toks[k][: f * t], non_blocking=True)
+    def send(self, step: StepInputs, finish: bool = True) -> None:
+        """Enqueue the step's device work: one host -> device copy of rows and tokens (pinned,
+        asynchronous), the block-table update, then (`finish`) the work on the device copies,
+        which a CUDA graph that samples does itself (`finish_graph`)."""
+        k, t, n = step.ring, step.padded_tokens, step.num_pairs
+        m = self.rows_len + self.token_fields * t
+        self.d_buf[:m].copy_(self.h_buf[k][:m], non_blocking=True)
         if n:
             self.d_pairs[: 2 * n].copy_(self.h_pairs[k][: 2 * n], non_blocking=True)
             flat = self.d_pairs[:n].long()
             self.block_table.view(-1).index_copy_(0, flat, self.d_pairs[n : 2 * n])
-        self._finish_ids(t)
-        # only the columns this step can read; the rest of a row is never looked at
-        cols = step.table_cols
-        self.batch_tables[:b, :cols] = self.block_table[self.d_rows[ROW_SLOT, :b], :cols]
+        if finish:
+            self._finish_ids(t)
+            # only the columns this step can read; the rest of a row is never looked at
+            b, cols = step.num_reqs, step.table_cols
+            self.batch_tables[:b, :cols] = self.block_table[self.d_rows[ROW_SLOT, :b], :cols]
+
+    def finish_graph(self, bucket: int) -> None:
+        """`send`'s device work for a graph of `bucket` one-token rows: whole table rows (the
+        columns a step reads are not fixed), padded rows gather a slot's row they never read."""
+        self._finish_ids(bucket)
+        slots = self.d_rows[ROW_SLOT, :bucket]
+        torch.index_select(self.block_table, 0, slots, out=self.batch_tables[:bucket])
 
     def _finish_ids(self, t: int) -> None:
         """input_ids[:t] = host ids, with -(slot + 1) replaced by last_sampled[slot]."""

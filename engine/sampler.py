@@ -35,8 +35,9 @@ class SampleRows:
     slot: torch.Tensor  # request slot
     out_idx: torch.Tensor  # output index of the token being sampled
     key: torch.Tensor  # stable request key (Request.index) for the noise
-    forced_idx: torch.Tensor  # flat index into `forced`, or -1
+    forced_idx: torch.Tensor | None  # flat index into `forced`, or -1 (speculative decoding)
     hist_rows: torch.Tensor  # [H] rows g whose request needs its history (penalties)
+    forced_tok: torch.Tensor | None = None  # the forced token itself, or -1 (plain decoding)
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
@@ -71,13 +72,18 @@ class Sampler:
         it in front of the draft table, so one gather resolves every input id)."""
         self.cfg, self.seed, self.vocab, self.device = cfg, seed, vocab, device
         self.pinned = device.type == "cuda"
+        # one spare slot (index num_slots): the padded rows of a sampling CUDA graph write there
         if last_sampled is None:
-            last_sampled = torch.zeros(num_slots, dtype=torch.int32, device=device)
+            last_sampled = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
         self.last_sampled = last_sampled
         self.forced = torch.full((num_slots, 1), -1, dtype=torch.int32, device=device)
-        self.counts = torch.zeros((num_slots, vocab), dtype=torch.int32, device=device)
-        self.prompt_mask = torch.zeros((num_slots, vocab), dtype=torch.bool, device=device)
+        self.counts = torch.zeros((num_slots + 1, vocab), dtype=torch.int32, device=device)
+        self.prompt_mask = torch.zeros((num_slots + 1, vocab), dtype=torch.bool, device=device)
         self._vocab_ids = torch.arange(vocab, device=device)
+        # neutral penalties change no logit: then the history is neither applied nor counted
+        self.penalties = (
+            cfg.repetition_penalty != 1.0 or cfg.frequency_penalty != 0 or cfg.presence_penalty != 0
+        )
 
     @property
     def forced_width(self) -> int:
@@ -131,8 +137,23 @@ class Sampler:
         tok = self.choose(logits, rows)
         self.last_sampled[rows.slot] = tok
         h = rows.hist_rows
-        if h.numel():
+        if self.penalties and h.numel():
             self.count_tokens(rows.slot[h], tok[h])
+        out.copy_(tok)
+
+    def sample_graph(
+        self, logits: torch.Tensor, rows: SampleRows, hist: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        """`sample` with every size fixed, for capture in a decode CUDA graph: all rows of the
+        bucket are sampled (padded rows write the spare slot) and the penalties apply where the
+        0/1 mask `hist` says. Same tokens as `sample` for the real rows; `logits` unchanged."""
+        x = logits
+        if self.penalties:
+            x = torch.where(hist[:, None].bool(), self._penalised(logits, rows.slot, None), x)
+        tok = self._choose_token(x, rows)
+        self.last_sampled[rows.slot] = tok
+        if self.penalties:
+            self.count_tokens(rows.slot, tok, weight=hist)
         out.copy_(tok)
 
     def choose(
@@ -141,15 +162,22 @@ class Sampler:
         """The token of each row (penalties, greedy or seeded random, forced ids), without
         touching the slot state: int32 [G]. `extra_counts` int32 [H, V] adds tokens to the
         history of the H history rows (a verification row's preceding drafts)."""
-        if rows.hist_rows.numel():
+        if self.penalties and rows.hist_rows.numel():
             self._apply_penalties(logits, rows, extra_counts)
-        c = self.cfg
-        if c.temperature == 0:
-            tok = logits.argmax(dim=-1)
+        return self._choose_token(logits, rows)
+
+    def _choose_token(self, logits: torch.Tensor, rows: SampleRows) -> torch.Tensor:
+        """Greedy or seeded random choice of every row, then forced ids: int32 [G]."""
+        if self.cfg.temperature == 0:
+            tok = logits.argmax(dim=-1).to(torch.int32)
         else:
-            tok = self._sample_random(logits, rows)
+            tok = self._sample_random(logits, rows).to(torch.int32)
+        if rows.forced_tok is not None:
+            return torch.where(rows.forced_tok >= 0, rows.forced_tok, tok)
+        if rows.forced_idx is None:
+            return tok
         forced = self.forced.view(-1)[rows.forced_idx.clamp(min=0)]
-        return torch.where(rows.forced_idx >= 0, forced, tok.to(torch.int32))
+        return torch.where(rows.forced_idx >= 0, forced, tok)
 
     def count_tokens(self, slots: torch.Tensor, tok: torch.Tensor, weight=None) -> None:
         """counts[slot, tok] += weight (1 by default) for each pair (history of penalties)."""
@@ -163,10 +191,14 @@ class Sampler:
     ) -> None:
         """vLLM semantics on the history rows: repetition over prompt + output tokens, frequency
         and presence over output tokens."""
-        c = self.cfg
         h = rows.hist_rows.long()
-        slots = rows.slot[h]
-        x = logits[h]
+        logits.index_copy_(0, h, self._penalised(logits[h], rows.slot[h], extra))
+
+    def _penalised(
+        self, x: torch.Tensor, slots: torch.Tensor, extra: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Logits rows x of requests in `slots` with the penalties applied (a new tensor)."""
+        c = self.cfg
         counts = self.counts[slots]
         if extra is not None:
             counts = counts + extra
@@ -179,7 +211,7 @@ class Sampler:
             x = x - c.frequency_penalty * counts
         if c.presence_penalty:
             x = x - c.presence_penalty * seen
-        logits.index_copy_(0, h, x)
+        return x
 
     def _sample_random(self, logits: torch.Tensor, rows: SampleRows) -> torch.Tensor:
         c = self.cfg

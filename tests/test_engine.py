@@ -280,6 +280,8 @@ class EagerGraphs(DecodeGraphs):
 
     def replay(self, bucket: int) -> torch.Tensor:
         inp = self.inputs
+        if self.samples:  # the graph finishes its inputs; the reference needs them first
+            inp.finish_graph(bucket)
         b = int(inp.d_rows[QSL, bucket])  # decode: one token per real row
         attn = AttentionMetadata(
             query_start_loc=inp.d_rows[QSL, : b + 1],
@@ -291,18 +293,23 @@ class EagerGraphs(DecodeGraphs):
         )
         pos = inp.d_toks[bucket : bucket + b]
         ref = self.model.compute_logits(self.model(inp.input_ids[:b], pos, attn, self.kv_cache))
-        logits = self.forward_fn(bucket)()
+        logits = self.step_fn(bucket)()  # with sampling graphs: samples into tokens[bucket]
         torch.testing.assert_close(logits[:b], ref, atol=1e-5, rtol=1e-5)
         self.replays += bucket > b
         return logits
 
 
-def test_graph_input_layout_with_padding_gives_the_same_logits_and_tokens():
-    reqs = workload(12, history=True)
-    cfg = make_cfg(max_num_seqs=12, num_kv_blocks=48)  # blocks get reused: stray writes show
+@pytest.mark.parametrize("graph_samples", [False, True])
+def test_graph_input_layout_with_padding_gives_the_same_logits_and_tokens(graph_samples):
+    """Padded bucket layout, run eagerly; with `graph_samples` the bucket's inputs are finished
+    and its rows sampled as a graph would (random sampling, penalties, forced ids)."""
+    reqs = workload(12, forced=True, history=True)[:6] + workload(12, history=True)[6:]
+    sampling = [("temperature", 0.8), ("top_k", 50), ("repetition_penalty", 1.2)]
+    cfg = make_cfg(max_num_seqs=12, num_kv_blocks=48, sampling=sampling)  # blocks get reused
     plain = run(cfg, reqs)[0]
     eng = Engine(cfg)
-    eng.graphs = EagerGraphs(eng.model, eng.kv_cache, eng.inputs, 12, eng.max_model_len)
+    sampler = eng.sampler if graph_samples else None
+    eng.graphs = EagerGraphs(eng.model, eng.kv_cache, eng.inputs, 12, eng.max_model_len, 1, sampler)
     eng.graphs.capture()
     assert eng.graphs.buckets == [1, 2, 4, 8, 12]
     padded = [o.token_ids for o in eng.run(reqs, arrival="asap")]

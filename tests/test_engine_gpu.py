@@ -57,6 +57,7 @@ def test_gpu_graph_replay_matches_eager_logits():
 
     def both(step):
         if step.bucket:
+            eng.inputs.finish_graph(step.bucket)  # the graph does it (it samples), eager not
             eager = eng.graphs.forward_fn(step.bucket)()[: step.num_gen].clone()
             graph = forward(step)
             b = step.num_gen
@@ -72,6 +73,52 @@ def test_gpu_graph_replay_matches_eager_logits():
     assert [len(o.token_ids) for o in outs] == [r.output_len for r in reqs]
     assert len(checked) > 10 and len(set(checked)) > 2, checked
     for r, o in zip(reqs, outs):
+        if r.output_ids is not None:
+            assert o.token_ids == list(r.output_ids)
+
+
+def test_gpu_sampling_graph_matches_the_eager_sampler():
+    """A graph samples its bucket in place of `Sampler.sample`: the same tokens as the eager
+    sampler on the graph's logits (temperature, top-k, penalties, forced ids), and the same
+    slot state after it (last sampled token, penalty counts of history rows only)."""
+    cfg = make_cfg().replace(
+        **{
+            "sampling.temperature": 0.8,
+            "sampling.top_k": 40,
+            "sampling.repetition_penalty": 1.3,
+            "sampling.frequency_penalty": 0.2,
+        }
+    )
+    eng = Engine(cfg)
+    assert eng.graphs is not None and eng.graphs.samples
+    sampler, forward, checked = eng.sampler, eng._forward, []
+
+    def check(step):
+        if not step.bucket:
+            return forward(step)
+        before = sampler.counts.clone()
+        logits = forward(step)  # the graph: inputs, forward, sampling
+        g, rows = step.num_gen, step.rows
+        got = eng.graphs.tokens[step.bucket][:g].clone()
+        after, sampler.counts = sampler.counts, before
+        want = sampler.choose(logits[:g].clone(), rows)
+        sampler.counts = after
+        assert torch.equal(got, want)
+        assert torch.equal(sampler.last_sampled[rows.slot.long()], got)
+        hist = rows.hist_rows.long()
+        grown = (after - before)[rows.slot.long()]
+        assert int(grown.sum()) == hist.numel()
+        if hist.numel():
+            assert (grown[hist, got[hist].long()] == 1).all()
+        checked.append(step.bucket)
+        return logits
+
+    eng._forward = check  # type: ignore[method-assign]
+    reqs = workload(13, seed=3)
+    outs = eng.run(reqs, arrival="asap")
+    assert len(checked) > 10 and len(set(checked)) > 2, checked
+    for r, o in zip(reqs, outs):
+        assert len(o.token_ids) == r.output_len
         if r.output_ids is not None:
             assert o.token_ids == list(r.output_ids)
 
