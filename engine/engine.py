@@ -247,7 +247,7 @@ class Engine:
         """Logits [>= G, vocab] float32; row g belongs to the g-th generating entry."""
         if step.bucket:
             assert self.graphs is not None
-            return self.graphs.replay(step.bucket)
+            return self.graphs.replay(step.bucket, step.rows.hist_rows.numel() > 0)
         hidden = self.model(step.input_ids, step.positions, step.attn, self.kv_cache)
         return self.model.compute_logits(hidden[step.logits_idx])
 

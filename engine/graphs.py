@@ -64,8 +64,11 @@ class DecodeGraphs:
         assert sampler is None or query_len == 1, "graphs sample only without drafts"
         self.sampler = sampler
         self.buckets = decode_buckets(min(max_num_seqs, inputs.max_tokens // query_len))
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        # key (bucket, with_history): graphs that sample have a second variant for batches
+        # with needs-history rows when penalties are on (engine.sampler.sample_graph)
+        self.variants = (False, True) if sampler is not None and sampler.penalties else (False,)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.logits: dict[tuple[int, bool], torch.Tensor] = {}
         self.tokens: dict[int, torch.Tensor] = {}  # [bucket] int32, graphs that sample
 
     @property
@@ -94,7 +97,7 @@ class DecodeGraphs:
 
         return run
 
-    def step_fn(self, bucket: int) -> Callable[[], torch.Tensor]:
+    def step_fn(self, bucket: int, with_history: bool = False) -> Callable[[], torch.Tensor]:
         """What a bucket's graph captures: `forward_fn`, preceded by the inputs' device work and
         followed by sampling into `tokens[bucket]` when the graphs sample."""
         forward, sampler, inp = self.forward_fn(bucket), self.sampler, self.inputs
@@ -108,7 +111,7 @@ class DecodeGraphs:
         def run() -> torch.Tensor:
             inp.finish_graph(bucket)
             logits = forward()
-            sampler.sample_graph(logits, rows, hist, tokens)
+            sampler.sample_graph(logits, rows, hist, tokens, with_history)
             return logits
 
         return run
@@ -137,20 +140,23 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         for bucket in reversed(self.buckets):
-            run = self.step_fn(bucket)
-            self._dummy_inputs(bucket)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    run()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[bucket] = run()
-            self.graphs[bucket] = graph
+            for hist in self.variants:
+                run = self.step_fn(bucket, hist)
+                self._dummy_inputs(bucket)
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        run()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.logits[bucket, hist] = run()
+                self.graphs[bucket, hist] = graph
         torch.cuda.synchronize()
 
-    def replay(self, bucket: int) -> torch.Tensor:
-        """Run the bucket's graph on the current stream; logits [bucket * query_len, vocab]."""
-        self.graphs[bucket].replay()
-        return self.logits[bucket]
+    def replay(self, bucket: int, with_history: bool = False) -> torch.Tensor:
+        """Run the bucket's graph on the current stream; logits [bucket * query_len, vocab].
+        `with_history`: the variant that applies penalties (graphs that sample, penalties on)."""
+        key = (bucket, with_history and len(self.variants) > 1)
+        self.graphs[key].replay()
+        return self.logits[key]

@@ -334,5 +334,10 @@ class InputBuffers:
     def _finish_ids(self, t: int) -> None:
         """input_ids[:t] = host ids, with -(slot + 1) replaced by last_sampled[slot]."""
         raw = self.d_toks[:t]
+        if self.cuda:  # one launch
+            from engine.kernels.sampling import resolve_input_ids
+
+            resolve_input_ids(raw, self.last_sampled, self.input_ids[:t])
+            return
         src = (-1 - raw).clamp_(min=0)
         torch.where(raw < 0, self.last_sampled[src], raw, out=self.input_ids[:t])

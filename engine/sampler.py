@@ -80,6 +80,11 @@ class Sampler:
         self.counts = torch.zeros((num_slots + 1, vocab), dtype=torch.int32, device=device)
         self.prompt_mask = torch.zeros((num_slots + 1, vocab), dtype=torch.bool, device=device)
         self._vocab_ids = torch.arange(vocab, device=device)
+        self.greedy_ws = None  # Triton greedy sampling of plain decoding (CUDA only)
+        if device.type == "cuda" and cfg.temperature == 0:
+            from engine.kernels.sampling import GreedyWorkspace
+
+            self.greedy_ws = GreedyWorkspace(num_slots + 1, vocab, device)
         # neutral penalties change no logit: then the history is neither applied nor counted
         self.penalties = (
             cfg.repetition_penalty != 1.0 or cfg.frequency_penalty != 0 or cfg.presence_penalty != 0
@@ -134,27 +139,49 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: SampleRows, out: torch.Tensor) -> None:
         """logits float32 [G, V] (may be modified in place) -> out int32 [G]; updates the slot
         state. Host reads nothing: every size is a Python int known before the launch."""
-        tok = self.choose(logits, rows)
-        self.last_sampled[rows.slot] = tok
         h = rows.hist_rows
+        if self.greedy_ws is not None and rows.forced_tok is not None:
+            if self.penalties and h.numel():
+                self._apply_penalties(logits, rows)
+            self._greedy(logits, rows, out)
+            tok = out
+        else:
+            tok = self.choose(logits, rows)
+            self.last_sampled[rows.slot] = tok
+            out.copy_(tok)
         if self.penalties and h.numel():
             self.count_tokens(rows.slot[h], tok[h])
-        out.copy_(tok)
+
+    def _greedy(self, logits: torch.Tensor, rows: SampleRows, out: torch.Tensor) -> None:
+        """Argmax, forced tokens, `out` and `last_sampled` in two launches (CUDA)."""
+        from engine.kernels.sampling import greedy_sample
+
+        assert self.greedy_ws is not None and rows.forced_tok is not None
+        greedy_sample(logits, rows.forced_tok, rows.slot, out, self.last_sampled, self.greedy_ws)
 
     def sample_graph(
-        self, logits: torch.Tensor, rows: SampleRows, hist: torch.Tensor, out: torch.Tensor
+        self,
+        logits: torch.Tensor,
+        rows: SampleRows,
+        hist: torch.Tensor,
+        out: torch.Tensor,
+        with_history: bool,
     ) -> None:
         """`sample` with every size fixed, for capture in a decode CUDA graph: all rows of the
-        bucket are sampled (padded rows write the spare slot) and the penalties apply where the
-        0/1 mask `hist` says. Same tokens as `sample` for the real rows; `logits` unchanged."""
+        bucket are sampled (padded rows write the spare slot). `with_history` (a batch with
+        needs-history rows, penalties on): the penalties apply and count where the 0/1 mask
+        `hist` says. Same tokens as `sample` for the real rows; `logits` unchanged."""
         x = logits
-        if self.penalties:
+        if with_history:
             x = torch.where(hist[:, None].bool(), self._penalised(logits, rows.slot, None), x)
-        tok = self._choose_token(x, rows)
-        self.last_sampled[rows.slot] = tok
-        if self.penalties:
-            self.count_tokens(rows.slot, tok, weight=hist)
-        out.copy_(tok)
+        if self.greedy_ws is not None:
+            self._greedy(x, rows, out)
+        else:
+            tok = self._choose_token(x, rows)
+            self.last_sampled[rows.slot] = tok
+            out.copy_(tok)
+        if with_history:
+            self.count_tokens(rows.slot, out, weight=hist)
 
     def choose(
         self, logits: torch.Tensor, rows: SampleRows, extra_counts: torch.Tensor | None = None

@@ -276,10 +276,11 @@ class EagerGraphs(DecodeGraphs):
     KV and leave the real rows' logits alone."""
 
     def capture(self) -> None:
-        self.replays = 0
+        self.replays = self.with_history = 0
 
-    def replay(self, bucket: int) -> torch.Tensor:
+    def replay(self, bucket: int, with_history: bool = False) -> torch.Tensor:
         inp = self.inputs
+        with_history = with_history and len(self.variants) > 1
         if self.samples:  # the graph finishes its inputs; the reference needs them first
             inp.finish_graph(bucket)
         b = int(inp.d_rows[QSL, bucket])  # decode: one token per real row
@@ -293,7 +294,8 @@ class EagerGraphs(DecodeGraphs):
         )
         pos = inp.d_toks[bucket : bucket + b]
         ref = self.model.compute_logits(self.model(inp.input_ids[:b], pos, attn, self.kv_cache))
-        logits = self.step_fn(bucket)()  # with sampling graphs: samples into tokens[bucket]
+        logits = self.step_fn(bucket, with_history)()  # sampling graphs: into tokens[bucket]
+        self.with_history += with_history
         torch.testing.assert_close(logits[:b], ref, atol=1e-5, rtol=1e-5)
         self.replays += bucket > b
         return logits
@@ -314,6 +316,7 @@ def test_graph_input_layout_with_padding_gives_the_same_logits_and_tokens(graph_
     assert eng.graphs.buckets == [1, 2, 4, 8, 12]
     padded = [o.token_ids for o in eng.run(reqs, arrival="asap")]
     assert eng.graphs.replays > 10  # steps that really were padded
+    assert eng.graphs.with_history > 0 or not graph_samples
     assert padded == plain
 
 

@@ -505,7 +505,9 @@ def test_kernels_lower_to_sm90_cubin():
     _compile_sm90(mods["kv_cache_write"]._write_kv_kernel, write, consts)
     norm = dict(x_ptr=bf16, residual_ptr=bf16, weight_ptr=bf16, out_ptr=bf16, stride_x=i32,
                 stride_r=i32, stride_o=i32, size=i32, eps="fp32")  # fmt: skip
-    _compile_sm90(mods["rms_norm"]._rms_norm_kernel, norm, dict(HAS_RESIDUAL=True, BLOCK=4096))
+    for on in (False, True):  # PDL: gdc wait / launch-dependents lower on sm90
+        consts = dict(HAS_RESIDUAL=True, BLOCK=4096, PDL=on)
+        _compile_sm90(mods["rms_norm"]._rms_norm_kernel, norm, consts)
     rope = dict(x_ptr=bf16, positions_ptr="*i32", cos_ptr=f32, sin_ptr=f32, stride_x_t=i32,
                 stride_x_h=i32, stride_cs=i32)  # fmt: skip
     consts = dict(NUM_HEADS=40, HALF=64, HEADS_PAD=64, HALF_PAD=64)
@@ -524,7 +526,7 @@ def test_kernels_lower_to_sm90_cubin():
         consts = dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, GROUP=4, GROUP_P2=4, GROUP_PAD=16,
                       HEAD_DIM=head_dim, DIM_PAD=head_dim, HALF=head_dim // 2, BLOCK_SIZE=16,
                       BLOCK_N=block_n, NUM_SPLITS=splits, ROPE=rope_on,
-                      WRITE_KV=rope_on)  # fmt: skip
+                      WRITE_KV=rope_on, PDL=rope_on)  # fmt: skip
         _compile_sm90(dec._decode_attention_kernel, sig, consts)
     sig = dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, positions_ptr="*i64", cos_ptr=f32,
                sin_ptr=f32, k_cache_ptr=bf16, v_cache_ptr=bf16, slot_mapping_ptr="*i64",
@@ -541,8 +543,17 @@ def test_kernels_lower_to_sm90_cubin():
     sig = dict(x_ptr=bf16, w_ptr=bf16, out_ptr=bf16, M=i32, N=i32, K=i32, stride_xm=i32,
                stride_wn=i32, stride_om=i32)  # fmt: skip
     for silu in (False, True):
-        consts = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SILU_MUL=silu)
+        consts = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SILU_MUL=silu, PDL=silu,
+                      PREFETCH_LINES=8, LINE=64)  # fmt: skip
         _compile_sm90(gemm._skinny_gemm_kernel, sig, consts)
+    smp = importlib.import_module("engine.kernels.sampling")
+    sig = dict(logits_ptr=f32, stride_row=i32, vocab=i32, part_max_ptr=f32, part_idx_ptr="*i32")
+    _compile_sm90(smp._chunk_max_kernel, sig, dict(NUM_CHUNKS=32, CHUNK=4096, PDL=True))
+    sig = dict(part_max_ptr=f32, **dict.fromkeys(
+        ["part_idx_ptr", "forced_ptr", "slot_ptr", "out_ptr", "last_ptr"], "*i32"))  # fmt: skip
+    _compile_sm90(smp._merge_kernel, sig, dict(NUM_CHUNKS=32, BLOCK=32, PDL=True))
+    sig = dict(raw_ptr="*i32", last_ptr="*i32", out_ptr="*i32", n=i32)
+    _compile_sm90(smp._resolve_ids_kernel, sig, dict(BLOCK=1024))
 
 
 # ---- GPU (bf16) --------------------------------------------------------------------------------
@@ -684,3 +695,48 @@ def test_gpu_rope_write_kv_and_silu_mul_bf16():
 def test_gpu_skinny_gemm_and_epilogues_bf16(m):
     _check_skinny_gemm(m, 4096 + 96, 4096, torch.bfloat16, 1e-2, "cuda", seed=m)
     _check_skinny_gemm(m, 14336, 4096, torch.bfloat16, 1e-2, "cuda", seed=m + 1)
+
+
+# ---- sampling kernels (engine.kernels.sampling) -----------------------------------------------
+
+
+def _check_greedy_sample(rows: int, vocab: int, device: str, dtype: torch.dtype) -> None:
+    from engine.kernels.sampling import GreedyWorkspace, greedy_sample
+
+    gen = torch.Generator().manual_seed(rows + vocab)
+    logits = torch.randn(rows, vocab, generator=gen).to(dtype)
+    logits[0, 5] = logits[0, vocab - 3] = logits[0].max() + 1  # a tie: the lower index wins
+    if rows > 2:
+        logits[2, 4096 * (vocab // 4096) - 1] = 100.0  # the max at a chunk's last element
+    forced = torch.full((rows,), -1, dtype=torch.int32)
+    forced[1::3] = torch.arange(len(forced[1::3]), dtype=torch.int32) + 7
+    slots = torch.randperm(rows, generator=gen).to(torch.int32)
+    logits, forced, slots = logits.to(device), forced.to(device), slots.to(device)
+    last = torch.full((rows + 1,), -5, dtype=torch.int32, device=device)
+    out = torch.full((rows,), -9, dtype=torch.int32, device=device)
+    greedy_sample(logits, forced, slots, out, last, GreedyWorkspace(rows, vocab, logits.device))
+    want = torch.where(forced >= 0, forced, logits.float().argmax(-1).to(torch.int32))
+    assert int(want[0]) == 5  # row 0 is not forced: the tie went to the lower index
+    assert torch.equal(out, want)
+    assert torch.equal(last[slots.long()], want) and int(last[rows]) == -5
+
+
+@interp_only
+@pytest.mark.parametrize("rows,vocab", [(1, 300), (4, 9000)])
+def test_interp_greedy_sample_and_input_ids(rows, vocab):
+    from engine.kernels.sampling import resolve_input_ids
+
+    _check_greedy_sample(rows, vocab, "cpu", torch.float32)
+    raw = torch.tensor([5, -1, 9, -3, -2, 0], dtype=torch.int32)
+    last = torch.tensor([11, 22, 33], dtype=torch.int32)
+    out = torch.zeros(6, dtype=torch.int32)
+    resolve_input_ids(raw, last, out)
+    assert out.tolist() == [5, 11, 9, 33, 22, 0]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("rows", [1, 64])
+def test_gpu_greedy_sample(rows):
+    _check_greedy_sample(rows, 128256, "cuda", torch.float32)
+    _check_greedy_sample(rows, 32000, "cuda", torch.bfloat16)

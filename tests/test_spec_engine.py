@@ -358,7 +358,7 @@ class EagerSpecGraphs(DecodeGraphs):
     def capture(self) -> None:
         self.replays = self.padded = 0
 
-    def replay(self, bucket: int) -> torch.Tensor:
+    def replay(self, bucket: int, with_history: bool = False) -> torch.Tensor:
         inp, q = self.inputs, self.query_len
         t = bucket * q
         t_real = int(inp.d_rows[QSL, bucket])

@@ -41,6 +41,9 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from engine.kernels import pdl
 
 _LOG2E = 1.4426950408889634
 TARGET_PROGRAMS_PER_SM = 2  # split until (seqs x kv heads x splits) reaches this many per SM
@@ -101,6 +104,7 @@ def _decode_attention_kernel(
     NUM_SPLITS: tl.constexpr,
     ROPE: tl.constexpr,
     WRITE_KV: tl.constexpr,
+    PDL: tl.constexpr,  # launched with PDL (engine.kernels.pdl): step metadata, then wait
 ):
     # Latency first: every load that needs no other load is issued before the first wait.
     # Token of sequence b is b (all decodes: query_start_loc[b] = b for every real row).
@@ -111,6 +115,9 @@ def _decode_attention_kernel(
     q_lo = tl.load(query_start_loc_ptr + seq)
     q_hi = tl.load(query_start_loc_ptr + seq + 1)
     seq_len = tl.load(seq_lens_ptr + seq)
+    if PDL:  # the step's inputs are older than the previous kernel; q, k, v are its output
+        gdc_wait()
+        gdc_launch_dependents()
     dims = tl.arange(0, DIM_PAD)
     dim_ok = dims < HEAD_DIM
     rows = tl.arange(0, GROUP_PAD)
@@ -342,6 +349,7 @@ def decode_attention(
     else:
         part_acc = part_ml = counters = out  # unused
     half = head_dim // 2
+    use_pdl = pdl.enabled(q)
     _decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         k,
@@ -383,6 +391,8 @@ def decode_attention(
         NUM_SPLITS=num_splits,
         ROPE=rope,
         WRITE_KV=slot_mapping is not None,
+        PDL=use_pdl,
         num_warps=num_warps,
+        **pdl.launch_options(use_pdl),
     )
     return out

@@ -10,6 +10,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from engine.kernels import pdl
 
 
 @triton.jit
@@ -25,10 +28,15 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # launched with PDL (engine.kernels.pdl)
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < size
+    w = tl.load(weight_ptr + cols, mask=mask).to(tl.float32)  # weights: before the wait
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         x = (
@@ -39,7 +47,6 @@ def _rms_norm_kernel(
     x32 = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, 0) / size + eps)
     normed = (x32 * rstd).to(x.dtype).to(tl.float32)
-    w = tl.load(weight_ptr + cols, mask=mask).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -56,6 +63,7 @@ def rms_norm(
     if num_rows == 0:
         return out, x if residual is None else residual
     block = triton.next_power_of_2(size)
+    use_pdl = pdl.enabled(x)
     _rms_norm_kernel[(num_rows,)](
         x,
         x if residual is None else residual,
@@ -68,6 +76,8 @@ def rms_norm(
         eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
+        PDL=use_pdl,
         num_warps=min(max(block // 512, 1), 16),
+        **pdl.launch_options(use_pdl),
     )
     return out, x if residual is None else residual

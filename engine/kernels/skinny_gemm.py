@@ -14,11 +14,27 @@ transformed in registers inside the K loop (an RMSNorm or SiLU*up prologue) made
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from engine.kernels import pdl
 
 MAX_ROWS = 16  # BLOCK_M: rows of x one program carries
+# weight bytes a program asks into L2 before its wait (PDL); ENGINE_PREFETCH_KB tunes it
+PREFETCH_BYTES = int(os.environ.get("ENGINE_PREFETCH_KB", "64")) << 10
+
+
+@triton.jit
+def _prefetch_l2(ptrs):
+    """prefetch.global.L2 of each address (a hint: no value, never faults on valid memory)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -36,12 +52,23 @@ def _skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SILU_MUL: tl.constexpr,
+    PDL: tl.constexpr,  # launched with PDL (engine.kernels.pdl): prefetch, then wait
+    PREFETCH_LINES: tl.constexpr,  # 128-byte lines per weight row to prefetch (power of 2)
+    LINE: tl.constexpr,  # elements per 128-byte line
 ):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     n_ok = rn < N
     m_ok = rm < M
+    if PDL:  # the weights depend on no kernel: start their first lines, then wait for x
+        rows = tl.minimum(rn, N - 1)[:, None].to(tl.int64) * stride_wn
+        cols = tl.arange(0, PREFETCH_LINES)[None, :] * LINE
+        _prefetch_l2(w_ptr + rows + cols)
+        if SILU_MUL:
+            _prefetch_l2(w_ptr + N * stride_wn + rows + cols)
+        gdc_wait()
+        gdc_launch_dependents()
     x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :]
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
     up_ptrs = w_ptr + (rn[:, None] + N).to(tl.int64) * stride_wn + rk[None, :]  # SILU_MUL
@@ -111,6 +138,11 @@ def skinny_gemm(
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m == 0:
         return out
+    use_pdl = pdl.enabled(x)
+    line = 128 // w.element_size()
+    rows_per_program = 2 * block_n if silu_mul else block_n
+    lines = max(1, min(k // line, PREFETCH_BYTES // (rows_per_program * 128)))
+    lines = 1 << (lines.bit_length() - 1)  # a power of two (tl.arange)
     _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
         x,
         w,
@@ -125,7 +157,11 @@ def skinny_gemm(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         SILU_MUL=silu_mul,
+        PDL=use_pdl,
+        PREFETCH_LINES=lines,
+        LINE=line,
         num_warps=warps,
         num_stages=stages,
+        **pdl.launch_options(use_pdl),
     )
     return out
