@@ -295,27 +295,31 @@ def test_every_seed_switch_gives_identical_tokens_and_counts(method):
 
 
 def test_seed5_off_corrects_on_the_host_and_on_corrects_on_the_device(monkeypatch):
+    """Both launch the one input kernel every step (engine.spec.slot_mapping); only seed 5 on
+    asks it to correct, only seed 5 off shifts on the host."""
     import engine.spec.decoder as dec
 
-    calls = {"kernel": 0, "host": 0}
-    kernel, host = dec.correct_inputs, dec.SpecDecoder.host_shift
+    calls = {"fix": 0, "plain": 0, "host": 0}
+    kernel, host = dec.finish_inputs, dec.SpecDecoder.host_shift
 
     def count_kernel(*a, **kw):
-        calls["kernel"] += 1
+        calls["fix" if a[-1] else "plain"] += 1
         return kernel(*a, **kw)
 
     def count_host(self, *a):
         calls["host"] += 1
         return host(self, *a)
 
-    monkeypatch.setattr(dec, "correct_inputs", count_kernel)
+    monkeypatch.setattr(dec, "finish_inputs", count_kernel)
     monkeypatch.setattr(dec.SpecDecoder, "host_shift", count_host)
     reqs = mixed()
-    run(spec_cfg("ngram-gpu", 2, batches_in_flight=2, optimistic_spec_decode=True), reqs)
-    assert calls["kernel"] > 20 and calls["host"] == 0
-    calls["kernel"] = 0
-    run(spec_cfg("ngram-gpu", 2, batches_in_flight=2, optimistic_spec_decode=False), reqs)
-    assert calls["kernel"] == 0 and calls["host"] > 20
+    _, eng = run(spec_cfg("ngram-gpu", 2, batches_in_flight=2, optimistic_spec_decode=True), reqs)
+    assert calls["fix"] > 20 and calls["host"] == 0
+    assert calls["fix"] + calls["plain"] == eng.trace.num_steps
+    calls.update(fix=0, plain=0)
+    _, eng = run(spec_cfg("ngram-gpu", 2, batches_in_flight=2, optimistic_spec_decode=False), reqs)
+    assert calls["fix"] == 0 and calls["host"] > 20
+    assert calls["plain"] == eng.trace.num_steps
 
 
 # ---- bookkeeping ------------------------------------------------------------------------------

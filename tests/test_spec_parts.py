@@ -22,7 +22,7 @@ from core.ngram import accepted_prefix, propose
 from engine.spec.backup_tokens import BackupTokenIds, next_token_ids
 from engine.spec.ngram_cpu import NgramProposerCPU
 from engine.spec.ngram_gpu import NgramProposerGPU, propose_ngram
-from engine.spec.slot_mapping import correct_inputs, correct_inputs_torch
+from engine.spec.slot_mapping import correct_inputs_torch, finish_inputs
 from engine.spec.verify import (
     AcceptedCounts,
     count_valid_cat_argmax,
@@ -309,16 +309,78 @@ def correction_case(seed: int, num_aux: int = 2):
     return inputs, want
 
 
+def packed_case(seed: int, fix: bool = True):
+    """correction_case in the engine's layout (engine.spec.inputs): row fields [QSL, SEQ_LENS,
+    ROW_SLOT, KNOWN] of width R, the token block [raw ids | positions | slot_mapping | out |
+    forced], a per-slot block table, and raw ids that refer to a token source (-(i + 1), some
+    entries -1 = no draft). Returns the finish_inputs arguments and the expected buffers."""
+    inputs, want = correction_case(seed, num_aux=2)
+    rng = np.random.default_rng(100 + seed)
+    n = lambda x: x.numpy().copy()  # noqa: E731
+    qsl, slots = n(inputs["query_start_loc"]), n(inputs["row_slot"])
+    b, t = len(slots), len(n(inputs["positions"]))
+    r = b + 4
+    rows = np.full((4, r), 99, np.int32)  # junk past each field's length must stay
+    rows[0, : b + 1], rows[0, b + 1 :] = qsl, qsl[-1]
+    rows[1, :b], rows[2, :b], rows[3, :b] = n(inputs["seq_lens"]), slots, n(inputs["known"])
+    source = rng.integers(-1, 500, 40).astype(np.int32)
+    raw = np.where(rng.random(t) < 0.5, rng.integers(0, 500, t), -1 - rng.integers(0, 40, t))
+    raw[qsl[-1] :] = 0  # padding tokens
+    resolved = np.where(raw < 0, source[np.maximum(-1 - raw, 0)], raw).astype(np.int32)
+    toks = np.concatenate(
+        [raw, n(inputs["positions"]), n(inputs["slot_mapping"]), *n(inputs["aux"]), [77] * 5]
+    ).astype(np.int32)  # junk after the block must stay
+    num_slots, table = len(n(inputs["rejected_total"])), n(inputs["block_table"])
+    per_slot = np.full((num_slots, table.shape[1] + 2), -5, np.int32)
+    per_slot[slots, : table.shape[1]] = table
+    expect_rows, expect_toks = rows.copy(), toks.copy()
+    if fix:
+        expect_rows[1, :b] = want["seq_lens"]
+        for i, w in enumerate((want["positions"], want["slot_mapping"], *want["aux"])):
+            expect_toks[(i + 1) * t : (i + 2) * t] = w
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    args = dict(
+        rows=i32(rows),
+        fields=(0, 1, 2, 3),
+        toks=i32(toks),
+        t=t,
+        num_rows=b,
+        token_source=i32(source),
+        resolved=torch.full((t + 3,), -9, dtype=torch.int32),
+        input_ids=torch.full((t + 3,), -9, dtype=torch.int32),
+        rejected_total=inputs["rejected_total"],
+        block_table=i32(per_slot),
+        block_size=inputs["block_size"],
+        fix=fix,
+    )
+    expect = dict(
+        rows=expect_rows,
+        toks=expect_toks,
+        resolved=np.concatenate([resolved, [-9] * 3]),
+        input_ids=np.concatenate([np.maximum(resolved, 0), [-9] * 3]),
+    )
+    return args, expect
+
+
 def check_correction(triton_kernel: bool, device: str = "cpu") -> None:
     for seed in range(25):
+        for fix in (True, False):
+            args, expect = packed_case(seed, fix)
+            args = {k: v.to(device) if torch.is_tensor(v) else v for k, v in args.items()}
+            finish_inputs(**args, triton_kernel=triton_kernel)
+            for name, w in expect.items():
+                assert args[name].cpu().numpy().tolist() == w.tolist(), (seed, fix, name)
+
+
+def test_correction_reference_on_separate_tensors():
+    for seed in range(25):
         inputs, want = correction_case(seed, num_aux=seed % 3)
-        inputs = {n: v.to(device) if torch.is_tensor(v) else v for n, v in inputs.items()}
-        correct_inputs(**inputs, triton_kernel=triton_kernel)
+        correct_inputs_torch(*[inputs[n] for n in list(inputs)[:9]], inputs["aux"])
         for name, w in want.items():
-            assert inputs[name].cpu().numpy().tolist() == w.tolist(), (seed, name)
+            assert inputs[name].numpy().tolist() == w.tolist(), (seed, name)
 
 
-def test_correction_torch_fallback_matches_reference():
+def test_finish_inputs_torch_matches_reference():
     check_correction(triton_kernel=False)
 
 
@@ -332,7 +394,7 @@ def test_correction_with_nothing_rejected_changes_nothing():
 
 
 @interp_only
-def test_interp_correction_triton_matches_reference():
+def test_interp_finish_inputs_triton_matches_reference():
     check_correction(triton_kernel=True)
 
 
@@ -350,27 +412,26 @@ def test_triton_correction_under_interpreter():
 
 @pytest.mark.skipif(INTERPRET or HAS_CUDA, reason="CPU-only check; GPU tests compile for real")
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-def test_correction_kernel_lowers_to_sm90_cubin():
+def test_finish_kernel_lowers_to_sm90_cubin():
     pytest.importorskip("triton.backends.nvidia")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from engine.spec.slot_mapping import _correct_kernel
+    from engine.spec.slot_mapping import BLOCK_TOKENS, NUM_AUX, _finish_kernel
 
     p = "*i32"
-    sig = dict(qsl_ptr=p, row_slot_ptr=p, known_ptr=p, rejected_ptr=p, positions_ptr=p,
-               seq_lens_ptr=p, slot_mapping_ptr=p, block_table_ptr=p, aux_ptr=p,
-               stride_bt="i32", stride_aux="i32", block_size="i32")  # fmt: skip
-    for num_aux in (0, 2):
-        consts = dict(NUM_AUX=num_aux, BLOCK=16)
-        names = _correct_kernel.arg_names
-        src = ASTSource(
-            fn=_correct_kernel,
-            signature={**sig, **dict.fromkeys(consts, "constexpr")},
-            constexprs={(names.index(n),): v for n, v in consts.items()},
-        )
-        triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    sig = dict(rows_ptr=p, toks_ptr=p, source_ptr=p, resolved_ptr=p, ids_ptr=p, rejected_ptr=p,
+               table_ptr=p, row_stride="i32", table_stride="i32", block_size="i32", t="i32",
+               num_rows="i32", fix="i32")  # fmt: skip
+    consts = dict(QSL=0, SEQ_LENS=1, ROW_SLOT=2, KNOWN=9, NUM_AUX=NUM_AUX, BLOCK=BLOCK_TOKENS)
+    names = _finish_kernel.arg_names
+    src = ASTSource(
+        fn=_finish_kernel,
+        signature={**sig, **dict.fromkeys(consts, "constexpr")},
+        constexprs={(names.index(n),): v for n, v in consts.items()},
+    )
+    triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
 # ---- GPU ---------------------------------------------------------------------------------------

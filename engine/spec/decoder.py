@@ -2,7 +2,8 @@
 
     prepare_inputs  new slots: reset draft state; seed 5 off: wait for the accepted counts of
                     the in-flight steps and correct positions on the host; seed 5 on: the GPU
-                    corrects them (`correct`, engine.spec.slot_mapping)
+                    corrects them in the kernel that resolves the input ids (`correct`,
+                    engine.spec.slot_mapping)
     sample          target tokens for the k + 1 rows of each generating request, greedy
                     verification (rejected = -1), accepted counts (seed 2) and their D2H copy,
                     backup + next token ids (seed 1), per-slot state (last token, penalties)
@@ -28,13 +29,14 @@ import torch
 from core.config import Config
 from core.policy import ScheduledBatch
 from core.request import Status
+from engine.inputs import QSL, ROW_SLOT, SEQ_LENS
 from engine.requests import RequestState
 from engine.sampler import Sampler, SampleRows
 from engine.spec.backup_tokens import BackupTokenIds, next_token_ids
-from engine.spec.inputs import SpecViews
+from engine.spec.inputs import KNOWN, SpecViews
 from engine.spec.ngram_cpu import NgramProposerCPU
 from engine.spec.ngram_gpu import NgramProposerGPU
-from engine.spec.slot_mapping import correct_inputs
+from engine.spec.slot_mapping import finish_inputs
 from engine.spec.verify import AcceptedCounts, greedy_accept
 
 
@@ -109,23 +111,24 @@ class SpecDecoder:
         return shift
 
     def correct(self, step, block_size: int) -> None:
-        """Seed 5 on: shift positions, seq_lens, slot mapping and sampling indices of the
-        prepared step by the rejections the GPU knows and the CPU did not."""
+        """The step's device-side input work, right after `send`, one kernel whatever seed 5
+        says (engine.spec.slot_mapping): input ids from the token source and, seed 5 on, the
+        shift of positions, seq_lens, slot mapping and sampling indices by the rejections the
+        GPU knows and the CPU did not."""
         sv: SpecViews = step.spec
-        if not sv.needs_correction:
-            return
-        attn = step.attn
-        correct_inputs(
-            attn.query_start_loc,
-            sv.row_slot,
-            sv.known,
+        finish_inputs(
+            sv.d_rows,
+            (QSL, SEQ_LENS, ROW_SLOT, KNOWN),
+            sv.d_toks,
+            sv.padded_tokens,
+            step.num_reqs,
+            self.token_source,
+            sv.resolved,
+            sv.input_ids,
             self.rejected_total,
-            step.positions,
-            attn.seq_lens,
-            attn.slot_mapping,
-            attn.block_tables,
+            sv.block_table,
             block_size,
-            aux=sv.aux,
+            sv.needs_correction,
         )
 
     # ---- sample --------------------------------------------------------------------------------

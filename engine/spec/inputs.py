@@ -56,6 +56,12 @@ class SpecViews:
     resolved: torch.Tensor  # [t] input ids before clamping (-1 = no draft)
     logits_idx: torch.Tensor  # [G, k + 1]
     needs_correction: bool  # the CPU assumed in-flight drafts accepted (seed 5 on)
+    # what engine.spec.slot_mapping.finish_inputs reads and writes (whole buffers)
+    d_rows: torch.Tensor  # [F, R] row fields
+    d_toks: torch.Tensor  # token block [raw ids | positions | slot_mapping | out | forced]
+    padded_tokens: int  # t
+    input_ids: torch.Tensor
+    block_table: torch.Tensor  # per request slot
 
 
 class SpecInputBuffers(InputBuffers):
@@ -249,14 +255,15 @@ class SpecInputBuffers(InputBuffers):
                 resolved=self.resolved[:t],
                 logits_idx=li.view(g, q),
                 needs_correction=known is not None,
+                d_rows=self.d_rows,
+                d_toks=self.d_toks,
+                padded_tokens=t,
+                input_ids=self.input_ids,
+                block_table=self.block_table,
             ),
         )
 
     def _finish_ids(self, t: int) -> None:
-        """resolved = host ids with every -(i + 1) replaced by token_source[i] (drafts may be
-        -1); input_ids = resolved with -1 fed as token 0."""
-        raw = self.d_toks[:t]
-        src = (-1 - raw).clamp_(min=0)
-        res = self.resolved[:t]
-        torch.where(raw < 0, self.last_sampled[src], raw, out=res)
-        torch.clamp(res, min=0, out=self.input_ids[:t])
+        """Nothing here: the ids are resolved (into `resolved` and input_ids, -1 fed as token
+        0) by the one kernel that also applies seed 5's correction, engine.spec.slot_mapping,
+        launched by SpecDecoder.correct right after `send`."""
