@@ -167,6 +167,9 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             not args.no_predict,
             args.max_seconds,
             bar,
+            Path(args.measured) if args.measured else None,
+            args.calibrate_on,
+            [Path(d) for d in args.calibrate_also],
         )
     finally:
         bar.close()
@@ -232,6 +235,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, help="limit per measured run")
     p.add_argument("--no-measure", action="store_true", help="predictions only (no engine)")
     p.add_argument("--no-predict", action="store_true", help="measurements only (no sim)")
+    p.add_argument(
+        "--measured",
+        metavar="DIR",
+        help="take the measured runs from an earlier ablation's folder (DIR/<switch>-off, -on) "
+        "instead of running the engine",
+    )
+    p.add_argument(
+        "--calibrate-on",
+        choices=("off", "on"),
+        help="fit the sim's profile on this side's measured run (over --set profile=, if any) "
+        "and predict both sides with it: the other side is out of sample",
+    )
+    p.add_argument(
+        "--calibrate-also",
+        nargs="+",
+        default=[],
+        metavar="RUN_DIR",
+        help="more measured runs for that fit (other traces; never the other side)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=cmd_ablate)
 

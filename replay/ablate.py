@@ -8,6 +8,22 @@ per metric (fractions also as `change_points`, absolute). A switch that has no e
 the config (seeds 1, 2 and 5 without speculative decoding) is skipped with the reason; a config
 the engine refuses is recorded as an error and the prediction still runs. The simulator (and
 so simpy) is imported only here, lazily.
+
+Calibrated mode (`calibrate_on="off"`, CLI `--calibrate-on off`): before predicting a switch,
+`replay calibrate` fits the simulator's profile on the measured run of that one side (the
+"before" side of every seed switch is `off`), one-sided (replay.calibrate.ONE_SIDED_FIELDS),
+over the config's profile as the base (`--set profile=`, default: built-in defaults); both
+sides are then predicted with it, each from its measured run's own config (the GPU named by the
+profile), so the other side is out of sample. `calibrate_also`: more run folders added to that
+fit (e.g. runs of other traces that exercise a code path the calibrated side lacks; never the
+other side). The profile goes to `<out>/<switch>.profile.json` (+ `.fit.json`) and ablate.json
+records `calibrated_on`, the runs and the fit notes. `measured_dir`: take the measured runs from
+an earlier ablation's output folder (`<dir>/<switch>-off`, `-on`) instead of running the engine,
+so a GPU host measures and a host with the simulator predicts.
+
+`agreement` per metric (when both exist): the predicted change has the measured sign, and its
+size is within 25 % of the measured size (the issue-6 target), with `size_ratio` = predicted /
+measured change.
 """
 
 from __future__ import annotations
@@ -30,6 +46,8 @@ SWITCHES: dict[str, tuple[Any, Any]] = {
 }
 NEEDS_SPEC = ("preallocated_backup_tokens", "accepted_count_by_sum", "optimistic_spec_decode")
 EXTRA_BOOL_SWITCHES = ("gc_freeze", "cuda_graphs", "chunked_prefill", "prefix_caching")
+SIDES = ("off", "on")
+SIZE_TOLERANCE = 0.25  # predicted change within 25 % of the measured change
 METRICS = (
     "output_tok_per_s",
     "tpot_s.p50",
@@ -74,8 +92,13 @@ def ablate(
     predict: bool = True,
     max_seconds: float | None = None,
     progress: Callable[[str], None] | None = None,
+    measured_dir: Path | None = None,
+    calibrate_on: str | None = None,
+    calibrate_also: list[Path] | None = None,
 ) -> dict[str, Any]:
     """Run every switch off/on; run folders go to out/<switch>-<off|on>[.sim]."""
+    if calibrate_on is not None and calibrate_on not in SIDES:
+        raise ValueError(f"calibrate_on must be one of {SIDES}, not {calibrate_on!r}")
     result: dict[str, Any] = {}
     for sw in switches:
         why = skip_reason(cfg, sw)
@@ -83,10 +106,17 @@ def ablate(
             result[sw] = {"skipped": why}
             write_ablation(result, out)
             continue
-        entry: dict[str, Any] = {"values": dict(zip(("off", "on"), values(sw)))}
-        variants = {side: cfg.replace(**{sw: v}) for side, v in zip(("off", "on"), values(sw))}
+        entry: dict[str, Any] = {"values": dict(zip(SIDES, values(sw)))}
+        variants = {side: cfg.replace(**{sw: v}) for side, v in zip(SIDES, values(sw))}
         stem = out / _slug(sw)
-        if measure:
+        if measured_dir is not None:
+            entry["measured"] = _side_by_side(
+                variants,
+                lambda side, c, sw=sw: _load_measured(
+                    Path(measured_dir) / f"{_slug(sw)}-{side}", c, sw, trace_path
+                ),
+            )
+        elif measure:
             entry["measured"] = _side_by_side(
                 variants,
                 lambda side, c, stem=stem: _measure(
@@ -98,18 +128,121 @@ def ablate(
                     progress,
                 ),
             )
-        if predict:
+        if predict and calibrate_on is not None:
+            try:
+                variants = _calibrated_variants(
+                    entry, cfg, sw, calibrate_on, calibrate_also or [], out
+                )
+            except Exception as e:  # noqa: BLE001 - recorded, like a refused config
+                entry["predicted"] = {"error": f"calibration: {type(e).__name__}: {e}"}
+                variants = {}
+        if predict and variants:
             entry["predicted"] = _side_by_side(
                 variants,
                 lambda side, c, stem=stem: _predict(
                     c, trace_path, stem.with_name(f"{stem.name}-{side}.sim")
                 ),
             )
+        if "off" in entry.get("measured", {}) and "off" in entry.get("predicted", {}):
+            entry["agreement"] = agreement(entry["measured"], entry["predicted"])
         result[sw] = entry
         write_ablation(result, out)  # after every switch: an interruption keeps the rest
         if progress is not None:
             progress(f"{sw}: done")
     return result
+
+
+def agreement(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
+    """Per metric: same sign, predicted / measured change, and the 25 % size target."""
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        a, b = measured["rel_change"].get(m), predicted["rel_change"].get(m)
+        if a is None or b is None:
+            continue
+        ratio = b / a if a else None
+        out[m] = {
+            "same_sign": (a > 0) == (b > 0) and a != 0 and b != 0,
+            "size_ratio": ratio,
+            "within_target": ratio is not None and abs(ratio - 1.0) <= SIZE_TOLERANCE,
+        }
+    return out
+
+
+def _load_measured(run_dir: Path, c: Config, switch: str, trace_path: str | Path) -> dict:
+    """A measured side from an earlier ablation's run folder; it must be the same switch value
+    and trace."""
+    from core.runfmt import load_run, trace_info
+    from replay.steps import run_config
+
+    run = load_run(run_dir)
+    got = run_config(run)
+    if _get(got, switch) != _get(c, switch):
+        raise ValueError(
+            f"run '{run_dir}' has {switch}={_get(got, switch)!r}, this side needs "
+            f"{_get(c, switch)!r}"
+        )
+    want = trace_info(trace_path)["sha256"]
+    have = (run.summary.get("trace") or {}).get("sha256")
+    if have != want:
+        raise ValueError(f"run '{run_dir}' replayed another trace than '{trace_path}'")
+    spread = run.summary.get("repeat_spread") or {}
+    return {
+        "metrics": _pick(run.summary),
+        "path": str(run_dir),
+        "spread": {m: spread[m].get("range_rel") for m in METRICS if m in spread} or None,
+    }
+
+
+def _get(c: Config, key: str) -> Any:
+    obj: Any = c
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _calibrated_variants(
+    entry: dict[str, Any],
+    cfg: Config,
+    switch: str,
+    side: str,
+    also: list[Path],
+    out: Path,
+) -> dict[str, Config]:
+    """Fit the profile on the measured `side` (+ `also`), write it, and return both sides'
+    measured configs with it (entry gets `calibration`)."""
+    from core.runfmt import load_run
+    from replay.calibrate import ONE_SIDED_FIELDS, calibrate, write_calibration
+    from replay.steps import run_config
+    from sim.cost import load_profile, merge_profile
+
+    measured = entry.get("measured") or {}
+    if "runs" not in measured:
+        raise ValueError("needs both sides measured (" + str(measured.get("error")) + ")")
+    runs = {s: Path(measured["runs"][s]) for s in SIDES}
+    base = load_profile(cfg.profile) if cfg.profile else None
+    cal = calibrate([runs[side], *also], base=base, one_sided=ONE_SIDED_FIELDS)
+    prof = merge_profile(base, cal.profile) if base else cal.profile
+    for key in ("gpu", "model", "dtype", "source_runs", "notes", "date"):  # the fit's own
+        if key in cal.profile:
+            prof[key] = cal.profile[key]
+    path = out / f"{_slug(switch)}.profile.json"
+    cal.profile = prof
+    fit_report = write_calibration(cal, path, {})
+    entry["calibration"] = {
+        "calibrated_on": side,
+        "runs": [str(runs[side]), *map(str, also)],
+        "base_profile": cfg.profile or None,
+        "profile": str(path),
+        "fit_report": str(fit_report),
+        "notes": cal.notes,
+    }
+    variants = {}
+    for s in SIDES:
+        c = run_config(load_run(runs[s])).replace(profile=str(path))
+        if "gpu" in prof:
+            c = c.replace(gpu=prof["gpu"])
+        variants[s] = c
+    return variants
 
 
 def _slug(switch: str) -> str:
@@ -181,13 +314,18 @@ def write_ablation(result: dict[str, Any], out: Path) -> Path:
 def print_table(result: dict[str, Any]) -> None:
     head = (
         f"{'switch':<28} {'metric':<18} {'measured off':>13} {'on':>11} {'change':>8} "
-        f"{'predicted off':>14} {'on':>11} {'change':>8}"
+        f"{'predicted off':>14} {'on':>11} {'change':>8}  verdict"
     )
     print(head)
     for sw, e in result.items():
         if "skipped" in e:
             print(f"{sw:<28} skipped: {e['skipped']}")
             continue
+        cal = e.get("calibration")
+        if cal:
+            print(f"{sw:<28} predicted with a profile calibrated on the '{cal['calibrated_on']}'"
+                  f" side: {cal['profile']}")  # fmt: skip
+        agree = e.get("agreement") or {}
         for m in METRICS:
             cells = []
             for kind in ("measured", "predicted"):
@@ -200,7 +338,15 @@ def print_table(result: dict[str, Any]) -> None:
                     f"{_f(d['off'][m]):>13} {_f(d['on'][m]):>11} "
                     f"{'-' if rc is None else f'{100 * rc:+.1f}%':>8}"
                 )
-            print(f"{sw:<28} {m:<18} " + " ".join(cells))
+            print(f"{sw:<28} {m:<18} " + " ".join(cells) + "  " + _verdict(agree.get(m)))
+
+
+def _verdict(a: dict[str, Any] | None) -> str:
+    if not a:
+        return ""
+    if not a["same_sign"]:
+        return "sign differs"
+    return "ok" if a["within_target"] else f"size x{a['size_ratio']:.2f}"
 
 
 def _f(x: float | None) -> str:

@@ -18,6 +18,15 @@ own column block (term fields x "term active") and written to `terms`; every oth
 term is subtracted at its default value before fitting, so the sim adds back exactly what was
 taken out (docs/cost-model.md, "Calibration is plain least squares").
 
+One-sided calibration (`one_sided`, used by `replay ablate --calibrate-on`): a term active in
+every run cannot be told from the phase's base model, so normally it is held at its value and
+the base absorbs the rest. For the terms of `ONE_SIDED_FIELDS` this engine's cost differs from
+the default by more than the effect to predict (a Python n-gram proposer, a Python placeholder
+scan), so the fit gives the listed fields to the term instead (the base model of the phase
+drops them): predicting the other side of the switch then removes what was measured, not the
+default. `base` is the profile the simulator will use around the fit (its terms are what is
+subtracted; default: the built-in defaults).
+
 Pure numpy + pyarrow; `sim.cost` (pure Python) is imported lazily for the profile format.
 """
 
@@ -67,6 +76,14 @@ PHASE_TERMS: dict[str, tuple[str, ...]] = {
     "draft": ("intercept", "num_reqs", "draft_tokens", "context_tokens"),
     "process_outputs": ("intercept", "num_reqs", "num_tokens", "draft_tokens", "finished_reqs"),
 }
+# term -> fields a one-sided fit gives to the term (see the module docstring); every other term
+# active in all runs keeps its value. Seed 4 before: engine.spec.ngram_cpu runs core.ngram in
+# Python per request, O(context) (the default is vLLM's numba proposer); seed 3 before: the
+# forward list.index scan, O(history).
+ONE_SIDED_FIELDS: dict[str, tuple[str, ...]] = {
+    "draft.ngram_cpu": ("intercept", "num_reqs", "context_tokens"),
+    "sample.forward_placeholder_scan": ("history_tokens",),
+}
 LAUNCH_RESIDUAL_TERMS = ("num_reqs", "num_tokens")
 MIN_CLEAN_STEPS = 20
 GPU_PRESET_NAMES = ("h200", "h100", "a100", "l40s")  # matched in a CUDA device name, in order
@@ -87,17 +104,23 @@ def fit_target(
     base_terms: Sequence[str],
     target: str,
     default_terms: Mapping[str, Mapping[str, float]],
+    one_sided: Mapping[str, Sequence[str]] | None = None,
 ) -> TargetFit:
-    """Fit y[rows] = base model + free seed terms of `target` (+ fixed ones, subtracted)."""
+    """Fit y[rows] = base model + free seed terms of `target` (+ fixed ones, subtracted).
+    `one_sided`: term -> fields it takes when it is active on every row (module docstring)."""
     from sim.cost.terms import TERM_NAMES, term_target
 
     mine = [t for t in TERM_NAMES if term_target(t) == target]
     y = y[rows].copy()
     free: list[str] = []
+    owned: dict[str, tuple[str, ...]] = {}  # one-sided terms -> the fields they take
     for t in mine:
         on = steps.active[t][rows]
         if on.any() and not on.all() and target != "gpu":
             free.append(t)  # varies across the runs: fit it
+        elif on.all() and on.size and one_sided and t in one_sided and target != "gpu":
+            free.append(t)
+            owned[t] = tuple(one_sided[t])
         elif on.any():
             y -= np.where(on, eval_linear(default_terms[t], steps.cols, rows), 0.0)
     cols: list[np.ndarray] = []
@@ -115,11 +138,17 @@ def fit_target(
         names.extend((block, f) for f, _ in pairs)
         return True
 
+    taken = {f for fields in owned.values() for f in fields}
     for f in base_terms:  # greedy: a field adds a column only if it adds information
-        try_add("", [f], None)
+        if f not in taken:
+            try_add("", [f], None)
     for t in free:
-        fields = list(default_terms[t]) or ["intercept"]
         on = steps.active[t][rows].astype(np.float64)
+        if t in owned:  # one field at a time: whatever the data can tell apart
+            if not [f for f in owned[t] if try_add(t, [f], on)]:
+                y -= on * eval_linear(default_terms[t], steps.cols, rows)
+            continue
+        fields = list(default_terms[t]) or ["intercept"]
         if not try_add(t, fields, on):
             y -= on * eval_linear(default_terms[t], steps.cols, rows)  # not separable: keep default
     if not cols:
@@ -151,15 +180,19 @@ def calibrate(
     run_dirs: Sequence[str | Path],
     gpu_terms: Mapping[str, Sequence[str]] | None = None,
     gpu_preset: str | None = None,
+    base: Mapping[str, Any] | None = None,
+    one_sided: Mapping[str, Sequence[str]] | None = None,
 ) -> Calibration:
-    from sim.cost import default_profile
+    """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
+    (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS."""
+    from sim.cost import resolve_profile
 
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise CalibrationError("calibrate needs at least one run folder")
     identity, notes = _identity(runs, gpu_preset)
     steps = load_steps(runs)
-    defaults = default_profile()
+    defaults = resolve_profile(base)
     dterms = defaults["terms"]
     gterms = {**GPU_TERMS, **(gpu_terms or {})}
     prof: dict[str, Any] = {
@@ -189,12 +222,12 @@ def calibrate(
         prof["gpu_pass"] = gp
     # CPU phases
     cpu: dict[str, dict[str, float]] = {}
-    for phase, base in PHASE_TERMS.items():
+    for phase, base_terms in PHASE_TERMS.items():
         y = steps.phase_ms[phase]
         rows = np.isfinite(y)
         if not rows.any():
             continue
-        tf = fit_target(steps, y, rows, base, phase, dterms)
+        tf = fit_target(steps, y, rows, base_terms, phase, dterms, one_sided)
         cpu[phase] = tf.model
         fitted_terms.update(tf.terms)
     launch_prof, launch_model = _fit_launch(steps)
@@ -205,14 +238,14 @@ def calibrate(
         prof["cpu_phases"] = {p: cpu[p] for p in CPU_PHASES if p in cpu}
     if fitted_terms:
         prof["terms"] = fitted_terms
-        notes.append("fitted seed terms (active in some runs only): " + ", ".join(fitted_terms))
+        notes.append("fitted seed terms: " + ", ".join(fitted_terms))
     gc = _fit_gc(runs, defaults["gc"])
     if gc:
         prof["gc"] = gc
-    from sim.cost import validate_profile
+    from sim.cost import merge_profile, validate_profile
 
     validate_profile(prof)
-    quality = evaluate(prof, runs, steps)
+    quality = evaluate(merge_profile(base, prof) if base else prof, runs, steps)
     return Calibration(prof, quality, notes)
 
 

@@ -128,8 +128,12 @@ def _graph_steps(run: Run, s: dict[str, np.ndarray]) -> np.ndarray:
         return cfg.cuda_graphs & decode & (s["decode_tokens"] <= limit)
     if not cfg.cuda_graphs or cfg.device != "cuda":
         return np.zeros(len(decode), bool)
-    max_bucket = min(cfg.max_num_seqs, cfg.max_num_batched_tokens)
-    return decode & (s["draft_tokens"] == 0) & (s["num_reqs"] <= max_bucket)
+    # engine.engine._prepare: pure decode with k drafts per request (none without spec), at
+    # most the largest bucket (engine.graphs: k + 1 query tokens per row with drafts)
+    q = cfg.spec.k + 1 if cfg.spec.enabled else 1
+    max_bucket = min(cfg.max_num_seqs, max(cfg.max_num_batched_tokens, cfg.max_num_seqs) // q)
+    uniform = s["draft_tokens"] == (q - 1) * s["num_reqs"]
+    return decode & uniform & (s["num_reqs"] <= max_bucket)
 
 
 def eval_linear(
