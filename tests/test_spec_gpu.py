@@ -68,9 +68,9 @@ def test_gpu_spec_forced_tokens_through_graphs(method, depth, optimistic):
     replays = [0]
     replay = eng.graphs.replay
 
-    def counted(bucket):
+    def counted(bucket, *args):
         replays[0] += 1
-        return replay(bucket)
+        return replay(bucket, *args)
 
     eng.graphs.replay = counted  # type: ignore[method-assign]
     outs = eng.run(reqs, arrival="asap")

@@ -25,7 +25,7 @@ from engine.kernels import pdl
 
 MAX_ROWS = 16  # BLOCK_M: rows of x one program carries
 # weight bytes a program asks into L2 before its wait (PDL); ENGINE_PREFETCH_KB tunes it
-PREFETCH_BYTES = int(os.environ.get("ENGINE_PREFETCH_KB", "64")) << 10
+PREFETCH_BYTES = int(os.environ.get("ENGINE_PREFETCH_KB", "16")) << 10
 
 
 @triton.jit
