@@ -175,11 +175,13 @@ def _load_measured(run_dir: Path, c: Config, switch: str, trace_path: str | Path
     from replay.steps import run_config
 
     run = load_run(run_dir)
-    got = run_config(run)
-    if _get(got, switch) != _get(c, switch):
+    got, want_cfg = _flat(run_config(run).to_dict()), _flat(c.to_dict())
+    diff = [k for k in want_cfg if k not in IGNORED_KEYS and got.get(k) != want_cfg[k]]
+    if diff:
+        k = switch if switch in diff else diff[0]
         raise ValueError(
-            f"run '{run_dir}' has {switch}={_get(got, switch)!r}, this side needs "
-            f"{_get(c, switch)!r}"
+            f"run '{run_dir}' was measured with {k}={got.get(k)!r}, this side needs "
+            f"{want_cfg[k]!r} (pass the measured run's --set values)"
         )
     want = trace_info(trace_path)["sha256"]
     have = (run.summary.get("trace") or {}).get("sha256")
@@ -193,11 +195,19 @@ def _load_measured(run_dir: Path, c: Config, switch: str, trace_path: str | Path
     }
 
 
-def _get(c: Config, key: str) -> Any:
-    obj: Any = c
-    for part in key.split("."):
-        obj = getattr(obj, part)
-    return obj
+# config keys a measured run may differ in from the ablation's config: where it ran, and the
+# sim's GPU preset and profile (the prediction's business)
+IGNORED_KEYS = ("device", "gpu", "profile")
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
 
 
 def _calibrated_variants(

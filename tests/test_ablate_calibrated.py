@@ -88,6 +88,12 @@ def test_ablate_calibrated_on_the_before_side(spec_trace: Path, tmp_path: Path):
     out = tmp_path / "pred"
     argv = [str(spec_trace), "--switches", "spec.method", "--measured", str(meas)]
     argv += ["--calibrate-on", "off", "--set", f"profile={base}", "-q", "-o", str(out)]
+    for kv in ("model=tiny", "arrival=asap", "num_kv_blocks=2048", "spec.method=ngram-gpu"):
+        argv += ["--set", kv]  # the measured runs' values (checked)
+    assert main(["ablate", *argv]) == 0
+    refused = json.loads((out / "ablate.json").read_text())["spec.method"]["measured"]
+    assert "spec.k=2, this side needs 3" in refused["error"]
+    argv += ["--set", "spec.k=2"]
     assert main(["ablate", *argv]) == 0
     res = json.loads((out / "ablate.json").read_text())["spec.method"]
     cal = res["calibration"]
