@@ -10,9 +10,16 @@ One row per launched batch (in launch order; row == the batch's `ScheduledBatch.
 All times are `time.perf_counter_ns()`; GPU event times are put on that clock through a base
 event recorded right after a device synchronize in `start()`.
 
-Cost: a `begin`/`end` pair is two perf_counter_ns calls and two numpy stores; CUDA events are
-kept in a ring and read (`elapsed_time`, which never blocks) only once they are long done: when
-their ring slot is reused, 256 steps later, or in `finish()`. No dicts or objects per step.
+Cost (bench/hooks_overhead.py): the per-row columns are preallocated flat `array`s that grow by
+doubling (an item store costs about what a numpy scalar store does, and unlike a list of ints
+they hold no objects, so the collector whose pauses we measure has nothing more to traverse); a
+`begin`/`end` pair is two perf_counter_ns calls and two array stores. CUDA events: a ring of
+`ring` pairs, created (recorded once) when the hooks are built, recorded on the stream that was
+current at `start()` (the engine's one compute stream) through the C methods, without the
+`current_stream()` lookup `Event.record()` makes per call, and read (`elapsed_time`, which never
+blocks) only once they are long done: when their ring slot is reused, `ring` steps later, or in
+`finish()`. A ring longer than the run (replay sizes it so) leaves every read to `finish()`. No
+dicts or objects per step; numpy arrays are built once, in `finish()`.
 """
 
 from __future__ import annotations
@@ -66,58 +73,80 @@ class StepTrace:
         return float((g[:, 1] - g[:, 0]).sum() / wall) if wall > 0 else 1.0
 
 
+def _col(a: array[int], n: int | None = None) -> np.ndarray:
+    """The first n values of an int64 array as a numpy copy (a view would pin its size)."""
+    return np.frombuffer(a, np.int64, len(a) if n is None else n).copy()
+
+
+def _filled(code: str, value: int, n: int) -> array[int]:
+    return array(code, [value]) * n
+
+
 class StepHooks:
+    """Row-major flat columns (row r, phase p, edge e at `_phase[(r * _NP + p) * 2 + e]`, GPU
+    edge e at `_gpu[2 * r + e]`) of `_cap` rows; `finished[row]` is stored by the engine."""
+
     def __init__(self, device: torch.device, capacity: int = 1024, ring: int = 256) -> None:
+        """`capacity`: rows before the first doubling; `ring`: CUDA event pairs (steps whose
+        GPU times are read only in `finish()`)."""
         self.cuda = device.type == "cuda"
-        self._capacity = capacity
-        self._ring = ring
+        self._capacity = max(1, capacity)
+        self._ring = max(1, ring)
         self.reset()
         self.activity = -1  # what the CPU thread is doing now (ACTIVITY code), for GC pauses
         self._t0 = 0
         self._gc_t0 = 0
+        self._base_ns = 0
+        self._stream = None  # CUDA: the stream step events go to (the C record needs one)
         if self.cuda:
             self._base = torch.cuda.Event(enable_timing=True)
-            self._ev = [
-                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                for _ in range(ring)
-            ]
-        self._base_ns = 0
+            self._ev_start = [torch.cuda.Event(enable_timing=True) for _ in range(self._ring)]
+            self._ev_end = [torch.cuda.Event(enable_timing=True) for _ in range(self._ring)]
+            # the C methods behind Event.record(stream) / Event.elapsed_time (one Python frame
+            # and, for record, a current_stream() lookup less per call)
+            base = torch._C._CudaEventBase
+            self._record = getattr(base, "record", torch.cuda.Event.record)
+            self._elapsed = getattr(base, "elapsed_time", torch.cuda.Event.elapsed_time)
+            self._stream = torch.cuda.current_stream()  # until start() takes it again
+            for ev in self._ev_start + self._ev_end:  # CUDA creates an event on its first
+                self._record(ev, self._stream)  # record: here, not in a step
 
     def reset(self) -> None:
         """Forget every row (a new run)."""
         self.num_steps = 0
-        self._alloc(self._capacity)
+        cap = self._cap = self._capacity
+        self._phase = _filled("q", -1, 2 * _NP * cap)
+        self._gpu = _filled("q", -1, 2 * cap)
+        self.finished = _filled("i", 0, cap)
         self.shapes: list[BatchShape] = []
-        self.sync_ns: array[int] = array("q")
-        self.sync_row: array[int] = array("q")
-        self.gc_ns: array[int] = array("q")
-        self.gc_generation: array[int] = array("q")
-        self.gc_activity: array[int] = array("q")
-        self.gc_row: array[int] = array("q")
-        self._ring_row = np.full(self._ring, -1, np.int64)  # row whose events a slot holds
-        self._ring_ended = [False] * self._ring  # the row's end event is recorded
+        self.sync_ns = array("q")  # start, end, start, end, ...
+        self.sync_row = array("q")
+        self.gc_ns = array("q")  # start, end, ...
+        self.gc_generation = array("q")
+        self.gc_activity = array("q")
+        self.gc_row = array("q")
+        self._ring_row = _filled("q", -1, self._ring)  # row whose events a slot holds
+        self._ring_ended = _filled("b", 0, self._ring)  # 1: the row's end event is recorded
         self.t0_ns = _now()
 
-    def _alloc(self, cap: int) -> None:
-        self.phase_ns = np.full((cap, _NP, 2), -1, np.int64)
-        self._phase_flat = self.phase_ns.reshape(-1)  # a view
-        self.gpu_ns = np.full((cap, 2), -1, np.int64)
-        self.finished = np.zeros(cap, np.int32)
-
     def _grow(self) -> None:
-        old = self.phase_ns, self.gpu_ns, self.finished
-        self._alloc(2 * len(old[0]))
-        n = len(old[0])
-        self.phase_ns[:n], self.gpu_ns[:n], self.finished[:n] = old
+        """Double the row capacity in place."""
+        cap = self._cap
+        self._phase.extend(_filled("q", -1, 2 * _NP * cap))
+        self._gpu.extend(_filled("q", -1, 2 * cap))
+        self.finished.extend(_filled("i", 0, cap))
+        self._cap = 2 * cap
 
     # ---- run boundaries ----------------------------------------------------------------------
     def start(self) -> int:
-        """Reset, and take the run's zero; on CUDA also the base event for GPU times."""
+        """Reset, and take the run's zero; on CUDA also the base event for GPU times and the
+        stream the step events are recorded on (the current one: the engine's compute stream)."""
         self.reset()
         if self.cuda:
             torch.cuda.synchronize()
+            self._stream = torch.cuda.current_stream()
             t_a = _now()
-            self._base.record()
+            self._base.record(self._stream)
             self._base.synchronize()
             self._base_ns = (t_a + _now()) // 2
         self.t0_ns = _now()
@@ -129,28 +158,21 @@ class StepHooks:
         if self.cuda:
             with contextlib.suppress(RuntimeError):  # a failed device: keep what is readable
                 torch.cuda.synchronize()
-            for k in range(self._ring):
+            for k in range(min(self._ring, self.num_steps)):
                 self._harvest(k)
         n = self.num_steps
-
-        def col(a: array[int]) -> np.ndarray:
-            return np.array(a, np.int64)  # a copy: a view would pin the array's size
-
-        def pairs(a: array[int]) -> np.ndarray:
-            return col(a).reshape(-1, 2)
-
         return StepTrace(
             t0_ns=self.t0_ns,
-            phase_ns=self.phase_ns[:n].copy(),
-            gpu_ns=self.gpu_ns[:n].copy(),
+            phase_ns=_col(self._phase, 2 * _NP * n).reshape(n, _NP, 2),
+            gpu_ns=_col(self._gpu, 2 * n).reshape(n, 2),
             shapes=list(self.shapes),
-            finished=self.finished[:n].copy(),
-            sync_ns=pairs(self.sync_ns),
-            sync_row=col(self.sync_row),
-            gc_ns=pairs(self.gc_ns),
-            gc_generation=col(self.gc_generation),
-            gc_activity=col(self.gc_activity),
-            gc_row=col(self.gc_row),
+            finished=np.frombuffer(self.finished, np.int32, n).copy(),
+            sync_ns=_col(self.sync_ns).reshape(-1, 2),
+            sync_row=_col(self.sync_row),
+            gc_ns=_col(self.gc_ns).reshape(-1, 2),
+            gc_generation=_col(self.gc_generation),
+            gc_activity=_col(self.gc_activity),
+            gc_row=_col(self.gc_row),
         )
 
     # ---- CPU phases --------------------------------------------------------------------------
@@ -160,10 +182,10 @@ class StepHooks:
 
     def end(self, row: int) -> None:
         """Close the phase opened by `begin` and store it in `row`."""
-        i = 2 * (row * _NP + self.activity)  # flat index into phase_ns: two scalar stores
-        flat = self._phase_flat
-        flat[i] = self._t0
-        flat[i + 1] = _now()
+        i = (row * _NP + self.activity) << 1
+        p = self._phase
+        p[i] = self._t0
+        p[i + 1] = _now()
         self.activity = -1
 
     def cancel(self) -> None:
@@ -172,7 +194,7 @@ class StepHooks:
 
     def new_row(self, shape: BatchShape) -> int:
         row = self.num_steps
-        if row == len(self.gpu_ns):
+        if row == self._cap:
             self._grow()
         self.shapes.append(shape)
         self.num_steps = row + 1
@@ -183,8 +205,9 @@ class StepHooks:
         return _now()
 
     def sync_end(self, row: int, t0: int) -> None:
-        self.sync_ns.append(t0)
-        self.sync_ns.append(_now())
+        s = self.sync_ns
+        s.append(t0)
+        s.append(_now())
         self.sync_row.append(row)
         self.activity = -1
 
@@ -192,41 +215,40 @@ class StepHooks:
     def gpu_begin(self, row: int) -> None:
         """Call on the host right before the step's first GPU work is enqueued."""
         if not self.cuda:
-            self.gpu_ns[row, 0] = _now()
+            self._gpu[2 * row] = _now()
             return
         k = row % self._ring
         if self._ring_row[k] >= 0:
             self._harvest(k)  # recorded `ring` steps ago: long done
         self._ring_row[k] = row
-        self._ring_ended[k] = False
-        self._ev[k][0].record()
+        self._ring_ended[k] = 0
+        self._record(self._ev_start[k], self._stream)
 
     def gpu_end(self, row: int) -> None:
         """Call right after the step's last GPU work on the compute stream is enqueued."""
         if not self.cuda:
-            self.gpu_ns[row, 1] = _now()
+            self._gpu[2 * row + 1] = _now()
             return
         k = row % self._ring
-        self._ev[k][1].record()
-        self._ring_ended[k] = True
+        self._record(self._ev_end[k], self._stream)
+        self._ring_ended[k] = 1
 
     def _harvest(self, k: int) -> None:
         """Read ring slot k's events into its row. A step cut short (an error between its two
         marks) or events that cannot be read (a failed device) leave the row at -1."""
-        row = int(self._ring_row[k])
+        row = self._ring_row[k]
         if row < 0:
             return
         self._ring_row[k] = -1
-        if not self._ring_ended[k]:
+        if not self._ring_ended[k] or not self._base_ns:  # cut short, or before start()
             return
-        start, end = self._ev[k]
         try:
-            t0 = self._base.elapsed_time(start)
-            t1 = self._base.elapsed_time(end)
+            t0 = self._elapsed(self._base, self._ev_start[k])
+            t1 = self._elapsed(self._base, self._ev_end[k])
         except RuntimeError:
             return
-        self.gpu_ns[row, 0] = self._base_ns + int(t0 * 1e6)
-        self.gpu_ns[row, 1] = self._base_ns + int(t1 * 1e6)
+        self._gpu[2 * row] = self._base_ns + int(t0 * 1e6)
+        self._gpu[2 * row + 1] = self._base_ns + int(t1 * 1e6)
 
     # ---- GC pauses ---------------------------------------------------------------------------
     def install_gc(self) -> None:

@@ -18,6 +18,7 @@ Also: the instrumentation's own cost (`hook_overhead`), measured on a spare `Ste
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from core import phases as P
 from core.phases import ALL_CPU_ACTIVITIES, CPU_PHASES, LAUNCH, PROCESS_OUTPUTS
 from core.runfmt import RunRecorder
 
@@ -137,51 +139,93 @@ def _runs(items: list[tuple[float, int]]) -> list[tuple[tuple[float, int], int]]
 
 
 # ---- instrumentation overhead --------------------------------------------------------------------
-def hook_overhead(device: Any, steps: int = 2000) -> dict[str, float]:
-    """Per-step cost of the hooks the engine calls in one step (six phases, a new row, the GPU
-    begin/end events, one sync wait) and of one GC callback pair, timed on a spare StepHooks."""
+HOOK_CALLS_PER_STEP = 2 * len(CPU_PHASES) + 5  # begin/end pairs, new_row, 2 GPU marks, a sync
+
+
+def step_hook_calls(h: Any, shape: Any) -> None:
+    """The hook calls of one plain engine step, in the order `Engine._launch`, `_draft` and
+    `_complete` make them (with a sync wait, which a step without one skips)."""
+    h.begin(P.SCHEDULE)
+    row = h.new_row(shape)
+    h.end(row)
+    h.begin(P.PREPARE_INPUTS)
+    h.gpu_begin(row)
+    h.end(row)
+    h.begin(P.LAUNCH)
+    h.end(row)
+    h.begin(P.SAMPLE)
+    h.gpu_end(row)
+    h.end(row)
+    h.begin(P.DRAFT)
+    h.end(row)
+    t0 = h.sync_begin()
+    h.sync_end(row, t0)
+    h.begin(P.PROCESS_OUTPUTS)
+    h.finished[row] = 1
+    h.end(row)
+
+
+def hook_overhead(
+    device: Any, steps: int = 2000, trials: int = 5, harvests: bool = True
+) -> dict[str, float]:
+    """Per-step cost of the hooks the engine calls in one step (`step_hook_calls`) and of one
+    GC callback pair, timed on spare StepHooks: the median over `trials` runs of `steps` steps
+    (after a warm-up), minus an empty loop of as many iterations. `harvests`: each step also
+    reads the GPU events of a step a ring ago (CUDA), as in a run longer than its event ring;
+    off for a run within its ring, whose events are all read in `finish()`, after the run."""
     import torch
 
     from core.shape import BatchShape
     from engine.hooks import StepHooks
 
-    h = StepHooks(torch.device(device), capacity=steps + 1)
+    dev = torch.device(device)
     shape = BatchShape(num_reqs=1, decode_tokens=1)
-    h.start()
-    t = time.perf_counter_ns()
-    for _ in range(steps):
-        row = h.new_row(shape)
-        for p in CPU_PHASES:
-            h.begin(p)
-            if p == CPU_PHASES[1]:
-                h.gpu_begin(row)
-            if p == CPU_PHASES[3]:
-                h.gpu_end(row)
-            h.end(row)
-        h.sync_end(row, h.sync_begin())
-    per_step_ns = (time.perf_counter_ns() - t) / steps
-    h.finish()
     info = {"generation": 0, "collected": 0, "uncollectable": 0}
-    t = time.perf_counter_ns()
-    for _ in range(steps):
-        h._on_gc("start", info)
-        h._on_gc("stop", info)
-    gc_pair_ns = (time.perf_counter_ns() - t) / steps
+    ring = 256 if harvests else steps + 300
+    step_ns, gc_ns = [], []
+    for _ in range(trials):
+        h = StepHooks(dev, capacity=steps + 300, ring=ring)
+        h.start()
+        for _ in range(256 + 8):  # first calls (with harvests a full ring: each timed step reads)
+            step_hook_calls(h, shape)
+        base = _empty_loop_ns(steps)
+        t = time.perf_counter_ns()
+        for _ in range(steps):
+            step_hook_calls(h, shape)
+        step_ns.append((time.perf_counter_ns() - t - base) / steps)
+        h.finish()
+        t = time.perf_counter_ns()
+        for _ in range(steps):
+            h._on_gc("start", info)
+            h._on_gc("stop", info)
+        gc_ns.append((time.perf_counter_ns() - t - base) / steps)
     if gc.isenabled():
         gc.collect(0)
-    return {"per_step_us": per_step_ns / 1e3, "gc_callback_us": gc_pair_ns / 1e3}
+    return {
+        "per_step_us": max(0.0, statistics.median(step_ns)) / 1e3,
+        "gc_callback_us": max(0.0, statistics.median(gc_ns)) / 1e3,
+    }
+
+
+def _empty_loop_ns(n: int) -> int:
+    t = time.perf_counter_ns()
+    for _ in range(n):
+        pass
+    return time.perf_counter_ns() - t
 
 
 def overhead_summary(cost: dict[str, float], summary: dict[str, Any]) -> dict[str, Any]:
-    """Instrumentation time as a fraction of the mean step time (span / steps)."""
+    """Instrumentation time as a fraction of the time the loop was stepping: the span less
+    the idle time with no request in the engine (`idle_s`), which holds no steps; mean step
+    time = that / steps."""
     steps = summary.get("num_steps") or 0
-    span = summary.get("span_s") or 0.0
+    stepping_s = max(0.0, (summary.get("span_s") or 0.0) - (summary.get("idle_s") or 0.0))
     gcs = (summary.get("gc") or {}).get("count", 0)
     total_us = cost["per_step_us"] * steps + cost["gc_callback_us"] * gcs
-    mean_step_us = span * 1e6 / steps if steps else None
+    mean_step_us = stepping_s * 1e6 / steps if steps else None
     return {
         **cost,
-        "calls_per_step": 2 * len(CPU_PHASES) + 5,
+        "calls_per_step": HOOK_CALLS_PER_STEP,
         "mean_step_us": mean_step_us,
-        "overhead_fraction": total_us / (span * 1e6) if span > 0 else None,
+        "overhead_fraction": total_us / (stepping_s * 1e6) if stepping_s > 0 else None,
     }
