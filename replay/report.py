@@ -82,6 +82,10 @@ def print_run_summary(summary: dict[str, Any], out: Path, wall_s: float | None =
     meas = summary.get("replay", {}).get("instrumentation") or {}
     if meas.get("overhead_fraction") is not None:
         print(f"  instrumentation  {100 * meas['overhead_fraction']:9.3f} % of step time")
+    jit = summary.get("replay", {}).get("jit_compiles") or {}
+    if jit.get("applicable"):
+        took = f"{jit['seconds']:.2f} s"
+        print(f"  Triton compiles  {jit['count']:9d}   in the measured run ({took})")
 
 
 # ---- fidelity.md -----------------------------------------------------------------------------

@@ -1,10 +1,14 @@
 """A measured run (`python -m replay run`): trace + config -> the engine -> run folder (Contract 3).
 
 Per repeat: a fresh `engine.Engine` (weights built once and shared, so no repeat sees another's
-prefix cache or GC heap), a warm-up of a few synthetic requests (first-call costs: allocator,
-Triton, lazy init) with fresh hooks afterwards, then `Engine.run` over the trace with arrivals in
-real time (config `arrival=realtime`, open loop) or all at once (`asap`). The hooks' record and
-the per-request outputs become a `RunRecorder` (replay.measure) and `write_run` writes the folder
+prefix cache or GC heap), a warm-up, fresh hooks, then `Engine.run` over the trace with arrivals
+in real time (config `arrival=realtime`, open loop) or all at once (`asap`). The warm-up
+(engine.warmup) meets every Triton compile an eager step within the config's limits can select
+(model forwards over the shape classes, then requests over the token-count classes), then a few
+synthetic requests for the other first-call costs (allocator, lazy init). Triton compiles are
+counted during the warm-up and the measured run (replay.compiles) and reported in
+summary.json `replay.jit_compiles`: the measured run should have none. The hooks' record and the
+per-request outputs become a `RunRecorder` (replay.measure) and `write_run` writes the folder
 atomically.
 
 Interruptions (Ctrl-C, an engine error, `--max-seconds`): whatever was measured up to then is
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import platform
 import signal
 import sys
@@ -28,11 +33,13 @@ from core.config import Config, ConfigError
 from core.models import get_model, with_context
 from core.runfmt import trace_info, write_run
 from core.trace import Trace, TraceError, read_trace
+from replay.compiles import CompileCounter
 from replay.measure import hook_overhead, overhead_summary, to_recorder
 from replay.metrics import flat_metrics, spread
 
 WARMUP_SHAPES = ((48, 6), (200, 4), (16, 3))  # (prompt, output) of the warm-up requests
 WARMUP_KEY = 1 << 30  # warm-up requests' sampling/prompt keys, far from the trace's 0..n-1
+MAX_EVENT_RING = 1 << 16  # CUDA event pairs of the measured hooks (engine.hooks)
 
 
 class ReplayTimeout(Exception):
@@ -48,6 +55,7 @@ class Measured:
     summary: dict[str, Any]  # build_summary of the recorder (no trace/source)
     complete: bool
     error: BaseException | None
+    event_ring: int = 256  # the measured hooks' CUDA event ring (steps read only at the end)
 
 
 @dataclass
@@ -122,9 +130,17 @@ def _replay(
     for k in range(repeat):
         engine, model = _new_engine(cfg, model)
         _check_fits(engine, trace, trace_path)
+        warm = CompileCounter.for_engine(engine)
+        warm_info = None
         if warmup:
-            _warm_up(engine)
+            with warm:
+                warm_info = _warm_up(engine)
+        ring = event_ring(cfg, trace)
+        _fresh_hooks(engine, ring)
         m = _measure(engine, cfg, trace, deadline, progress, fail_after_steps)
+        m.event_ring = ring
+        if warm_info is not None:
+            m.extra["warmup"] = {**warm_info, "jit_compiles": warm.summary()}
         del engine
         if not m.complete:
             _write(m, cfg, trace_path, out, _repeat_extra(done, None) if done else None)
@@ -179,12 +195,25 @@ def _check_fits(engine: Any, trace: Trace, trace_path: str | Path) -> None:
             raise TraceError(f"{where}: {why}")
 
 
-def _warm_up(engine: Any) -> None:
-    """A few synthetic requests through the loop, then fresh hooks: the measured run starts warm
-    but records nothing of this. Synthetic random prompts share no prefix with the trace."""
-    from engine.hooks import StepHooks
+def _warm_up(engine: Any) -> dict[str, Any]:
+    """Meet the engine's first-call costs before the run: every Triton compile an eager step
+    can select (engine.warmup: model forwards over the shape classes, compiled up to 16 at a
+    time, then requests over the token-count and row-count classes; CUDA with Triton kernels
+    only), then a few synthetic requests together. Synthetic prompts (no prefix id, no ids)
+    register no prefix-cache blocks, so no trace request can hit them; every request finishes,
+    so every KV block is free again. Returns what was run and how long it took."""
+    from engine import warmup as W
     from engine.requests import RequestInput
 
+    t0 = time.perf_counter()
+    info: dict[str, Any] = {"forward_steps": 0, "request_steps": 0}
+    if engine.device.type == "cuda" and getattr(engine.model, "kernels", None) is not None:
+        lim = W.Limits.of_engine(engine)
+        plan = W.forward_plan(lim)
+        W.run_forward_plan(engine, plan, compile_threads=min(16, os.cpu_count() or 1))
+        info["forward_steps"] = len(plan)
+        reqs = W.request_plan(lim.max_tokens, lim.max_model_len, lim.max_num_seqs, engine.depth)
+        info["request_steps"] = W.run_request_plan(engine, reqs, WARMUP_KEY + len(WARMUP_SHAPES))
     for i, (p, o) in enumerate(WARMUP_SHAPES):
         inp = RequestInput(f"warmup-{i}", max(1, min(p, engine.max_model_len - o)), o)
         with contextlib.suppress(ValueError):  # a shape this config cannot hold: skip it
@@ -195,8 +224,30 @@ def _warm_up(engine: Any) -> None:
         import torch
 
         torch.cuda.synchronize()
-    engine.hooks = StepHooks(engine.device)
-    if engine.cfg.gc_freeze:  # warm-up objects join the frozen start-up heap
+    info["seconds"] = time.perf_counter() - t0
+    return info
+
+
+def event_ring(cfg: Config, trace: Trace) -> int:
+    """CUDA event pairs for the measured hooks: enough for every step the trace can take (at
+    most one per output token plus one per prefill chunk), so no step reads events (the hooks
+    read them all after the run), up to MAX_EVENT_RING. Without gc_freeze the default 256: the
+    2 x ring event objects would stay in the collector's view and lengthen the full
+    collections the run measures."""
+    if cfg.device != "cuda" or not cfg.gc_freeze:
+        return 256
+    chunks = -(-trace.prompt_len.astype("int64") // max(1, cfg.max_num_batched_tokens))
+    bound = int(trace.output_len.astype("int64").sum() + chunks.sum()) + 16
+    return max(256, min(MAX_EVENT_RING, bound))
+
+
+def _fresh_hooks(engine: Any, ring: int) -> None:
+    """New hooks for the measured run (the warm-up's rows gone); with gc_freeze, the objects
+    made since the engine froze its heap (the warm-up's, the hooks' events) join it."""
+    from engine.hooks import StepHooks
+
+    engine.hooks = StepHooks(engine.device, ring=ring)
+    if engine.cfg.gc_freeze:
         gc.collect()
         gc.freeze()
 
@@ -210,6 +261,7 @@ def _measure(
     fail_after_steps: int | None,
 ) -> Measured:
     first_state = len(engine.states)
+    preempted_before = engine.sched.num_preemptions  # the warm-up's
     steps = 0
     last_note = time.monotonic()
 
@@ -228,7 +280,8 @@ def _measure(
 
     error: BaseException | None = None
     t0 = time.monotonic()
-    with _alarm(deadline):
+    measured = CompileCounter.for_engine(engine)
+    with _alarm(deadline), measured:
         try:
             engine.run(trace, on_step=on_step)
             step_trace = engine.trace
@@ -241,6 +294,8 @@ def _measure(
     conv = to_recorder(step_trace, outputs)
     complete = error is None and conv.unfinished == 0 and len(outputs) == len(trace)
     extra = _extra(engine, cfg, conv, wall, error, len(outputs), len(trace))
+    extra["engine"]["preemptions"] -= preempted_before
+    extra["jit_compiles"] = measured.summary()
     return Measured(conv.recorder, extra, _summarize(conv.recorder, cfg), complete, error)
 
 
@@ -344,7 +399,9 @@ def _write(
     m: Measured, cfg: Config, trace_path: str | Path, out: Path, repeat_extra: dict[str, Any] | None
 ) -> dict[str, Any]:
     extra = dict(m.extra)
-    extra["instrumentation"] = overhead_summary(hook_overhead(cfg.device), m.summary)
+    harvests = (m.summary.get("num_steps") or 0) > m.event_ring  # rows read inside the run
+    cost = hook_overhead(cfg.device, harvests=harvests)
+    extra["instrumentation"] = {**overhead_summary(cost, m.summary), "event_ring": m.event_ring}
     summary_extra: dict[str, Any] = {"replay": extra, **(repeat_extra or {})}
     return write_run(
         out,
@@ -373,6 +430,7 @@ def _repeat_extra(done: list[Measured], chosen: int | None) -> dict[str, Any]:
             "chosen": chosen,
             "output_tok_per_s": [f["output_tok_per_s"] for f in flats],
             "num_kv_blocks": [m.extra["engine"]["num_kv_blocks"] for m in done],
+            "jit_compiles": [m.extra["jit_compiles"]["count"] for m in done],
             "metrics": flats,
         },
     }
