@@ -313,20 +313,27 @@ def request_plan(
 
 
 # ---- running a plan ------------------------------------------------------------------------------
-def run_forward_plan(engine: Any, plan: list[WarmupStep], compile_threads: int = 0) -> None:
+def run_forward_plan(engine: Any, plan: list[WarmupStep], compile_threads: int = 0) -> str:
     """Each step as `model(...)` + `compute_logits` on the engine's input-buffer views with
     made-up metadata; writes no KV (slot mapping -1) and leaves the buffers to the next real
     step, which rewrites what it reads. `compile_threads` > 1 (CUDA): first a dry pass that
-    only compiles, `compile_threads` kernels at a time (`compile_in_parallel`)."""
+    only compiles, `compile_threads` kernels at a time (`compile_in_parallel`); it is only a
+    speed-up, so where it fails the real pass compiles one kernel at a time. Returns how the
+    compiles ran: "parallel", "serial" or "serial (parallel pass failed: ...)"."""
     import torch
 
+    how = "serial"
     if compile_threads > 1 and engine.device.type == "cuda":
-        compile_in_parallel(engine, plan, compile_threads)
+        try:
+            how = "parallel" if compile_in_parallel(engine, plan, compile_threads) else how
+        except Exception as e:  # noqa: BLE001 - any failure: the serial pass does the work
+            how = f"serial (parallel pass failed: {type(e).__name__}: {e})"
     with torch.no_grad():
         for step in plan:
             _forward(engine, step)
     if engine.device.type == "cuda":
         torch.cuda.synchronize()
+    return how
 
 
 def _forward(engine: Any, step: WarmupStep) -> None:
@@ -371,7 +378,8 @@ def compile_in_parallel(engine: Any, plan: list[WarmupStep], threads: int) -> bo
     def compile_only(self: Any, *args: Any, grid: Any, warmup: bool, **kw: Any) -> Any:
         return run(self, *args, grid=grid, warmup=True, **kw)
 
-    with ThreadPoolExecutor(threads) as pool, mode(pool), torch.no_grad():
+    # a kernel that fails to build is left to the real pass, which raises where it is launched
+    with ThreadPoolExecutor(threads) as pool, mode(pool, ignore_errors=True), torch.no_grad():
         JITFunction.run = compile_only  # type: ignore[method-assign]
         try:
             for step in plan:

@@ -210,7 +210,8 @@ def _warm_up(engine: Any) -> dict[str, Any]:
     if engine.device.type == "cuda" and getattr(engine.model, "kernels", None) is not None:
         lim = W.Limits.of_engine(engine)
         plan = W.forward_plan(lim)
-        W.run_forward_plan(engine, plan, compile_threads=min(16, os.cpu_count() or 1))
+        threads = min(16, os.cpu_count() or 1)
+        info["forward_compiles"] = W.run_forward_plan(engine, plan, compile_threads=threads)
         info["forward_steps"] = len(plan)
         reqs = W.request_plan(lim.max_tokens, lim.max_model_len, lim.max_num_seqs, engine.depth)
         info["request_steps"] = W.run_request_plan(engine, reqs, WARMUP_KEY + len(WARMUP_SHAPES))
