@@ -136,7 +136,7 @@ def _replay(
             with warm:
                 warm_info = _warm_up(engine)
         ring = event_ring(cfg, trace)
-        _fresh_hooks(engine, ring)
+        _fresh_hooks(engine, ring, step_bound(cfg, trace))
         m = _measure(engine, cfg, trace, deadline, progress, fail_after_steps)
         m.event_ring = ring
         if warm_info is not None:
@@ -229,25 +229,31 @@ def _warm_up(engine: Any) -> dict[str, Any]:
     return info
 
 
-def event_ring(cfg: Config, trace: Trace) -> int:
-    """CUDA event pairs for the measured hooks: enough for every step the trace can take (at
-    most one per output token plus one per prefill chunk), so no step reads events (the hooks
-    read them all after the run), up to MAX_EVENT_RING. Without gc_freeze the default 256: the
-    2 x ring event objects would stay in the collector's view and lengthen the full
-    collections the run measures."""
-    if cfg.device != "cuda" or not cfg.gc_freeze:
-        return 256
+def step_bound(cfg: Config, trace: Trace) -> int:
+    """Most steps the trace can take: one per output token plus one per prefill chunk (a
+    preemption's recompute can add some), capped at MAX_EVENT_RING."""
     chunks = -(-trace.prompt_len.astype("int64") // max(1, cfg.max_num_batched_tokens))
     bound = int(trace.output_len.astype("int64").sum() + chunks.sum()) + 16
     return max(256, min(MAX_EVENT_RING, bound))
 
 
-def _fresh_hooks(engine: Any, ring: int) -> None:
-    """New hooks for the measured run (the warm-up's rows gone); with gc_freeze, the objects
-    made since the engine froze its heap (the warm-up's, the hooks' events) join it."""
+def event_ring(cfg: Config, trace: Trace) -> int:
+    """CUDA event pairs for the measured hooks: `step_bound`, so no step reads events (the
+    hooks read them all after the run). Without gc_freeze the default 256: the 2 x ring event
+    objects would stay in the collector's view and lengthen the full collections the run
+    measures."""
+    if cfg.device != "cuda" or not cfg.gc_freeze:
+        return 256
+    return step_bound(cfg, trace)
+
+
+def _fresh_hooks(engine: Any, ring: int, rows: int) -> None:
+    """New hooks for the measured run (the warm-up's rows gone), sized for `rows` steps so
+    that they do not grow during it; with gc_freeze, the objects made since the engine froze
+    its heap (the warm-up's, the hooks' events) join it."""
     from engine.hooks import StepHooks
 
-    engine.hooks = StepHooks(engine.device, ring=ring)
+    engine.hooks = StepHooks(engine.device, capacity=rows, ring=ring)
     if engine.cfg.gc_freeze:
         gc.collect()
         gc.freeze()
