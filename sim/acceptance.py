@@ -9,7 +9,7 @@ Otherwise per-draft-position acceptance with probability `accept_rate` (the trac
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from core.config import SpecConfig
 from core.ngram import accepted_prefix, propose
@@ -31,7 +31,7 @@ class AcceptanceModel:
         self.token_ids = token_ids  # per request index: (prompt_ids, output_ids) or None
         self.accept_rate = accept_rate
         self.default_rate = default_rate
-        self._rngs: dict[int, random.Random] = {}
+        self._streams: dict[int, tuple[Callable[[], float], float]] = {}
 
     def emitted(self, batch: ScheduledBatch) -> list[int]:
         out = []
@@ -39,10 +39,10 @@ class AcceptanceModel:
             if not e.generates or e.num_drafts == 0:
                 out.append(1)
             else:
-                out.append(1 + self._accepted(e.req, e.num_drafts))
+                out.append(1 + self.accepted(e.req, e.num_drafts))
         return out
 
-    def _accepted(self, req: Request, k: int) -> int:
+    def accepted(self, req: Request, k: int) -> int:
         """Drafts of the entry completing now. Batches complete in order, so the request's
         confirmed outputs are exactly those before this step: the drafts were proposed (on the
         GPU, or on the CPU in sync mode) from that true context, whatever positions the CPU
@@ -53,16 +53,25 @@ class AcceptanceModel:
             drafts = self.drafts_at(req, req.prompt_len + done)[:k]
             prompt, output = ids
             return accepted_prefix(drafts, output[done : done + k])
-        rate = self.default_rate
-        if self.accept_rate is not None:
-            rate = float(self.accept_rate[req.index])
-        rng = self._rngs.get(req.index)
-        if rng is None:
-            rng = self._rngs[req.index] = random.Random(self.seed * 1_000_003 + req.index)
+        draw, rate = self.stream(req.index)
         n = 0
-        while n < k and rng.random() < rate:
+        while n < k and draw() < rate:
             n += 1
         return n
+
+    def stream(self, index: int) -> tuple[Callable[[], float], float]:
+        """Request `index`'s seeded stream (its `random()`) and per-draft acceptance rate, for
+        traces without token ids: entry j accepts its i-th draft while draw() < rate."""
+        got = self._streams.get(index)
+        if got is None:
+            rate = self.default_rate
+            if self.accept_rate is not None:
+                rate = float(self.accept_rate[index])
+            got = self._streams[index] = (
+                random.Random(self.seed * 1_000_003 + index).random,
+                rate,
+            )
+        return got
 
     def drafts_at(self, req: Request, context_len: int) -> list[int]:
         """n-gram drafts proposed from the first `context_len` tokens of the request's text."""

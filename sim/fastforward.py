@@ -79,6 +79,13 @@ class _Shape:
         self.num_tokens = b
         self.is_pure_decode = b > 0
 
+    def set_verify(self, b: int, tokens: int, drafts: int) -> None:
+        """The constant fields of a speculative verify step: b decodes, `drafts` of whose
+        `tokens` query tokens are drafts."""
+        self.set_decode(b)
+        self.decode_tokens = self.num_tokens = tokens
+        self.draft_tokens = drafts
+
     def set_row(self, row: tuple[int, ...]) -> None:
         for name, v in zip(SHAPE_FIELDS, row, strict=True):
             setattr(self, name, v)
@@ -121,19 +128,20 @@ class _Costs:
         self.fns = fns
         self._const: dict[int, list[Any]] = {}
 
-    def const(self, shape: _Shape) -> list[Any]:
+    def const(self, shape: _Shape, key: Any = None) -> list[Any]:
         """For a decode of shape.num_reqs requests, per function: its value (the same at every
-        step) or None when it reads a varying field. Cached: the constant fields depend on the
-        batch size only."""
-        b = shape.num_reqs
-        out = self._const.get(b)
+        step) or None when it reads a varying field. Cached by `key`, which must determine the
+        constant fields: the batch size (the default) for plain decodes."""
+        if key is None:
+            key = shape.num_reqs
+        out = self._const.get(key)
         if out is None:
             out = []
             for fn in self.fns:
                 probe = _Probe(shape)
                 fn(probe)
                 out.append(None if probe.varying else fn(shape))
-            self._const[b] = out
+            self._const[key] = out
         return out
 
     def all(self, shape: _Shape) -> list[Any]:

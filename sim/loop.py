@@ -13,8 +13,9 @@ The CPU thread keeps its own clock `self.cpu_s`. With its own arrivals (`run()`)
 shares the model, so it reads arrivals straight from the sorted request list and never yields
 inside a step; behind a router (`start(own_arrivals=False)` + `submit`) it yields to SimPy at
 each step's top so that requests submitted up to its clock are visible to `schedule()`.
-Runs of identical decode steps are computed in bulk by `sim.fastforward` with the same
-arithmetic, so the result is the same bit for bit (tests/test_sim_fastforward.py).
+Runs of identical decode steps are computed in bulk by `sim.fastforward` (with speculative
+decoding: runs of verify steps by `sim.specforward`, single steps fused by `sim.specstep`) with
+the same arithmetic, so the result is the same bit for bit (tests/test_sim_fastforward.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from sim.stream import gpu_pass
 
 if TYPE_CHECKING:
     from sim.fastforward import FastForward
+    from sim.specforward import SpecForward
+    from sim.specstep import SpecSteps
 
 Event = simpy.events.Event
 _EMPTY = BatchShape()
@@ -99,12 +102,20 @@ class SimLoop:
         self._wait_for_counts = self._spec and not cfg.optimistic_spec_decode
         self._cpu_ngram = cfg.spec.method == "ngram-cpu"
         # Runs of decode steps in bulk (sim/fastforward.py), with own arrivals only: behind a
-        # router the next submit is unknown. Drafts vary per step, so none with spec decoding.
-        self.ff: FastForward | None = None
+        # router the next submit is unknown. Drafts vary per step, so none with spec decoding:
+        # its steps are fused instead (sim/specstep.py), whoever feeds the replica.
+        self.ff: FastForward | SpecForward | None = None
+        self.spec_steps: SpecSteps | None = None
         if fast_forward and not self._spec:
             from sim.fastforward import FastForward
 
             self.ff = FastForward(self)
+        elif fast_forward:
+            from sim.specforward import SpecForward
+            from sim.specstep import SpecSteps
+
+            self.ff = SpecForward(self)
+            self.spec_steps = SpecSteps(self)
 
     # ---- processes --------------------------------------------------------------------------
     def run(self) -> None:
@@ -146,7 +157,9 @@ class SimLoop:
     # ---- one step ---------------------------------------------------------------------------
     def launch_step(self) -> bool:
         t0 = self.cpu_s
-        batch = self.sched.schedule()
+        batch = None if self.spec_steps is None else self.spec_steps.schedule()
+        if batch is None:
+            batch = self.sched.schedule()
         shape = batch.shape if batch is not None else _EMPTY
         t = self._phase_time(P.SCHEDULE, shape)
         if batch is None:
@@ -179,6 +192,9 @@ class SimLoop:
         return True
 
     def complete_step(self, p: Pass) -> None:
+        if self.spec_steps is not None:
+            self.spec_steps.complete(p)  # the same, fused
+            return
         self._sync(p.step, p.gpu_end_s)
         batch = p.batch
         entries = batch.entries

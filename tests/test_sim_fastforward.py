@@ -1,8 +1,11 @@
-"""Fast-forward (sim/fastforward.py) is exact: runs with it on and off give the same run folder
-(summary, steps, requests) to 1e-9 relative, over depths 1/2/3, the GC model (with and without
-a frozen heap), CUDA graphs on and off, preemption-prone KV budgets, a full running set with a
-waiting queue, chunked prefill, prefix sharing and a per-history-token scan. Also the recorder's
-bulk appends against the per-call methods they stand for."""
+"""Fast-forward (sim/fastforward.py, and sim/specforward.py + sim/specstep.py with speculative
+decoding) is exact: runs with it on and off give the same run folder (summary, steps, requests)
+to 1e-9 relative, over depths 1/2/3, the GC model (with and without a frozen heap), CUDA graphs
+on and off, preemption-prone KV budgets, a full running set with a waiting queue, chunked
+prefill, prefix sharing and a per-history-token scan; with drafts also over both n-gram
+proposers, k 1..4, the seed switches, token-id acceptance (with the CPU proposer's draft hints)
+and per-request accept rates, and behind a router. Also the recorder's bulk appends against
+the per-call methods they stand for."""
 
 from __future__ import annotations
 
@@ -15,13 +18,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import sim.plan.fleet as fleet
 import sim.run as simrun
 from core.config import load_config
 from core.phases import CPU_PHASES
 from core.runfmt import RunRecorder
 from core.shape import SHAPE_FIELDS, BatchShape
-from core.trace import make_trace, write_trace
+from core.trace import TokenLists, make_trace, write_trace
 from sim.loop import SimLoop
+from sim.plan.fleet import FleetSpec, simulate_fleet
 
 
 def _trace(tmp: Path, name: str, n: int, span_s: float, prompt: tuple[int, int],
@@ -32,11 +37,45 @@ def _trace(tmp: Path, name: str, n: int, span_s: float, prompt: tuple[int, int],
     return write_trace(t, tmp / f"{name}.parquet")
 
 
+def _text(rng: np.random.Generator, n: int) -> list[int]:
+    """Token ids that repeat (phrases from a small set), so n-gram drafts often match."""
+    phrases = [rng.integers(0, 50, int(rng.integers(2, 6))).tolist() for _ in range(8)]
+    out: list[int] = []
+    while len(out) < n:
+        out += phrases[int(rng.integers(0, 8))] if rng.random() < 0.8 else [int(rng.integers(50))]
+    return out[:n]
+
+
+def _ids_trace(tmp: Path, n: int, span_s: float, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(8, 200, n)
+    output = rng.integers(1, 150, n)
+    return write_trace(
+        make_trace(
+            np.sort(rng.uniform(0, span_s, n)), prompt, output,
+            prompt_ids=TokenLists.from_lists([_text(rng, int(p)) for p in prompt]),
+            output_ids=TokenLists.from_lists([_text(rng, int(o)) for o in output]),
+        ),
+        tmp / f"ids{seed}.parquet",
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("ff")
     rng = np.random.default_rng(5)
     return {
+        "ids": _ids_trace(tmp, 60, 2.0, 7),
+        "rate": _trace(
+            tmp,
+            "rate",
+            80,
+            2.0,
+            (20, 900),
+            (1, 250),
+            seed=6,
+            accept_rate=rng.uniform(0, 1, 80).astype(np.float32),
+        ),  # fmt: skip
         "light": _trace(tmp, "light", 120, 8.0, (20, 600), (1, 200)),
         "burst": _trace(tmp, "burst", 120, 1.0, (100, 1500), (1, 300), seed=1),
         "hist": _trace(
@@ -68,12 +107,49 @@ CASES = [
     ("burst", ["model=llama3-8b", "max_num_batched_tokens=512", "max_num_seqs=8"]),
     ("hist", ["model=llama3-8b", "reverse_placeholder_scan=false", "batches_in_flight=3"]),
     ("prefix", ["model=llama3-8b", "num_kv_blocks=400"]),
-    ("light", ["model=llama3-8b", "spec.method=ngram-gpu"]),  # no fast-forward with drafts
-]
+    # speculative decoding: sim/specforward.py
+    ("light", ["model=llama3-8b", "spec.method=ngram-gpu"]),
+    ("light", ["model=llama3.2-1b", "spec.method=ngram-gpu", "spec.k=1", "batches_in_flight=1"]),
+    ("burst", ["model=llama3-8b", "spec.method=ngram-gpu", "spec.k=4", "batches_in_flight=3",
+               "num_kv_blocks=300"]),
+    ("burst", ["model=tiny", "spec.method=ngram-cpu", "spec.k=2", "num_kv_blocks=250",
+               "gc_freeze=false"]),
+    ("burst", ["model=llama3-8b", "spec.method=ngram-gpu", "max_num_batched_tokens=512",
+               "max_num_seqs=8"]),
+    ("light", ["model=llama3-8b", "spec.method=ngram-gpu", "optimistic_spec_decode=false",
+               "accepted_count_by_sum=false", "preallocated_backup_tokens=false"]),
+    ("hist", ["model=llama3-8b", "spec.method=ngram-gpu", "spec.k=3", "batches_in_flight=3",
+              "reverse_placeholder_scan=false", "cuda_graphs=false"]),
+    ("prefix", ["model=llama3-8b", "spec.method=ngram-gpu", "spec.k=2", "num_kv_blocks=400"]),
+    ("rate", ["model=llama3.2-1b", "spec.method=ngram-gpu", "spec.k=4", "seed=3"]),
+    ("ids", ["model=llama3.2-1b", "spec.method=ngram-cpu", "spec.k=3"]),
+    ("ids", ["model=llama3.2-1b", "spec.method=ngram-gpu", "spec.k=4", "batches_in_flight=3"]),
+]  # fmt: skip
 
 
-def run_folder(tmp: Path, trace: Path, sets: list[str], fast_forward: bool) -> tuple[Path, int]:
-    """simulate() with fast-forward on or off; returns the run folder and the steps it skipped."""
+def blocks_state(loop: SimLoop) -> tuple[object, ...]:
+    """The KV cache's whole state: which blocks are free in which reuse order (allocation and
+    release order show here), refcounts and the prefix-cache map."""
+    bm = loop.sched.blocks
+    free = bm.free
+    order, b = [], free.head
+    while b != -1:
+        order.append(b)
+        b = free.next[b]
+    return (
+        free.fresh,
+        order,
+        list(bm.refcount),
+        list(bm.block_hash),
+        sorted(bm.hash_to_block.items()),
+    )
+
+
+def run_folder(
+    tmp: Path, trace: Path, sets: list[str], fast_forward: bool
+) -> tuple[Path, int, tuple[object, ...]]:
+    """simulate() with fast-forward on or off; returns the run folder, the steps it skipped and
+    the final KV cache state."""
     loops: list[SimLoop] = []
 
     def make(*args: object, **kw: object) -> SimLoop:
@@ -89,7 +165,7 @@ def run_folder(tmp: Path, trace: Path, sets: list[str], fast_forward: bool) -> t
     finally:
         simrun.SimLoop = orig  # type: ignore[misc]
     ff = loops[0].ff
-    return out, (ff.num_steps if ff is not None else 0)
+    return out, (ff.num_steps if ff is not None else 0), blocks_state(loops[0])
 
 
 def assert_same(a: object, b: object, where: str) -> None:
@@ -124,10 +200,10 @@ def assert_same_tables(pa_: Path, pb: Path) -> None:
 def test_fast_forward_is_exact(
     tmp_path: Path, traces: dict[str, Path], trace: str, sets: list[str]
 ) -> None:
-    step_dir, _ = run_folder(tmp_path, traces[trace], sets, fast_forward=False)
-    ff_dir, skipped = run_folder(tmp_path, traces[trace], sets, fast_forward=True)
-    if "spec.method=ngram-gpu" not in sets:
-        assert skipped > 0, "fast-forward never ran: the test would prove nothing"
+    step_dir, _, step_blocks = run_folder(tmp_path, traces[trace], sets, fast_forward=False)
+    ff_dir, skipped, ff_blocks = run_folder(tmp_path, traces[trace], sets, fast_forward=True)
+    assert skipped > 0, "fast-forward never ran: the test would prove nothing"
+    assert step_blocks == ff_blocks, "KV cache state"
     sa = json.loads((step_dir / "summary.json").read_text())
     sb = json.loads((ff_dir / "summary.json").read_text())
     for s in (sa, sb):
@@ -236,6 +312,39 @@ def test_bulk_tokens_match_per_call(limit: int) -> None:
         b.tokens_ranges([5], [0], [2], [9.0, 8.0])
 
 
+@pytest.mark.parametrize("limit", [1 << 20, 9])  # 9: the ITL sketch folds mid-way
+def test_bulk_emissions_match_per_call(limit: int) -> None:
+    """tokens_many / accepted_many (speculative emissions of several tokens) against tokens /
+    accepted called one by one: equal columns, quantiles and sketch state."""
+    rng = np.random.default_rng(limit)
+    a, b = RunRecorder(itl_exact_limit=limit), RunRecorder(itl_exact_limit=limit)
+    for r in (a, b):
+        for i in range(8):
+            r.add_request(i, 0.0)
+        for _ in range(6):
+            r.add_step(_shape(0))
+        r.tokens(3, 0.2, 2, 1)  # tokens before the bulk call
+    calls, t = [], 1.0
+    for _ in range(40):
+        t += float(rng.choice([0.0, rng.random()]))
+        for i in rng.choice(8, int(rng.integers(1, 8)), replace=False).tolist():
+            n = int(rng.integers(1, 5))
+            calls.append((i, t, n, int(rng.integers(0, n))))
+    for c in calls:
+        a.tokens(*c)
+    b.tokens_many(*zip(*calls))  # type: ignore[arg-type]
+    for i, n in enumerate([0, 3, 1, 0]):
+        a.accepted(2 + i, n)
+    b.accepted_many(2, [0, 3, 1, 0])
+    _frozen_equal(a, b)
+    with pytest.raises(ValueError, match="before the last"):
+        b.tokens_many([3], [0.1], [1], [0])
+    with pytest.raises(ValueError, match="n must be"):
+        b.tokens_many([3], [9.0], [0], [0])
+    with pytest.raises(IndexError):
+        b.accepted_many(5, [1, 1])
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_fast_forward_is_exact_on_random_configs(tmp_path: Path, seed: int) -> None:
     """Random small traces and configs (depth, KV budget, batch limits, block size, chunking,
@@ -283,3 +392,86 @@ def test_fast_forward_is_exact_on_random_configs(tmp_path: Path, seed: int) -> N
             np.testing.assert_array_equal(x, y, err_msg=f"{name} {sets}")
         else:
             assert x == y, f"{name} {sets}"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_spec_fast_forward_is_exact_on_random_configs(tmp_path: Path, seed: int) -> None:
+    """Speculative decoding on random small traces and configs (proposer, k, depth, seed
+    switches, KV budget, batch limits, block size, GC; acceptance from a default rate, a
+    per-request rate or token ids): the recordings are equal to the bit."""
+    rng = np.random.default_rng(200 + seed)
+    kind = ["rate", "default", "ids"][seed % 3]
+    if kind == "ids":
+        trace = _ids_trace(tmp_path, int(rng.integers(10, 50)), float(rng.choice([0.5, 3])), seed)
+    else:
+        n = int(rng.integers(10, 60))
+        cols: dict[str, object] = {"needs_history": rng.random(n) < 0.4}
+        if kind == "rate":
+            cols["accept_rate"] = rng.uniform(0, 1, n).astype(np.float32)
+        trace = write_trace(
+            make_trace(np.sort(rng.uniform(0, float(rng.choice([0.2, 2, 10])), n)),
+                       rng.integers(1, int(rng.choice([60, 600, 1500])), n),
+                       rng.integers(1, int(rng.choice([10, 200, 500])), n), **cols),
+            tmp_path / "r.parquet",
+        )  # fmt: skip
+    sets = [
+        f"model={rng.choice(['llama3-8b', 'llama3.2-1b', 'tiny'])}",
+        f"spec.method={rng.choice(['ngram-gpu', 'ngram-cpu'])}",
+        f"spec.k={rng.integers(1, 5)}",
+        f"seed={rng.integers(0, 3)}",
+        f"batches_in_flight={rng.integers(1, 4)}",
+        f"num_kv_blocks={rng.choice([120, 400, 3000])}",
+        f"max_num_seqs={rng.choice([2, 8, 64])}",
+        f"max_num_batched_tokens={rng.choice([256, 2048, 8192])}",
+        f"block_size={rng.choice([8, 16, 32])}",
+        f"gc.threshold0={rng.choice([50, 700])}",
+        f"gc_freeze={rng.choice(['true', 'false'])}",
+        f"optimistic_spec_decode={rng.choice(['true', 'false'])}",
+        f"accepted_count_by_sum={rng.choice(['true', 'false'])}",
+        f"preallocated_backup_tokens={rng.choice(['true', 'false'])}",
+        f"cuda_graphs={rng.choice(['true', 'false'])}",
+    ]
+    recs, loops = [], []
+    for ff in (False, True):
+        orig = simrun.SimLoop
+        simrun.SimLoop = functools.partial(_keep, loops, fast_forward=ff)  # type: ignore[misc]
+        try:
+            recs.append(simrun.simulate(load_config(None, sets), trace).recorder.freeze())
+        except Exception as e:  # a request that cannot fit this config: nothing to compare
+            assert "TraceError" in type(e).__name__, e
+            return
+        finally:
+            simrun.SimLoop = orig  # type: ignore[misc]
+    a, b = recs
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y, err_msg=f"{name} {sets}")
+        else:
+            assert x == y, f"{name} {sets}"
+    assert blocks_state(loops[0]) == blocks_state(loops[1]), sets
+
+
+@pytest.mark.parametrize("method", ["ngram-gpu", "ngram-cpu"])
+def test_spec_steps_behind_a_router_are_exact(tmp_path: Path, method: str) -> None:
+    """Replicas fed by a router take no segments; their spec steps are fused (sim/specstep.py)
+    and give the step-by-step run."""
+    rng = np.random.default_rng(9)
+    trace = make_trace(np.sort(rng.uniform(0, 3, 90)), rng.integers(20, 900, 90),
+                       rng.integers(1, 200, 90))  # fmt: skip
+    cfg = load_config(None, [f"spec.method={method}", "num_kv_blocks=600", "gc_freeze=false"])
+    spec = FleetSpec(cfg, 2, "least-outstanding")
+    loops: list[SimLoop] = []
+    out = []
+    for ff in (False, True):
+        orig = fleet.SimLoop
+        fleet.SimLoop = functools.partial(_keep, loops, fast_forward=ff)  # type: ignore[misc]
+        try:
+            res = simulate_fleet(spec, trace)
+        finally:
+            fleet.SimLoop = orig  # type: ignore[misc]
+        res.pop("sim")
+        out.append(res)
+    assert out[0] == out[1]
+    fused = [lp.spec_steps.num_fast for lp in loops if lp.spec_steps is not None]
+    assert fused and sum(fused) > 0

@@ -234,6 +234,73 @@ class RunRecorder:
         self._sync_start.extend(starts_s)
         self._sync_end.extend(ends_s)
 
+    def accepted_many(self, first_step: int, counts: Sequence[int]) -> None:
+        """`accepted(first_step + i, counts[i])` for every i."""
+        n = len(counts)
+        if not (first_step >= 0 and first_step + n <= self.num_steps):
+            raise IndexError(f"accepted_many: steps {first_step}..{first_step + n - 1} not added")
+        cut = slice(first_step, first_step + n)
+        self._accepted[cut] = array("q", [a + b for a, b in zip(self._accepted[cut], counts)])
+
+    def tokens_many(
+        self,
+        reqs: Sequence[int],
+        times_s: Sequence[float] | np.ndarray,
+        ns: Sequence[int],
+        accepted: Sequence[int],
+    ) -> None:
+        """`tokens(reqs[i], times_s[i], ns[i], accepted[i])` for every i, in order (each
+        request's emissions in time order), vectorized: the same per-request columns and the
+        same multiset of inter-token gaps (hence the same quantiles), appended per request."""
+        m = len(reqs)
+        if not m:
+            return
+        if not len(times_s) == len(ns) == len(accepted) == m:
+            raise ValueError("tokens_many: reqs, times_s, ns and accepted differ in length")
+        r = np.asarray(reqs, np.int64)
+        order = np.argsort(r, kind="stable")  # by request, each in call order
+        r = r[order]
+        t = np.asarray(times_s, np.float64)[order]
+        n = np.asarray(ns, np.int64)[order]
+        acc = np.asarray(accepted, np.int64)[order]
+        if n.min() < 1:
+            raise ValueError(f"tokens_many: request row {int(r[n.argmin()])}: n must be >= 1")
+        head = np.ones(m, dtype=bool)  # first emission of each request here
+        head[1:] = r[1:] != r[:-1]
+        starts = np.flatnonzero(head)
+        ends = np.append(starts[1:], m) - 1
+        rows = r[starts]
+        out = np.frombuffer(self._out, np.int64)
+        last = np.frombuffer(self._last, np.float64)
+        count0 = out[rows]
+        prev = np.empty(m)
+        prev[1:] = t[:-1]
+        prev[starts] = last[rows]  # NaN for a request without tokens yet
+        has_prev = np.ones(m, dtype=bool)
+        has_prev[starts] = count0 > 0
+        gap = t[has_prev] - prev[has_prev]
+        if gap.size and not gap.min() >= 0:
+            bad = np.flatnonzero(has_prev)[np.argmin(gap)]
+            raise ValueError(
+                f"tokens: request row {int(r[bad])}: emission at {t[bad]} before the last"
+            )
+        fresh = starts[count0 == 0]  # a request's first emission: first_token, extra tokens 0
+        first = np.frombuffer(self._first, np.float64)
+        first[r[fresh]] = t[fresh]
+        extra = fresh[n[fresh] > 1]
+        last[rows] = t[ends]
+        out[rows] = count0 + np.add.reduceat(n, starts)
+        req_acc = np.frombuffer(self._req_acc, np.int64)
+        req_acc[rows] += np.add.reduceat(acc, starts)
+        del out, last, first, req_acc  # views into the columns: release before they grow
+        vals = np.concatenate((gap / n[has_prev], np.zeros(extra.size)))
+        wts = np.concatenate((n[has_prev], n[extra] - 1))
+        self._itl_v.extend(array("d", vals.tobytes()))
+        self._itl_w.extend(array("q", wts.astype(np.int64).tobytes()))
+        self._itl_entries += int(vals.size)
+        if self._itl_entries >= self._itl_limit:
+            self._fold_itl()
+
     def tokens_each(self, reqs: Sequence[int], times_s: Sequence[float]) -> None:
         """Every request row of `reqs` emitted one token at each time of `times_s` (ascending),
         as `tokens(r, t)` for each t, for each r would record, in O(len(reqs) + len(times_s)):
