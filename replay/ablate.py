@@ -2,12 +2,12 @@
 (`python -m replay ablate`): ablate.json `{switch: {"measured": {...}, "predicted": {...}}}`.
 
 For every switch the same trace runs twice on the engine (`--repeat N` each, the median run
-kept, its spread recorded) and twice in the simulator, with only that key changed from the
-given config: the sim's `whatif` variants of the same switch. `rel_change` = (on - off) / off
-per metric (fractions also as `change_points`, absolute). A switch that has no effect under
-the config (seeds 1, 2 and 5 without speculative decoding) is skipped with the reason; a config
-the engine refuses is recorded as an error and the prediction still runs. The simulator (and
-so simpy) is imported only here, lazily.
+kept, each metric's median and spread recorded) and twice in the simulator, with only that key
+changed from the given config: the sim's `whatif` variants of the same switch. `rel_change` =
+(on - off) / off per metric (fractions also as `change_points`, absolute). A switch that has no
+effect under the config (seeds 1, 2 and 5 without speculative decoding) is skipped with the
+reason; a config the engine refuses is recorded as an error and the prediction still runs. The
+simulator (and so simpy) is imported only here, lazily.
 
 Calibrated mode (`calibrate_on="off"`, CLI `--calibrate-on off`): before predicting a switch,
 `replay calibrate` fits the simulator's profile on the measured run of that one side (the
@@ -21,14 +21,19 @@ records `calibrated_on`, the runs and the fit notes. `measured_dir`: take the me
 an earlier ablation's output folder (`<dir>/<switch>-off`, `-on`) instead of running the engine,
 so a GPU host measures and a host with the simulator predicts.
 
+A measured side's metrics are each the median over its repeats (`repeats` keeps the values,
+`noise` the robust standard error of the on - off difference relative to off: `noise()`).
 `agreement` per metric (when both exist): the predicted change has the measured sign, and its
 size is within 25 % of the measured size (the issue-6 target), with `size_ratio` = predicted /
-measured change.
+measured change, and `resolved`: the measured change exceeds NOISE_SE standard errors (None
+with fewer than two repeats a side), without which sign and size are not established.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +53,7 @@ NEEDS_SPEC = ("preallocated_backup_tokens", "accepted_count_by_sum", "optimistic
 EXTRA_BOOL_SWITCHES = ("gc_freeze", "cuda_graphs", "chunked_prefill", "prefix_caching")
 SIDES = ("off", "on")
 SIZE_TOLERANCE = 0.25  # predicted change within 25 % of the measured change
+NOISE_SE = 2.0  # a measured change within 2 standard errors of the difference is noise
 METRICS = (
     "output_tok_per_s",
     "tpot_s.p50",
@@ -155,15 +161,19 @@ def ablate(
 def agreement(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
     """Per metric: same sign, predicted / measured change, and the 25 % size target."""
     out: dict[str, Any] = {}
+    noise_rel = measured.get("noise") or {}
     for m in METRICS:
         a, b = measured["rel_change"].get(m), predicted["rel_change"].get(m)
         if a is None or b is None:
             continue
         ratio = b / a if a else None
+        se = noise_rel.get(m)
         out[m] = {
             "same_sign": (a > 0) == (b > 0) and a != 0 and b != 0,
             "size_ratio": ratio,
             "within_target": ratio is not None and abs(ratio - 1.0) <= SIZE_TOLERANCE,
+            # is the measured change larger than its noise? (None: too few repeats to say)
+            "resolved": None if se is None else abs(a) > NOISE_SE * se,
         }
     return out
 
@@ -187,12 +197,7 @@ def _load_measured(run_dir: Path, c: Config, switch: str, trace_path: str | Path
     have = (run.summary.get("trace") or {}).get("sha256")
     if have != want:
         raise ValueError(f"run '{run_dir}' replayed another trace than '{trace_path}'")
-    spread = run.summary.get("repeat_spread") or {}
-    return {
-        "metrics": _pick(run.summary),
-        "path": str(run_dir),
-        "spread": {m: spread[m].get("range_rel") for m in METRICS if m in spread} or None,
-    }
+    return _measured_side(run.summary, run_dir)
 
 
 # config keys a measured run may differ in from the ablation's config: where it ran, and the
@@ -281,7 +286,32 @@ def _side_by_side(variants: dict[str, Config], run: Callable[[str, Config], Any]
     spreads = {s: sides[s].get("spread") for s in ("off", "on") if sides[s].get("spread")}
     if spreads:
         out["spread"] = spreads
+    if all("repeats" in sides[s] for s in SIDES):
+        out["repeats"] = {s: sides[s]["repeats"] for s in SIDES}
+        out["noise"] = {
+            m: noise(sides["off"]["repeats"][m], sides["on"]["repeats"][m]) for m in METRICS
+        }
     return out
+
+
+def noise(off: list[Any], on: list[Any]) -> float | None:
+    """Standard error of the on - off difference, relative to the off side's median, with each
+    side's scale taken robustly (1.4826 x the median absolute deviation: a repeat that paid a
+    one-off cost, like Triton compiles the warm-up missed, does not make a large change look
+    like noise); None without two repeats a side. A measured change smaller than NOISE_SE of
+    these is not told from run-to-run variation."""
+    if len(off) < 2 or len(on) < 2 or any(x is None for x in [*off, *on]):
+        return None
+    m = statistics.median(off)
+    if m == 0:
+        return None
+    var = sum(_robust_sigma(v) ** 2 / len(v) for v in (off, on))
+    return math.sqrt(var) / abs(m)
+
+
+def _robust_sigma(v: list[float]) -> float:
+    med = statistics.median(v)
+    return 1.4826 * statistics.median(abs(x - med) for x in v)
 
 
 def _pick(summary: dict[str, Any]) -> dict[str, Any]:
@@ -300,12 +330,25 @@ def _measure(
     from replay.run import replay
 
     res = replay(c, trace_path, out, repeat=repeat, max_seconds=max_seconds, progress=progress)
-    spread = res.summary.get("repeat_spread") or {}
-    return {
-        "metrics": _pick(res.summary),
-        "path": str(out),
-        "spread": {m: spread[m].get("range_rel") for m in METRICS if m in spread} or None,
-    }
+    return _measured_side(res.summary, out)
+
+
+def _measured_side(summary: dict[str, Any], path: Path) -> dict:
+    """A measured side: each metric's median over the repeats (the run folder is the repeat of
+    median throughput, whose TPOT, TTFT, ... need not be the median ones: where arrivals set
+    the throughput, as in seed 5's spaced trace, that choice is arbitrary), the repeats' values
+    and their range relative to the mean (`spread`)."""
+    spread = summary.get("repeat_spread") or {}
+    side: dict[str, Any] = {"metrics": _pick(summary), "path": str(path)}
+    reps = (summary.get("repeats") or {}).get("metrics") or []
+    if len(reps) > 1:
+        values = {m: [r.get(m) for r in reps] for m in METRICS}
+        side["repeats"] = values
+        for m, v in values.items():
+            if all(x is not None for x in v):
+                side["metrics"][m] = statistics.median(v)
+    side["spread"] = {m: spread[m].get("range_rel") for m in METRICS if m in spread} or None
+    return side
 
 
 def _predict(c: Config, trace_path: str | Path, out: Path) -> dict:
@@ -355,8 +398,10 @@ def _verdict(a: dict[str, Any] | None) -> str:
     if not a:
         return ""
     if not a["same_sign"]:
-        return "sign differs"
-    return "ok" if a["within_target"] else f"size x{a['size_ratio']:.2f}"
+        v = "sign differs"
+    else:
+        v = "ok" if a["within_target"] else f"size x{a['size_ratio']:.2f}"
+    return v + (" (measured change within noise)" if a.get("resolved") is False else "")
 
 
 def _f(x: float | None) -> str:

@@ -2,14 +2,16 @@
 
 Each fit is least squares over the BatchShape fields that steps.parquet records, with
 non-negative coefficients (every term is a cost), one linear model per target:
-- GPU pass, per batch kind (pure decode / mixed): `GPU_TERMS`. Only "clean" steps are used
-  when there are enough: steps whose GPU work started after their launch phase ended, so the
-  interval holds kernels alone, not kernels trickling in behind an eager launch.
+- GPU pass, per batch kind (pure decode / mixed): `GPU_TERMS`, on the "clean" steps only
+  (replay.steps: GPU work began after the host had issued all of it, so the interval holds
+  kernels alone, not kernels trickling in behind an eager launch or waiting for the host's
+  sample/draft phase); with too few of them the kind keeps the base profile's model or the
+  roofline (a note says so).
 - each CPU phase: a + b*num_reqs + c*num_tokens + the phase's extra fields (`PHASE_TERMS`),
   on the phase's duration less any GC pause or sync wait inside it (the sim adds GC itself).
-- launch: graph and eager launches as two indicator columns (-> `launch.graph_ms`,
-  `launch.eager_ms`, per-node costs 0) plus a residual in num_reqs/num_tokens
-  (-> `cpu_phases.launch`).
+- launch: graph and eager launches (-> `launch.graph_ms`, `launch.eager_ms`, per-node costs 0)
+  plus a residual in num_reqs/num_tokens (-> `cpu_phases.launch`) fitted on the graph replays
+  when there are any (`_fit_launch`).
 - GC: the mean pause of each generation that paused (-> `gc.pause_ms[g]`, per-object cost 0;
   the hooks record no object counts).
 Seed and speculative-decoding terms (sim.cost.terms) active in a run are part of what was
@@ -85,6 +87,7 @@ ONE_SIDED_FIELDS: dict[str, tuple[str, ...]] = {
     "sample.forward_placeholder_scan": ("history_tokens",),
 }
 LAUNCH_RESIDUAL_TERMS = ("num_reqs", "num_tokens")
+OUTLIER_MADS = 5.0  # graph launches this far above the fit (robust sigmas) are one-off uploads
 MIN_CLEAN_STEPS = 20
 GPU_PRESET_NAMES = ("h200", "h100", "a100", "l40s")  # matched in a CUDA device name, in order
 
@@ -206,18 +209,22 @@ def calibrate(
     decode = steps.cols["num_prefill_reqs"] == 0
     gp: dict[str, Any] = {}
     for kind, mask in (("decode", decode), ("mixed", ~decode)):
+        keep = "the base profile's" if kind in (base or {}).get("gpu_pass", {}) else "the roofline"
         have = mask & np.isfinite(gpu_y)
         clean = have & steps.clean
-        rows = clean if clean.sum() >= max(MIN_CLEAN_STEPS, 3 * len(gterms[kind])) else have
-        if not rows.any():
-            notes.append(f"gpu_pass.{kind}: no steps of this kind; keeping the roofline")
+        if not have.any():
+            notes.append(f"gpu_pass.{kind}: no steps of this kind; keeping {keep}")
             continue
-        if rows is have and clean.sum() < have.sum():
+        if clean.sum() < max(MIN_CLEAN_STEPS, 3 * len(gterms[kind])):
+            # the other intervals are paced by an eager launch or the host: fitted as kernels,
+            # they would come back in the sim twice (the sim adds the launch bound itself) and
+            # stay when a switch removes the host work (a graph launch, a shorter phase)
             notes.append(
-                f"gpu_pass.{kind}: only {int(clean.sum())} clean steps; fitted on all "
-                f"{int(have.sum())} (some GPU intervals include launch time)"
+                f"gpu_pass.{kind}: only {int(clean.sum())} of {int(have.sum())} steps hold "
+                f"kernels alone (the rest wait on the launch or the host); keeping {keep}"
             )
-        gp[kind] = fit_target(steps, gpu_y, rows, gterms[kind], "gpu", dterms).model
+            continue
+        gp[kind] = fit_target(steps, gpu_y, clean, gterms[kind], "gpu", dterms).model
     if gp:
         prof["gpu_pass"] = gp
     # CPU phases
@@ -250,20 +257,46 @@ def calibrate(
 
 
 def _fit_launch(steps: Steps) -> tuple[dict[str, float], dict[str, float]]:
+    """`launch.graph_ms` / `eager_ms` and the residual in LAUNCH_RESIDUAL_TERMS, which the sim
+    adds to both kinds. The residual comes from the graph replays when there are any: an eager
+    launch issues every kernel, so its shape dependence is not the residual's (fitted jointly,
+    a mostly-eager run gave its per-request issue cost to the graph launches too); the eager
+    intercept is then the eager steps' mean less the residual. Without graph replays the
+    residual comes from the eager steps, as before. A graph replay's host cost is one
+    cudaGraphLaunch whatever the batch (engine.graphs); its first launch also uploads the graph,
+    so graph launches more than OUTLIER_MADS robust sigmas above the fit are left out of it."""
     y = steps.phase_ms[LAUNCH]
     rows = np.isfinite(y)
     if not rows.any():
         return {}, {}
-    g = steps.graph[rows].astype(np.float64)
-    x = [g, 1.0 - g] + [steps.cols[f][rows] for f in LAUNCH_RESIDUAL_TERMS]
-    res = fit(np.column_stack(x), y[rows])
-    c_graph, c_eager, *resid = res.coef.tolist()
+    g = steps.graph & rows
+    e = rows & ~steps.graph
     prof: dict[str, float] = {}
+    fit_on = g if g.any() else e
+    cols, names = [np.ones(int(fit_on.sum()))], ["intercept"]
+    for f in LAUNCH_RESIDUAL_TERMS:  # a field enters only if it adds information
+        trial = np.column_stack([*cols, steps.cols[f][fit_on]])
+        if numeric_rank(trial) == trial.shape[1]:
+            cols.append(steps.cols[f][fit_on])
+            names.append(f)
+    x, t = np.column_stack(cols), y[fit_on]
+    res = fit(x, t)
+    if g.any():  # the first replay of each captured graph uploads it: one-off, not per step
+        dev = t - x @ res.coef
+        mad = float(np.median(np.abs(dev - np.median(dev))))
+        keep = dev <= np.median(dev) + OUTLIER_MADS * 1.4826 * mad
+        if mad > 0 and keep.sum() >= x.shape[1] and not keep.all():
+            res = fit(x[keep], t[keep])
+    coef = dict(zip(names, res.coef.tolist()))
+    c0 = coef.pop("intercept")
+    resid = {f: c for f, c in coef.items() if c}
     if g.any():
-        prof.update(graph_ms=c_graph, graph_ms_per_node=0.0)
-    if (1 - g).any():
-        prof.update(eager_ms=c_eager, eager_ms_per_kernel=0.0)
-    return prof, {f: c for f, c in zip(LAUNCH_RESIDUAL_TERMS, resid) if c}
+        prof.update(graph_ms=c0, graph_ms_per_node=0.0)
+    if e.any():
+        if g.any():
+            c0 = max(0.0, float(np.mean(y[e] - eval_linear(resid, steps.cols, e))))
+        prof.update(eager_ms=c0, eager_ms_per_kernel=0.0)
+    return prof, resid
 
 
 def _fit_gc(runs: Sequence[Run], default: Mapping[str, list[float]]) -> dict[str, list[float]]:

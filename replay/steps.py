@@ -1,6 +1,6 @@
 """The steps of measured (or predicted) runs as columns for fitting: BatchShape fields, CPU
 phase durations less the GC pauses and sync waits inside them, GPU intervals with the "clean"
-flag (GPU work began after its launch ended, so the interval is kernels only), whether the
+flag (GPU work began after the host had issued it all, so the interval is kernels only), whether the
 launch was a CUDA graph, and which seed terms (sim.cost.terms) were active in each step's run.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from core.config import Config, from_dict
-from core.phases import CPU_PHASES, LAUNCH
+from core.phases import CPU_PHASES, DRAFT, LAUNCH, SAMPLE
 from core.runfmt import Run
 from core.shape import SHAPE_FIELDS
 
@@ -85,11 +85,28 @@ def _run_steps(run: Run, index: int) -> dict[str, np.ndarray]:
     for j, p in enumerate(CPU_PHASES):
         out[f"ms:{p}"] = dur[:, j] * 1e3
     out["gpu_ms"] = (s["gpu_end_s"] - s["gpu_start_s"]) * 1e3
-    launch_end = ends[:, CPU_PHASES.index(LAUNCH)]
-    out["clean"] = np.isfinite(launch_end) & (s["gpu_start_s"] >= launch_end - CLEAN_TOL_S)
+    out["clean"] = _clean(run, s, ends)
     out["graph"] = _graph_steps(run, s)
     out["run"] = np.full(n, index)
     return out
+
+
+def _clean(run: Run, s: dict[str, np.ndarray], ends: np.ndarray) -> np.ndarray:
+    """Steps whose GPU interval holds kernels alone: the GPU began the step after the host had
+    issued the forward (else an eager launch paces the kernels) and, in a measured run, after
+    the host had enqueued the step's last GPU work too. The engine enqueues sampling at the end
+    of `sample` (after seed 3's placeholder scan, for one) and the n-gram GPU proposer in
+    `draft`, and records the step's end event there: a GPU that gets there first waits inside
+    the interval, for host time the sim models as the CPU phase. The sim's passes never wait
+    for those phases (sim.stream), so its runs need only the launch rule."""
+    gpu_start = s["gpu_start_s"]
+    launch_end = ends[:, CPU_PHASES.index(LAUNCH)]
+    clean = np.isfinite(launch_end) & (gpu_start >= launch_end - CLEAN_TOL_S)
+    if (run.summary.get("source") or {}).get("kind") == "sim":
+        return clean
+    last = DRAFT if run_config(run).spec.method == "ngram-gpu" else SAMPLE
+    enqueued = ends[:, CPU_PHASES.index(last)]
+    return clean & np.isfinite(enqueued) & (gpu_start >= enqueued - CLEAN_TOL_S)
 
 
 def _sync_waits(s: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -125,7 +142,9 @@ def _graph_steps(run: Run, s: dict[str, np.ndarray]) -> np.ndarray:
 
         own = load_profile(cfg.profile) if cfg.profile and Path(cfg.profile).is_file() else None
         limit = resolve_profile(own)["launch"]["graph_max_tokens"]
-        return cfg.cuda_graphs & decode & (s["decode_tokens"] <= limit)
+        k = cfg.spec.k if cfg.spec.enabled else 0  # sim.cost.CostModel.graphed
+        uniform = s["draft_tokens"] == k * s["num_reqs"]
+        return cfg.cuda_graphs & decode & (s["decode_tokens"] <= limit) & uniform
     if not cfg.cuda_graphs or cfg.device != "cuda":
         return np.zeros(len(decode), bool)
     # engine.engine._prepare: pure decode with k drafts per request (none without spec), at

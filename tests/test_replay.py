@@ -102,11 +102,11 @@ def synthetic_run(
         rec.phase(k, "launch", t * scale, (t + d) * scale)
         t += d
         gpu_s = _lin(GPU_MIXED if s.num_prefill_reqs else GPU_DECODE, s) * jitter() / 1e3
-        g0 = t
         for ph in ("sample", "draft"):
             d = _lin(phases[ph], s) * jitter() / 1e3
             rec.phase(k, ph, t * scale, (t + d) * scale)
             t += d
+        g0 = t  # the GPU runs the step once the host has issued all of it: kernels alone
         rec.gpu(k, g0 * scale, (g0 + gpu_s) * scale)
         if g0 + gpu_s > t:
             rec.sync(k, t * scale, (g0 + gpu_s) * scale)

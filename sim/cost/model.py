@@ -62,6 +62,10 @@ class CostModel:
         self._graph_launch_ms = la["graph_ms"] + la["graph_ms_per_node"] * nodes
         self._eager_launch_ms = la["eager_ms"] + la["eager_ms_per_kernel"] * nodes
         self._graph_max_tokens = int(la["graph_max_tokens"])
+        # with speculative decoding only uniform verify batches replay a graph (k drafts per
+        # request): the engine captures k + 1 query tokens per row (engine.graphs), as vLLM's
+        # full decode graphs need a uniform query length
+        self._graph_drafts = config.spec.k if config.spec.enabled else 0
 
         # CPU phases: base model + active terms targeting the phase, folded into one function.
         self._phase_fn: dict[str, LinearFn] = {}
@@ -98,9 +102,12 @@ class CostModel:
         return fn(shape)
 
     def graphed(self, shape: BatchShape, cuda_graphs: bool) -> bool:
-        """The forward is one CUDA graph replay (pure decode within the captured sizes)."""
+        """The forward is one CUDA graph replay: pure decode within the captured sizes, every
+        request with k drafts under speculative decoding (a CPU proposer that finds fewer for
+        some request makes the step eager)."""
         graphable = not shape.num_prefill_reqs and shape.decode_tokens <= self._graph_max_tokens
-        return cuda_graphs and graphable
+        uniform = shape.draft_tokens == self._graph_drafts * shape.num_reqs
+        return cuda_graphs and graphable and uniform
 
     def launch_ms(self, shape: BatchShape, cuda_graphs: bool) -> float:
         if self.graphed(shape, cuda_graphs):
