@@ -30,3 +30,5 @@ pred seed12 traces/seed1_backup_tokens.parquet preallocated_backup_tokens,accept
 pred seed5 traces/fidelity/seed5_2s.parquet optimistic_spec_decode $S $SPEC
 pred seed5-8b traces/fidelity/seed5_2s.parquet optimistic_spec_decode --set model=llama3-8b \
   --set num_kv_blocks=20000 $SPEC
+# what reports/ablate.md cites beside the verdicts: host pace per repeat, seed 5's waits, seed 3
+python reports/ablate/diagnose.py "$m" "$out"
