@@ -39,7 +39,6 @@ from core import phases as P
 from core.policy import Entry, ScheduledBatch, Scheduler
 from core.request import Request
 from core.shape import SHAPE_FIELDS, BatchShape
-from sim.stream import gpu_pass
 
 if TYPE_CHECKING:
     from sim.loop import Pass, SimLoop
@@ -87,8 +86,11 @@ class _Shape:
         self.draft_tokens = drafts
 
     def set_row(self, row: tuple[int, ...]) -> None:
-        for name, v in zip(SHAPE_FIELDS, row, strict=True):
-            setattr(self, name, v)
+        (
+            self.num_reqs, self.num_prefill_reqs, self.prefill_tokens, self.decode_tokens,
+            self.draft_tokens, self.kv_read_tokens, self.attn_pairs, self.history_tokens,
+            self.context_tokens, self.new_reqs, self.finished_reqs,
+        ) = row  # fmt: skip  # SHAPE_FIELDS order (asserted above)
         self.num_tokens = self.prefill_tokens + self.decode_tokens
         self.is_pure_decode = self.num_prefill_reqs == 0 and self.num_reqs > 0
 
@@ -107,26 +109,32 @@ class _Probe:
 
 
 class _Costs:
-    """What `SimLoop` computes from a step's shape, as functions: CPU phase seconds (launch
-    with launch_ms), GPU pass and GPU draft seconds, and the phases' net tracked objects."""
+    """What `SimLoop` computes from a step's shape, as functions: the milliseconds of the CPU
+    phases (launch with launch_ms), the GPU pass and the GPU drafter (the loops divide by 1e3 as
+    SimLoop does), the phases' net tracked objects, and whether the forward is one CUDA graph.
+    `fns` take any shape; `decode_fns` only pure decodes (the GPU pass without its dispatch)."""
+
+    NUM_MS = 8  # the first eight give milliseconds
 
     def __init__(self, loop: SimLoop) -> None:
         cost, graphs = loop.cost, loop._graphs
 
-        def phase_s(p: str) -> CostFn:
-            if p == P.LAUNCH:  # SimLoop._phase_time: the launch phase includes launch_ms
-                return lambda s: (cost.cpu_phase_ms(p, s) + cost.launch_ms(s, graphs)) / 1e3
-            return lambda s: cost.cpu_phase_ms(p, s) / 1e3
+        def launch_ms(s: Any) -> float:  # SimLoop._phase_time: launch includes launch_ms
+            return cost.cpu_phase_ms(P.LAUNCH, s) + cost.launch_ms(s, graphs)
 
         def alloc(p: str) -> CostFn:
             return lambda s: cost.alloc_objects(p, s)
 
-        fns: list[CostFn] = [phase_s(p) for p in P.CPU_PHASES]
-        fns.append(lambda s: cost.gpu_pass_ms(s) / 1e3)
-        fns.append(lambda s: cost.draft_gpu_ms(s) / 1e3)
-        fns.extend(alloc(p) for p in P.CPU_PHASES)
-        self.fns = fns
-        self._const: dict[int, list[Any]] = {}
+        def graphed(s: Any) -> bool:
+            return cost.graphed(s, graphs)
+
+        phases: list[CostFn] = [
+            launch_ms if p == P.LAUNCH else cost.phase_ms_fn(p) for p in P.CPU_PHASES
+        ]
+        rest: list[CostFn] = [cost.draft_gpu_ms_fn(), *(alloc(p) for p in P.CPU_PHASES), graphed]
+        self.fns = [*phases, cost.gpu_pass_ms, *rest]
+        self.decode_fns = [*phases, cost.gpu_decode_ms_fn(), *rest]
+        self._const: dict[Any, list[Any]] = {}
 
     def const(self, shape: _Shape, key: Any = None) -> list[Any]:
         """For a decode of shape.num_reqs requests, per function: its value (the same at every
@@ -137,15 +145,19 @@ class _Costs:
         out = self._const.get(key)
         if out is None:
             out = []
-            for fn in self.fns:
+            for i, fn in enumerate(self.decode_fns):
                 probe = _Probe(shape)
                 fn(probe)
-                out.append(None if probe.varying else fn(shape))
+                if probe.varying:
+                    out.append(None)
+                else:
+                    out.append(fn(shape) / 1e3 if i < self.NUM_MS else fn(shape))
             self._const[key] = out
         return out
 
     def all(self, shape: _Shape) -> list[Any]:
-        return [fn(shape) for fn in self.fns]
+        n = self.NUM_MS
+        return [fn(shape) / 1e3 if i < n else fn(shape) for i, fn in enumerate(self.fns)]
 
 
 class _Member:
@@ -320,9 +332,9 @@ class FastForward:
         sh, mx = _Shape(), _Shape()
         sh.set_decode(b)
         const = costs.const(sh)
-        fns = costs.fns
+        fns = costs.decode_fns  # any value they give is taken from `const` for other shapes
         f_sched, f_prep, f_launch, f_sample, f_draft, f_po, f_gpu, f_dgpu = fns[:8]
-        fa_sched, fa_prep, fa_launch, fa_sample, fa_draft, fa_po = fns[8:]
+        fa_sched, fa_prep, fa_launch, fa_sample, fa_draft, fa_po, f_graph = fns[8:]
         # process_outputs of the pass completed in iteration i: old passes, then launch i - nd
         po_s = [loop.cost.cpu_phase_ms(P.PROCESS_OUTPUTS, p.batch.shape) / 1e3 for p in old]
         po_a = [loop.cost.alloc_objects(P.PROCESS_OUTPUTS, p.batch.shape) for p in old]
@@ -330,7 +342,6 @@ class FastForward:
         old_step = [p.step for p in old]
         next_arrival_s = loop.next_arrival_s()
         cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
-        graphed, graphs = loop.cost.graphed, loop.cfg.cuda_graphs
         stop_after = False
         reload = True
         k = 0
@@ -431,7 +442,7 @@ class FastForward:
                 mx.set_row(row)
                 (
                     c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
-                    a_sched, a_prep, a_launch, a_sample, a_draft, a_po,
+                    a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
                 ) = costs.all(mx)  # fmt: skip
                 if changed:
                     sh.set_decode(b)
@@ -446,7 +457,7 @@ class FastForward:
                 if reload:
                     (
                         c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
-                        a_sched, a_prep, a_launch, a_sample, a_draft, a_po,
+                        a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
                     ) = const  # fmt: skip
                     reload = False
                 sh.kv_read_tokens = sh.attn_pairs = kv
@@ -457,7 +468,7 @@ class FastForward:
             # ---- launch_step. The phase blocks below are unrolled on purpose: a helper call per
             # phase costs ~0.3 us, ~30 % of this loop's time on the Azure hour (bench/sim_speed).
             sched0.append(cpu)
-            cpu += c_sched if c_sched is not None else f_sched(cur)
+            cpu += c_sched if c_sched is not None else f_sched(cur) / 1e3
             a = a_sched if a_sched is not None else fa_sched(cur)
             if a > 0:
                 pause = gc_allocate(a)
@@ -465,7 +476,7 @@ class FastForward:
                     pause_at((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
                     cpu += pause
             sched1.append(cpu)
-            cpu += c_prep if c_prep is not None else f_prep(cur)
+            cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
             a = a_prep if a_prep is not None else fa_prep(cur)
             if a > 0:
                 pause = gc_allocate(a)
@@ -474,7 +485,7 @@ class FastForward:
                     cpu += pause
             prep1.append(cpu)
             launch0 = cpu
-            cpu += c_launch if c_launch is not None else f_launch(cur)
+            cpu += c_launch if c_launch is not None else f_launch(cur) / 1e3
             a = a_launch if a_launch is not None else fa_launch(cur)
             if a > 0:
                 pause = gc_allocate(a)
@@ -482,16 +493,22 @@ class FastForward:
                     pause_at((cpu, pause, gc.last_generation, P.LAUNCH, step))
                     cpu += pause
             launch1.append(cpu)
-            start, counts = gpu_pass(
-                launch0, cpu, gpu_free, c_gpu if c_gpu is not None else f_gpu(cur),
-                graphed(cur, graphs),  # type: ignore[arg-type]  # _Shape quacks like one
-            )  # fmt: skip
-            d = c_dgpu if c_dgpu is not None else f_dgpu(cur)
+            # sim.stream.gpu_pass, inlined
+            gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
+            if c_graph if c_graph is not None else f_graph(cur):
+                start = cpu if cpu > gpu_free else gpu_free
+                counts = start + gs
+            else:
+                start = launch0 if launch0 > gpu_free else gpu_free
+                counts = start + gs
+                if cpu > counts:
+                    counts = cpu
+            d = c_dgpu if c_dgpu is not None else f_dgpu(cur) / 1e3
             gpu_free = counts + d if d > 0 else counts
             g_start.append(start)
             g_counts.append(counts)
             g_end.append(gpu_free)
-            cpu += c_sample if c_sample is not None else f_sample(cur)
+            cpu += c_sample if c_sample is not None else f_sample(cur) / 1e3
             a = a_sample if a_sample is not None else fa_sample(cur)
             if a > 0:
                 pause = gc_allocate(a)
@@ -499,7 +516,7 @@ class FastForward:
                     pause_at((cpu, pause, gc.last_generation, P.SAMPLE, step))
                     cpu += pause
             sample1.append(cpu)
-            cpu += c_draft if c_draft is not None else f_draft(cur)
+            cpu += c_draft if c_draft is not None else f_draft(cur) / 1e3
             a = a_draft if a_draft is not None else fa_draft(cur)
             if a > 0:
                 pause = gc_allocate(a)
@@ -507,7 +524,7 @@ class FastForward:
                     pause_at((cpu, pause, gc.last_generation, P.DRAFT, step))
                     cpu += pause
             draft1.append(cpu)
-            po_s.append(c_po if c_po is not None else f_po(cur))
+            po_s.append(c_po if c_po is not None else f_po(cur) / 1e3)
             po_a.append(a_po if a_po is not None else fa_po(cur))
             # ---- complete_step of the oldest pass in flight
             if k < nd:

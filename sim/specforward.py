@@ -40,9 +40,8 @@ import numpy as np
 from core import phases as P
 from core.policy import Entry, ScheduledBatch, Scheduler
 from core.request import Request, Status
-from core.shape import BatchShape
+from core.shape import SHAPE_FIELDS, BatchShape
 from sim.fastforward import MAX_SEGMENT_STEPS, _Costs, _Shape
-from sim.stream import gpu_pass
 
 if TYPE_CHECKING:
     from sim.loop import Pass, SimLoop
@@ -114,12 +113,16 @@ def _times() -> array[float]:
     return array("d")
 
 
+def _ints() -> array[int]:
+    return array("q")
+
+
 @dataclass
 class _Run:
     """What a segment computed: per launch k, and per iteration (the pass completed in it)."""
 
     n: int = 0
-    rows: list[tuple[int, ...]] = field(default_factory=list)  # shape of launch k
+    rows: array[int] = field(default_factory=_ints)  # shape of launch k: SHAPE_FIELDS values
     # batch of launch k: steady members (k drafts each), then individual and admitted entries
     passes: list[tuple[list[_Member], list[Entry]]] = field(default_factory=list)
     sched0: array[float] = field(default_factory=_times)
@@ -137,13 +140,13 @@ class _Run:
     po1: array[float] = field(default_factory=_times)
     accepted: list[int] = field(default_factory=list)  # per iteration: drafts accepted
     emitted: list[int] = field(default_factory=list)  # per iteration: emissions recorded
-    sync_step: list[int] = field(default_factory=list)
-    sync0: list[float] = field(default_factory=list)
-    sync1: list[float] = field(default_factory=list)
+    sync_step: array[int] = field(default_factory=_ints)
+    sync0: array[float] = field(default_factory=_times)
+    sync1: array[float] = field(default_factory=_times)
     pauses: list[tuple[float, float, int, str, int]] = field(default_factory=list)
-    tok_rows: list[int] = field(default_factory=list)  # per emission
-    tok_n: list[int] = field(default_factory=list)
-    tok_acc: list[int] = field(default_factory=list)
+    tok_rows: array[int] = field(default_factory=_ints)  # per emission
+    tok_n: array[int] = field(default_factory=_ints)
+    tok_acc: array[int] = field(default_factory=_ints)
 
 
 class SpecForward:
@@ -202,6 +205,7 @@ class _Segment:
         accept = loop.accept
         self.ids = accept.token_ids
         self.steady_ok = self.ids is None  # with token ids, acceptance reads the Request
+        self.wait_counts = loop._wait_for_counts and nd > 0  # prep waits for the last counts
         self.steady = _Steady()
         self.members: dict[int, _Member] = {}  # by request row
         self.individual: list[_Member] = []  # key order
@@ -385,19 +389,19 @@ class _Segment:
         pause_at = pauses.append
         steady_ok = self.steady_ok
         hints = loop._cpu_ngram and self.ids is not None
-        wait_counts = loop._wait_for_counts and nd > 0
+        wait_counts = self.wait_counts
         cpu_ngram = loop._cpu_ngram
         complete_entry, steady_event, settle = self.complete_entry, self.steady_event, self.settle
         join, set_ev = self._join, self._set_ev
 
         sh, mx = _Shape(), _Shape()
-        fns = costs.fns
+        fns = costs.decode_fns  # any value they give is taken from `const` for other shapes
         f_sched, f_prep, f_launch, f_sample, f_draft, f_po, f_gpu, f_dgpu = fns[:8]
-        fa_sched, fa_prep, fa_launch, fa_sample, fa_draft, fa_po = fns[8:]
+        fa_sched, fa_prep, fa_launch, fa_sample, fa_draft, fa_po, f_graph = fns[8:]
         # process_outputs of the pass completed in iteration i: old passes, then launch i - nd
         po_s = [loop.cost.cpu_phase_ms(P.PROCESS_OUTPUTS, p.batch.shape) / 1e3 for p in old]
         po_a = [loop.cost.alloc_objects(P.PROCESS_OUTPUTS, p.batch.shape) for p in old]
-        done_step = [p.step for p in old]
+        old_step = [p.step for p in old]
         old_end = [p.gpu_end_s for p in old]
         last_counts = old[-1].counts_s if old else 0.0
         for p in old:
@@ -405,7 +409,9 @@ class _Segment:
         no_members: list[_Member] = []
         next_arrival_s = loop.next_arrival_s()
         cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
-        graphed, graphs = loop.cost.graphed, loop.cfg.cuda_graphs
+        no_entries: list[Entry] = []  # never appended to
+        reload = True
+        last_b = last_dec = last_drafts = -1
         stop_after = False
         k = 0
         while k < MAX_SEGMENT_STEPS and not stop_after:
@@ -418,10 +424,12 @@ class _Segment:
             nr = len(running)
             if nr * Kp > max_tokens or blocks.num_free < nr * bpd:
                 break  # the budget could cap drafts, or a request could need preemption
-            needs: list[tuple[int, Request, int, _Member | None]] = []
-            ents: list[Entry] = []
+            needs: list[tuple[int, Request, int, _Member | None]] | None = None
+            ents = no_entries  # shared while empty: a pass's own list once it has one
             dec = drafts = kv = pairs = hist = ctx = 0
             if self.individual:
+                needs = []
+                ents = []
                 keep = []
                 for m in self.individual:
                     r = m.req
@@ -474,15 +482,24 @@ class _Segment:
             b_s = len(st.members)
             if not b_s and not ents:
                 break  # nothing to decode (nothing changed): the normal path
-            if grow_next:
+            # allocations in running order, as schedule() makes them; they fit: num_free >=
+            # nr * blocks_per_decode. A steady member's next block moves its `ev`.
+            if grow_next and not needs and len(grow_next) == 1:
+                m = grow_next.pop()
+                r = m.req
+                allocate(r, m.prompt + m.out + ph_s + K)
+                ev = len(r.block_ids) * bs - m.prompt - ph_s - K
+                m.ev = (m.tail if m.tail < ev else ev) + 1
+            elif grow_next or needs:
+                if needs is None:
+                    needs = []
                 for m in grow_next:
                     needs.append((m.key, m.req, m.prompt + m.out + ph_s + K, m))
                 grow_next.clear()
-            if needs:  # allocations in running order, as schedule() makes them
                 if len(needs) > 1:
                     needs.sort(key=_first)
                 for _, r, total, mm in needs:
-                    allocate(r, total)  # fits: num_free >= nr * blocks_per_decode
+                    allocate(r, total)
                     if mm is not None:
                         set_ev(mm)
             if b_s:
@@ -498,8 +515,9 @@ class _Segment:
                 snap = no_members
             b = b_s + len(ents)
             budget = max_tokens - dec
-            admitted: list[Entry] = []
+            admitted = no_entries
             if waiting and budget > 0 and len(running) < max_seqs:
+                admitted = []
                 sched._admit(admitted, budget)
             if admitted:
                 pf = Scheduler._shape(admitted)  # before their launch, as schedule() takes it
@@ -508,7 +526,7 @@ class _Segment:
                     join(e.req)
                     if not e.generates:
                         stop_after = True  # a partial prompt chunk: the normal path goes on
-                ents.extend(admitted)
+                ents = ents + admitted
                 row = (
                     b + len(admitted), pf.num_prefill_reqs, pf.prefill_tokens,
                     dec + pf.decode_tokens, drafts + pf.draft_tokens, kv + pf.kv_read_tokens,
@@ -518,28 +536,31 @@ class _Segment:
                 mx.set_row(row)
                 (
                     c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
-                    a_sched, a_prep, a_launch, a_sample, a_draft, a_po,
+                    a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
                 ) = costs.all(mx)  # fmt: skip
                 cur = mx
+                reload = True  # the next verify step takes its constants again
             else:
                 row = (b, 0, 0, dec, drafts, kv, pairs, hist, ctx, 0, 0)
-                sh.set_verify(b, dec, drafts)
-                (
-                    c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
-                    a_sched, a_prep, a_launch, a_sample, a_draft, a_po,
-                ) = costs.const(sh, (b, dec, drafts))  # fmt: skip
+                if reload or b != last_b or dec != last_dec or drafts != last_drafts:
+                    sh.set_verify(b, dec, drafts)
+                    (
+                        c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
+                        a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
+                    ) = costs.const(sh, (b, dec, drafts))  # fmt: skip
+                    last_b, last_dec, last_drafts = b, dec, drafts
+                    reload = False
                 sh.kv_read_tokens = kv
                 sh.attn_pairs = pairs
                 sh.history_tokens = hist
                 sh.context_tokens = ctx
                 cur = sh
-            sched.num_steps += 1
-            rows.append(row)
+            rows.extend(row)
             passes.append((snap, ents))
             step = s0 + k
             # ---- launch_step: CPU phases, the GPU pass
             sched0.append(cpu)
-            cpu += c_sched if c_sched is not None else f_sched(cur)
+            cpu += c_sched if c_sched is not None else f_sched(cur) / 1e3
             a = a_sched if a_sched is not None else fa_sched(cur)
             if a > 0:
                 pause = gc_allocate(a)
@@ -554,8 +575,9 @@ class _Segment:
                     sync0.append(cpu)
                     sync1.append(t)
                     cpu = t
-            prep0.append(cpu)
-            cpu += c_prep if c_prep is not None else f_prep(cur)
+            if wait_counts:
+                prep0.append(cpu)
+            cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
             a = a_prep if a_prep is not None else fa_prep(cur)
             if a > 0:
                 pause = gc_allocate(a)
@@ -564,7 +586,7 @@ class _Segment:
                     cpu += pause
             prep1.append(cpu)
             launch0 = cpu
-            cpu += c_launch if c_launch is not None else f_launch(cur)
+            cpu += c_launch if c_launch is not None else f_launch(cur) / 1e3
             a = a_launch if a_launch is not None else fa_launch(cur)
             if a > 0:
                 pause = gc_allocate(a)
@@ -572,16 +594,22 @@ class _Segment:
                     pause_at((cpu, pause, gc.last_generation, P.LAUNCH, step))
                     cpu += pause
             launch1.append(cpu)
-            start, counts = gpu_pass(
-                launch0, cpu, gpu_free, c_gpu if c_gpu is not None else f_gpu(cur),
-                graphed(cur, graphs),  # type: ignore[arg-type]  # _Shape quacks like one
-            )  # fmt: skip
-            dg = c_dgpu if c_dgpu is not None else f_dgpu(cur)
+            # sim.stream.gpu_pass, inlined
+            gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
+            if c_graph if c_graph is not None else f_graph(cur):
+                start = cpu if cpu > gpu_free else gpu_free
+                counts = start + gs
+            else:
+                start = launch0 if launch0 > gpu_free else gpu_free
+                counts = start + gs
+                if cpu > counts:
+                    counts = cpu
+            dg = c_dgpu if c_dgpu is not None else f_dgpu(cur) / 1e3
             gpu_free = counts + dg if dg > 0 else counts
             g_start.append(start)
             g_counts.append(counts)
             g_end.append(gpu_free)
-            cpu += c_sample if c_sample is not None else f_sample(cur)
+            cpu += c_sample if c_sample is not None else f_sample(cur) / 1e3
             a = a_sample if a_sample is not None else fa_sample(cur)
             if a > 0:
                 pause = gc_allocate(a)
@@ -594,8 +622,9 @@ class _Segment:
                 sync0.append(cpu)
                 sync1.append(gpu_free)
                 cpu = gpu_free
-            draft0.append(cpu)
-            cpu += c_draft if c_draft is not None else f_draft(cur)
+            if cpu_ngram:
+                draft0.append(cpu)
+            cpu += c_draft if c_draft is not None else f_draft(cur) / 1e3
             a = a_draft if a_draft is not None else fa_draft(cur)
             if a > 0:
                 pause = gc_allocate(a)
@@ -603,13 +632,12 @@ class _Segment:
                     pause_at((cpu, pause, gc.last_generation, P.DRAFT, step))
                     cpu += pause
             draft1.append(cpu)
-            po_s.append(c_po if c_po is not None else f_po(cur))
+            po_s.append(c_po if c_po is not None else f_po(cur) / 1e3)
             po_a.append(a_po if a_po is not None else fa_po(cur))
-            done_step.append(step)
             # ---- complete_step of the oldest pass in flight
             t = old_end[k] if k < nd else g_end[k - nd]
             if t > cpu:
-                sync_step.append(done_step[k])
+                sync_step.append(old_step[k] if k < nd else step - nd)
                 sync0.append(cpu)
                 sync1.append(t)
                 cpu = t
@@ -638,16 +666,18 @@ class _Segment:
                 snap, ents = passes[k - nd]
                 passes[k - nd] = (no_members, ents)  # completed: its members are not needed
                 d_out = d_out_h = 0
+                emitted = len(snap)  # one emission each, but for those no longer steady
                 for m in snap:
-                    if m.steady:  # the hot path: k drafts, out below ev
+                    if m.steady:  # the hot path: k drafts, and out stays at most `tail`
                         a = 0
                         draw, rate = m.draw, m.rate
                         while a < K and draw() < rate:  # type: ignore[misc]
                             a += 1
                         accepted += a
-                        emitted += 1
                         o = m.out + 1 + a
-                        if o < m.ev:
+                        if o < m.ev or o <= m.tail:
+                            if o >= m.ev:  # the next launch writes past its blocks
+                                grow_next.append(m)
                             m.out = o
                             m.acc += a
                             d_out += 1 + a
@@ -661,7 +691,7 @@ class _Segment:
                     else:  # left the fast path after this launch
                         x, y = self.complete_general(m.req, K, True, cpu)
                         accepted += x
-                        emitted += y
+                        emitted += y - 1
                 st.out += d_out
                 st.out_h += d_out_h
                 for e in ents:
@@ -676,6 +706,7 @@ class _Segment:
             emitted_per_it.append(emitted)
             k += 1
         run.n = k
+        sched.num_steps += k
         loop.cpu_s, loop.gpu_free_s = cpu, gpu_free
         return run
 
@@ -685,13 +716,13 @@ class _Segment:
         rec = loop.rec
         n, nd = run.n, self.nd
         s0 = rec.add_steps(
-            np.array(run.rows, dtype=np.int64).reshape(n, -1),
+            np.frombuffer(run.rows, np.int64).reshape(n, len(SHAPE_FIELDS)),
             {
                 P.SCHEDULE: (run.sched0, run.sched1),
-                P.PREPARE_INPUTS: (run.prep0, run.prep1),
+                P.PREPARE_INPUTS: (run.prep0 if self.wait_counts else run.sched1, run.prep1),
                 P.LAUNCH: (run.prep1, run.launch1),
                 P.SAMPLE: (run.launch1, run.sample1),
-                P.DRAFT: (run.draft0, run.draft1),
+                P.DRAFT: (run.draft0 if loop._cpu_ngram else run.sample1, run.draft1),
             },
         )
         po0, po1 = run.po0, run.po1
@@ -710,7 +741,10 @@ class _Segment:
         for start_s, dur_s, gen, phase, step in run.pauses:
             rec.gc_pause(start_s, dur_s, gen, phase, step)
         times = np.repeat(np.frombuffer(po1, np.float64)[:n], run.emitted)
-        rec.tokens_many(run.tok_rows, times, run.tok_n, run.tok_acc)
+        rec.tokens_many(
+            np.frombuffer(run.tok_rows, np.int64), times,
+            np.frombuffer(run.tok_n, np.int64), np.frombuffer(run.tok_acc, np.int64),
+        )  # fmt: skip
         if loop.progress is not None:
             loop.progress(s0 + done - 1 if done > 0 else old[n - 1].step)
 
@@ -743,7 +777,8 @@ class _Segment:
                 entries.append(Entry(r, m.prompt + out_k + self.ph - 1, K + 1, K, True, False))
             if snap:
                 entries.sort(key=lambda e: members[e.req.index].key)
-            batch = ScheduledBatch(first + k, entries, BatchShape(*run.rows[k]))
+            w = len(SHAPE_FIELDS)
+            batch = ScheduledBatch(first + k, entries, BatchShape(*run.rows[k * w : (k + 1) * w]))
             g0, gc_, g1 = run.gpu_start[k], run.gpu_counts[k], run.gpu_end[k]
             inflight.append(Pass(batch, s0 + k, run.launch1[k], g0, gc_, g1))
         loop.inflight = deque(sorted(inflight, key=lambda p: p.step))

@@ -244,10 +244,10 @@ class RunRecorder:
 
     def tokens_many(
         self,
-        reqs: Sequence[int],
+        reqs: Sequence[int] | np.ndarray,
         times_s: Sequence[float] | np.ndarray,
-        ns: Sequence[int],
-        accepted: Sequence[int],
+        ns: Sequence[int] | np.ndarray,
+        accepted: Sequence[int] | np.ndarray,
     ) -> None:
         """`tokens(reqs[i], times_s[i], ns[i], accepted[i])` for every i, in order (each
         request's emissions in time order), vectorized: the same per-request columns and the

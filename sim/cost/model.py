@@ -117,6 +117,19 @@ class CostModel:
     def d2h_sync_ms(self, shape: BatchShape) -> float:
         return self._sync(shape)
 
+    # ---- the same, as plain functions (the fast-forward's loops call them per step) ---------
+    def phase_ms_fn(self, phase: str) -> LinearFn:
+        """`cpu_phase_ms(phase, ·)` without the dispatch."""
+        return self._phase_fn[phase]
+
+    def gpu_decode_ms_fn(self) -> LinearFn:
+        """`gpu_pass_ms` for shapes without a prefill request, without the dispatch."""
+        return self._gpu_decode
+
+    def draft_gpu_ms_fn(self) -> LinearFn:
+        """`draft_gpu_ms` without the dispatch."""
+        return self._draft_gpu
+
     # ---- GC ----------------------------------------------------------------------------------
     def alloc_objects(self, phase: str, shape: BatchShape) -> int:
         try:
