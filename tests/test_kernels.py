@@ -708,6 +708,7 @@ def _check_greedy_sample(rows: int, vocab: int, device: str, dtype: torch.dtype)
     logits[0, 5] = logits[0, vocab - 3] = logits[0].max() + 1  # a tie: the lower index wins
     if rows > 2:
         logits[2, 4096 * (vocab // 4096) - 1] = 100.0  # the max at a chunk's last element
+        logits[3, [vocab - 2, 4100, 4099]] = float("nan")  # NaN is the max: the first NaN
     forced = torch.full((rows,), -1, dtype=torch.int32)
     forced[1::3] = torch.arange(len(forced[1::3]), dtype=torch.int32) + 7
     slots = torch.randperm(rows, generator=gen).to(torch.int32)

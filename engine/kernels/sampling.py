@@ -9,8 +9,8 @@
   means "last token of slot s"): one launch instead of five.
 
 Ties: the lowest index of the maximum, as torch.argmax (chunks cover increasing indices, and the
-merge takes the lowest index among the chunks that hold the maximum). NaN logits are not
-expected (a NaN row gives an arbitrary index, torch would return the NaN's).
+merge takes the lowest index among the chunks that hold the maximum). NaN counts as the maximum,
+as in torch.argmax: the first NaN's index, so the token is always a valid id.
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ def _chunk_max_kernel(
     x = x.to(tl.float32)
     m = tl.max(x, 0)
     i = tl.min(tl.where(x == m, offs, 2147483647), 0)
-    tl.store(part_max_ptr + row * NUM_CHUNKS + chunk, m)
-    tl.store(part_idx_ptr + row * NUM_CHUNKS + chunk, i)
+    nan_i = tl.min(tl.where(x != x, offs, 2147483647), 0)  # NaN is the max, as in torch
+    has_nan = nan_i < 2147483647
+    tl.store(part_max_ptr + row * NUM_CHUNKS + chunk, tl.where(has_nan, float("nan"), m))
+    tl.store(part_idx_ptr + row * NUM_CHUNKS + chunk, tl.where(has_nan, nan_i, i))
 
 
 @triton.jit
@@ -74,6 +76,8 @@ def _merge_kernel(
     i = tl.load(part_idx_ptr + row * NUM_CHUNKS + c, mask=mask, other=2147483647)
     best = tl.max(m, 0)
     tok = tl.min(tl.where(m == best, i, 2147483647), 0)
+    nan_tok = tl.min(tl.where(m != m, i, 2147483647), 0)  # a NaN chunk wins (lowest index)
+    tok = tl.where(nan_tok < 2147483647, nan_tok, tok)
     tok = tl.where(forced >= 0, forced, tok)
     tl.store(out_ptr + row, tok)
     tl.store(last_ptr + slot, tok)
