@@ -59,7 +59,7 @@ def _replica_entry(rec: Recording, rows: np.ndarray, causes: bool) -> dict[str, 
     busy_plus_bubble = bub.busy_s + bub.bubble_s
     by_cause = None
     if causes and bub.bubble_s > CAUSES_MIN_FRACTION * busy_plus_bubble:
-        by_cause = account_bubbles(mine).by_cause
+        by_cause = account_bubbles(mine, pieces_until_s=-math.inf).by_cause  # no timeline
     return {
         "requests": int(rows.size),
         "output_tokens": int(mine.output_tokens.sum()),
@@ -91,7 +91,8 @@ def fleet_summary(
     gaps = out - 1
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(gaps > 0, (last - first) / np.maximum(gaps, 1), np.nan)
-    itl = dict(merged_itl_quantiles(recorders))
+    # one replica: its recording's quantiles are the merged ones (computed the same way)
+    itl = dict(frozen[0].itl_quantiles if len(frozen) == 1 else merged_itl_quantiles(recorders))
     itl_count = int(np.maximum(gaps, 0).sum())
     itl["mean"] = (
         float(np.nansum(np.where(gaps > 0, last - first, 0))) / itl_count if itl_count else None
