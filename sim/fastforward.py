@@ -160,6 +160,19 @@ class _Costs:
         return [fn(shape) / 1e3 if i < n else fn(shape) for i, fn in enumerate(self.fns)]
 
 
+def quick_costs(v: list[Any]) -> bool:
+    """Whether a step's costs (`_Costs` order) fit the loops' quick block: the CPU phases but
+    prepare_inputs, the draft pass and the graph decision constant, and no GC allocation
+    before process_outputs (so no pause there)."""
+    (
+        c_sched, _, c_launch, c_sample, c_draft, c_po, _, c_dgpu,
+        a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
+    ) = v  # fmt: skip
+    consts = (c_sched, c_launch, c_sample, c_draft, c_po, c_dgpu, c_graph, a_po)
+    allocs = (a_sched, a_prep, a_launch, a_sample, a_draft)  # None: it varies
+    return all(x is not None for x in consts) and all(a == 0 for a in allocs)
+
+
 class _Member:
     """A request decoding in the segment. Launch k (j1 <= k < end) decodes it at position
     cr + k with out + placeholders = hr + k; its confirmed outputs before launch k are a + k
@@ -186,6 +199,10 @@ def _times() -> array[float]:
     return array("d")
 
 
+def _ints() -> array[int]:
+    return array("q")
+
+
 @dataclass
 class _Run:
     """What a segment computed: per launch k, and per iteration (the pass completed in it)."""
@@ -205,9 +222,9 @@ class _Run:
     gpu_end: array[float] = field(default_factory=_times)
     po0: array[float] = field(default_factory=_times)  # per iteration
     po1: array[float] = field(default_factory=_times)
-    sync_step: list[int] = field(default_factory=list)
-    sync0: list[float] = field(default_factory=list)
-    sync1: list[float] = field(default_factory=list)
+    sync_step: array[int] = field(default_factory=_ints)
+    sync0: array[float] = field(default_factory=_times)
+    sync1: array[float] = field(default_factory=_times)
     pauses: list[tuple[float, float, int, str, int]] = field(default_factory=list)
     members: list[_Member] = field(default_factory=list)
     admitted: dict[int, list[Entry]] = field(default_factory=dict)  # launch -> prompt entries
@@ -288,6 +305,7 @@ class FastForward:
         blocks = sched.blocks
         running, waiting = sched.running, sched.waiting
         gc_allocate = gc.allocate
+        gc_on, gc_t0 = gc.enabled, gc.t0
         bs, max_tokens, max_seqs = self.block_size, self.max_tokens, self.max_seqs
         nd = len(old)  # completed in iterations 0 .. nd - 1, before any launched pass
         s0 = rec.num_steps
@@ -443,7 +461,8 @@ class FastForward:
                 (
                     c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
                     a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
-                ) = costs.all(mx)  # fmt: skip
+                ) = vals = costs.all(mx)  # fmt: skip
+                quick = quick_costs(vals)
                 if changed:
                     sh.set_decode(b)
                     const = costs.const(sh)
@@ -459,6 +478,7 @@ class FastForward:
                         c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
                         a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
                     ) = const  # fmt: skip
+                    quick = quick_costs(const)
                     reload = False
                 sh.kv_read_tokens = sh.attn_pairs = kv
                 sh.history_tokens = hist
@@ -467,65 +487,94 @@ class FastForward:
             step = s0 + k
             # ---- launch_step. The phase blocks below are unrolled on purpose: a helper call per
             # phase costs ~0.3 us, ~30 % of this loop's time on the Azure hour (bench/sim_speed).
-            sched0.append(cpu)
-            cpu += c_sched if c_sched is not None else f_sched(cur) / 1e3
-            a = a_sched if a_sched is not None else fa_sched(cur)
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:  # before add_step: the pause counts on the previous step
-                    pause_at((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
-                    cpu += pause
-            sched1.append(cpu)
-            cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
-            a = a_prep if a_prep is not None else fa_prep(cur)
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:
-                    pause_at((cpu, pause, gc.last_generation, P.PREPARE_INPUTS, step))
-                    cpu += pause
-            prep1.append(cpu)
-            launch0 = cpu
-            cpu += c_launch if c_launch is not None else f_launch(cur) / 1e3
-            a = a_launch if a_launch is not None else fa_launch(cur)
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:
-                    pause_at((cpu, pause, gc.last_generation, P.LAUNCH, step))
-                    cpu += pause
-            launch1.append(cpu)
-            # sim.stream.gpu_pass, inlined
-            gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
-            if c_graph if c_graph is not None else f_graph(cur):
-                start = cpu if cpu > gpu_free else gpu_free
-                counts = start + gs
-            else:
-                start = launch0 if launch0 > gpu_free else gpu_free
-                counts = start + gs
-                if cpu > counts:
-                    counts = cpu
-            d = c_dgpu if c_dgpu is not None else f_dgpu(cur) / 1e3
-            gpu_free = counts + d if d > 0 else counts
-            g_start.append(start)
-            g_counts.append(counts)
-            g_end.append(gpu_free)
-            cpu += c_sample if c_sample is not None else f_sample(cur) / 1e3
-            a = a_sample if a_sample is not None else fa_sample(cur)
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:
-                    pause_at((cpu, pause, gc.last_generation, P.SAMPLE, step))
-                    cpu += pause
-            sample1.append(cpu)
-            cpu += c_draft if c_draft is not None else f_draft(cur) / 1e3
-            a = a_draft if a_draft is not None else fa_draft(cur)
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:
-                    pause_at((cpu, pause, gc.last_generation, P.DRAFT, step))
-                    cpu += pause
-            draft1.append(cpu)
-            po_s.append(c_po if c_po is not None else f_po(cur) / 1e3)
-            po_a.append(a_po if a_po is not None else fa_po(cur))
+            if quick:  # the common case: only prep and the GPU pass vary, no GC in between
+                sched0.append(cpu)
+                cpu += c_sched
+                sched1.append(cpu)
+                cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
+                prep1.append(cpu)
+                launch0 = cpu
+                cpu += c_launch
+                launch1.append(cpu)
+                gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
+                if c_graph:
+                    start = cpu if cpu > gpu_free else gpu_free
+                    counts = start + gs
+                else:
+                    start = launch0 if launch0 > gpu_free else gpu_free
+                    counts = start + gs
+                    if cpu > counts:
+                        counts = cpu
+                gpu_free = counts + c_dgpu if c_dgpu > 0 else counts
+                g_start.append(start)
+                g_counts.append(counts)
+                g_end.append(gpu_free)
+                cpu += c_sample
+                sample1.append(cpu)
+                cpu += c_draft
+                draft1.append(cpu)
+                po_s.append(c_po)
+                po_a.append(a_po)
+            else:  # the same, for any cost profile
+                sched0.append(cpu)
+                cpu += c_sched if c_sched is not None else f_sched(cur) / 1e3
+                a = a_sched if a_sched is not None else fa_sched(cur)
+                if a > 0:
+                    pause = gc_allocate(a)
+                    if pause:  # before add_step: the pause counts on the previous step
+                        pause_at((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
+                        cpu += pause
+                sched1.append(cpu)
+                cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
+                a = a_prep if a_prep is not None else fa_prep(cur)
+                if a > 0:
+                    pause = gc_allocate(a)
+                    if pause:
+                        pause_at((cpu, pause, gc.last_generation, P.PREPARE_INPUTS, step))
+                        cpu += pause
+                prep1.append(cpu)
+                launch0 = cpu
+                cpu += c_launch if c_launch is not None else f_launch(cur) / 1e3
+                a = a_launch if a_launch is not None else fa_launch(cur)
+                if a > 0:
+                    pause = gc_allocate(a)
+                    if pause:
+                        pause_at((cpu, pause, gc.last_generation, P.LAUNCH, step))
+                        cpu += pause
+                launch1.append(cpu)
+                # sim.stream.gpu_pass, inlined
+                gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
+                if c_graph if c_graph is not None else f_graph(cur):
+                    start = cpu if cpu > gpu_free else gpu_free
+                    counts = start + gs
+                else:
+                    start = launch0 if launch0 > gpu_free else gpu_free
+                    counts = start + gs
+                    if cpu > counts:
+                        counts = cpu
+                d = c_dgpu if c_dgpu is not None else f_dgpu(cur) / 1e3
+                gpu_free = counts + d if d > 0 else counts
+                g_start.append(start)
+                g_counts.append(counts)
+                g_end.append(gpu_free)
+                cpu += c_sample if c_sample is not None else f_sample(cur) / 1e3
+                a = a_sample if a_sample is not None else fa_sample(cur)
+                if a > 0:
+                    pause = gc_allocate(a)
+                    if pause:
+                        pause_at((cpu, pause, gc.last_generation, P.SAMPLE, step))
+                        cpu += pause
+                sample1.append(cpu)
+                cpu += c_draft if c_draft is not None else f_draft(cur) / 1e3
+                a = a_draft if a_draft is not None else fa_draft(cur)
+                if a > 0:
+                    pause = gc_allocate(a)
+                    if pause:
+                        pause_at((cpu, pause, gc.last_generation, P.DRAFT, step))
+                        cpu += pause
+                draft1.append(cpu)
+                po_s.append(c_po if c_po is not None else f_po(cur) / 1e3)
+                po_a.append(a_po if a_po is not None else fa_po(cur))
             # ---- complete_step of the oldest pass in flight
             if k < nd:
                 t = old_end[k]
@@ -543,11 +592,14 @@ class FastForward:
             po0.append(cpu)
             cpu += po_s[k]
             a = po_a[k]
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:
-                    pause_at((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step))
-                    cpu += pause
+            if a > 0 and gc_on:
+                if gc.count0 + a <= gc_t0:  # GCModel.allocate without a collection, inlined
+                    gc.count0 += a
+                else:
+                    pause = gc_allocate(a)
+                    if pause:
+                        pause_at((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step))
+                        cpu += pause
             po1.append(cpu)
             chunks = chunk_done.pop(k, None)
             if chunks is not None:

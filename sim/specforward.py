@@ -41,7 +41,7 @@ from core import phases as P
 from core.policy import Entry, ScheduledBatch, Scheduler
 from core.request import Request, Status
 from core.shape import SHAPE_FIELDS, BatchShape
-from sim.fastforward import MAX_SEGMENT_STEPS, _Costs, _Shape
+from sim.fastforward import MAX_SEGMENT_STEPS, _Costs, _Shape, quick_costs
 
 if TYPE_CHECKING:
     from sim.loop import Pass, SimLoop
@@ -371,6 +371,7 @@ class _Segment:
         allocate = blocks.allocate
         running, waiting = sched.running, sched.waiting
         gc_allocate = gc.allocate
+        gc_on, gc_t0 = gc.enabled, gc.t0
         K, max_len, max_tokens = ff.k, ff.max_len, ff.max_tokens
         max_seqs, bs, bpd = ff.max_seqs, ff.block_size, ff.blocks_per_decode
         Kp = K + 1
@@ -537,7 +538,8 @@ class _Segment:
                 (
                     c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
                     a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
-                ) = costs.all(mx)  # fmt: skip
+                ) = vals = costs.all(mx)  # fmt: skip
+                quick = quick_costs(vals)
                 cur = mx
                 reload = True  # the next verify step takes its constants again
             else:
@@ -547,7 +549,8 @@ class _Segment:
                     (
                         c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
                         a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
-                    ) = costs.const(sh, (b, dec, drafts))  # fmt: skip
+                    ) = vals = costs.const(sh, (b, dec, drafts))  # fmt: skip
+                    quick = quick_costs(vals)
                     last_b, last_dec, last_drafts = b, dec, drafts
                     reload = False
                 sh.kv_read_tokens = kv
@@ -559,81 +562,125 @@ class _Segment:
             passes.append((snap, ents))
             step = s0 + k
             # ---- launch_step: CPU phases, the GPU pass
-            sched0.append(cpu)
-            cpu += c_sched if c_sched is not None else f_sched(cur) / 1e3
-            a = a_sched if a_sched is not None else fa_sched(cur)
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:  # before add_step: the pause counts on the previous step
-                    pause_at((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
-                    cpu += pause
-            sched1.append(cpu)
-            if wait_counts:  # spec decoding before PR 32951: prep waits for the last counts
-                t = g_counts[k - 1] if k else last_counts
-                if t > cpu:
+            if quick:  # the common case: only prep and the GPU pass vary, no GC in between
+                sched0.append(cpu)
+                cpu += c_sched
+                sched1.append(cpu)
+                if wait_counts:  # spec decoding before PR 32951: prep waits for the last counts
+                    t = g_counts[k - 1] if k else last_counts
+                    if t > cpu:
+                        sync_step.append(step)
+                        sync0.append(cpu)
+                        sync1.append(t)
+                        cpu = t
+                    prep0.append(cpu)
+                cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
+                prep1.append(cpu)
+                launch0 = cpu
+                cpu += c_launch
+                launch1.append(cpu)
+                gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
+                if c_graph:
+                    start = cpu if cpu > gpu_free else gpu_free
+                    counts = start + gs
+                else:
+                    start = launch0 if launch0 > gpu_free else gpu_free
+                    counts = start + gs
+                    if cpu > counts:
+                        counts = cpu
+                gpu_free = counts + c_dgpu if c_dgpu > 0 else counts
+                g_start.append(start)
+                g_counts.append(counts)
+                g_end.append(gpu_free)
+                cpu += c_sample
+                sample1.append(cpu)
+                if cpu_ngram:
+                    if gpu_free > cpu:  # the CPU proposer needs the sampled tokens
+                        sync_step.append(step)
+                        sync0.append(cpu)
+                        sync1.append(gpu_free)
+                        cpu = gpu_free
+                    draft0.append(cpu)
+                cpu += c_draft
+                draft1.append(cpu)
+                po_s.append(c_po)
+                po_a.append(a_po)
+            else:  # the same, for any cost profile
+                sched0.append(cpu)
+                cpu += c_sched if c_sched is not None else f_sched(cur) / 1e3
+                a = a_sched if a_sched is not None else fa_sched(cur)
+                if a > 0:
+                    pause = gc_allocate(a)
+                    if pause:  # before add_step: the pause counts on the previous step
+                        pause_at((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
+                        cpu += pause
+                sched1.append(cpu)
+                if wait_counts:  # spec decoding before PR 32951: prep waits for the last counts
+                    t = g_counts[k - 1] if k else last_counts
+                    if t > cpu:
+                        sync_step.append(step)
+                        sync0.append(cpu)
+                        sync1.append(t)
+                        cpu = t
+                if wait_counts:
+                    prep0.append(cpu)
+                cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
+                a = a_prep if a_prep is not None else fa_prep(cur)
+                if a > 0:
+                    pause = gc_allocate(a)
+                    if pause:
+                        pause_at((cpu, pause, gc.last_generation, P.PREPARE_INPUTS, step))
+                        cpu += pause
+                prep1.append(cpu)
+                launch0 = cpu
+                cpu += c_launch if c_launch is not None else f_launch(cur) / 1e3
+                a = a_launch if a_launch is not None else fa_launch(cur)
+                if a > 0:
+                    pause = gc_allocate(a)
+                    if pause:
+                        pause_at((cpu, pause, gc.last_generation, P.LAUNCH, step))
+                        cpu += pause
+                launch1.append(cpu)
+                # sim.stream.gpu_pass, inlined
+                gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
+                if c_graph if c_graph is not None else f_graph(cur):
+                    start = cpu if cpu > gpu_free else gpu_free
+                    counts = start + gs
+                else:
+                    start = launch0 if launch0 > gpu_free else gpu_free
+                    counts = start + gs
+                    if cpu > counts:
+                        counts = cpu
+                dg = c_dgpu if c_dgpu is not None else f_dgpu(cur) / 1e3
+                gpu_free = counts + dg if dg > 0 else counts
+                g_start.append(start)
+                g_counts.append(counts)
+                g_end.append(gpu_free)
+                cpu += c_sample if c_sample is not None else f_sample(cur) / 1e3
+                a = a_sample if a_sample is not None else fa_sample(cur)
+                if a > 0:
+                    pause = gc_allocate(a)
+                    if pause:
+                        pause_at((cpu, pause, gc.last_generation, P.SAMPLE, step))
+                        cpu += pause
+                sample1.append(cpu)
+                if cpu_ngram and gpu_free > cpu:  # the CPU proposer needs the sampled tokens
                     sync_step.append(step)
                     sync0.append(cpu)
-                    sync1.append(t)
-                    cpu = t
-            if wait_counts:
-                prep0.append(cpu)
-            cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
-            a = a_prep if a_prep is not None else fa_prep(cur)
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:
-                    pause_at((cpu, pause, gc.last_generation, P.PREPARE_INPUTS, step))
-                    cpu += pause
-            prep1.append(cpu)
-            launch0 = cpu
-            cpu += c_launch if c_launch is not None else f_launch(cur) / 1e3
-            a = a_launch if a_launch is not None else fa_launch(cur)
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:
-                    pause_at((cpu, pause, gc.last_generation, P.LAUNCH, step))
-                    cpu += pause
-            launch1.append(cpu)
-            # sim.stream.gpu_pass, inlined
-            gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
-            if c_graph if c_graph is not None else f_graph(cur):
-                start = cpu if cpu > gpu_free else gpu_free
-                counts = start + gs
-            else:
-                start = launch0 if launch0 > gpu_free else gpu_free
-                counts = start + gs
-                if cpu > counts:
-                    counts = cpu
-            dg = c_dgpu if c_dgpu is not None else f_dgpu(cur) / 1e3
-            gpu_free = counts + dg if dg > 0 else counts
-            g_start.append(start)
-            g_counts.append(counts)
-            g_end.append(gpu_free)
-            cpu += c_sample if c_sample is not None else f_sample(cur) / 1e3
-            a = a_sample if a_sample is not None else fa_sample(cur)
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:
-                    pause_at((cpu, pause, gc.last_generation, P.SAMPLE, step))
-                    cpu += pause
-            sample1.append(cpu)
-            if cpu_ngram and gpu_free > cpu:  # the CPU proposer needs the sampled tokens
-                sync_step.append(step)
-                sync0.append(cpu)
-                sync1.append(gpu_free)
-                cpu = gpu_free
-            if cpu_ngram:
-                draft0.append(cpu)
-            cpu += c_draft if c_draft is not None else f_draft(cur) / 1e3
-            a = a_draft if a_draft is not None else fa_draft(cur)
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:
-                    pause_at((cpu, pause, gc.last_generation, P.DRAFT, step))
-                    cpu += pause
-            draft1.append(cpu)
-            po_s.append(c_po if c_po is not None else f_po(cur) / 1e3)
-            po_a.append(a_po if a_po is not None else fa_po(cur))
+                    sync1.append(gpu_free)
+                    cpu = gpu_free
+                if cpu_ngram:
+                    draft0.append(cpu)
+                cpu += c_draft if c_draft is not None else f_draft(cur) / 1e3
+                a = a_draft if a_draft is not None else fa_draft(cur)
+                if a > 0:
+                    pause = gc_allocate(a)
+                    if pause:
+                        pause_at((cpu, pause, gc.last_generation, P.DRAFT, step))
+                        cpu += pause
+                draft1.append(cpu)
+                po_s.append(c_po if c_po is not None else f_po(cur) / 1e3)
+                po_a.append(a_po if a_po is not None else fa_po(cur))
             # ---- complete_step of the oldest pass in flight
             t = old_end[k] if k < nd else g_end[k - nd]
             if t > cpu:
@@ -644,11 +691,14 @@ class _Segment:
             po0.append(cpu)
             cpu += po_s[k]
             a = po_a[k]
-            if a > 0:
-                pause = gc_allocate(a)
-                if pause:
-                    pause_at((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step))
-                    cpu += pause
+            if a > 0 and gc_on:
+                if gc.count0 + a <= gc_t0:  # GCModel.allocate without a collection, inlined
+                    gc.count0 += a
+                else:
+                    pause = gc_allocate(a)
+                    if pause:
+                        pause_at((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step))
+                        cpu += pause
             po1.append(cpu)
             # accept.emitted + sched.emitted_tokens + sched.complete + tokens, per entry
             accepted = emitted = 0
