@@ -43,6 +43,8 @@ PAGED_MAX_SPLIT_QUERY = 16  # paged_attention splits only for max_query_len <= t
 PAGED_MIN_KEYS_PER_SPLIT = 256  # engine.kernels.paged_attention._MIN_KEYS_PER_SPLIT
 PAGED_MAX_SPLITS = 16  # paged_attention._MAX_SPLITS
 DECODE_MAX_SPLITS = 32  # decode_attention.MAX_SPLITS
+DECODE_LONG_SPLIT_KEYS = 4096  # decode_attention.LONG_SPLIT_KEYS
+DECODE_MAX_LONG_SPLITS = 8  # decode_attention.MAX_LONG_SPLITS
 PROGRAMS_PER_SM = 2  # both wrappers split until this many programs per SM
 
 
@@ -137,8 +139,9 @@ def decode_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: i
         return 1, 64
     programs = num_seqs * num_kv_heads
     target = PROGRAMS_PER_SM * num_sms
-    if programs >= target:
-        return 1, 64
+    if programs >= target:  # only long sequences split (LONG_SPLIT_KEYS there)
+        s = min(math.ceil(max_seq_len / DECODE_LONG_SPLIT_KEYS), DECODE_MAX_LONG_SPLITS)
+        return (1 if s <= 1 else p2(s)), 64
     s = min(math.ceil(target / programs), DECODE_MAX_SPLITS)
     block_n = 32 if s >= 16 else 64
     s = min(s, math.ceil(max_seq_len / block_n))

@@ -324,6 +324,16 @@ def test_interp_decode_attention_rope_and_kv_write(case, dtype, tol):
 
 
 @interp_only
+@pytest.mark.parametrize("min_tiles", [2, 3])
+def test_interp_decode_attention_splits_only_long_sequences(min_tiles):
+    """Large-batch rule: a split takes at least `min_tiles` tiles, so short sequences run in
+    one program (direct write) and long ones in several (merged), in the same launch."""
+    contexts = [3, 20, 150, 9, 200, 33]
+    _check_decode(contexts, 4, 2, 16, 4, torch.float32, 1e-5, num_splits=8, block_n=16,
+                  min_tiles=min_tiles)  # fmt: skip
+
+
+@interp_only
 def test_interp_decode_attention_without_rope_matches_paged_attention():
     """The PagedAttention entry with max_query_len == 1 (no RoPE): write, then attend."""
     from engine.attention import PagedAttention
@@ -517,7 +527,7 @@ def test_kernels_lower_to_sm90_cubin():
                slot_mapping_ptr="*i64", k_cache_ptr=bf16, v_cache_ptr=bf16, out_ptr=bf16,
                part_acc_ptr=f32, part_ml_ptr=f32, counter_ptr="*i32",
                query_start_loc_ptr="*i32", seq_lens_ptr="*i32", block_tables_ptr="*i32",
-               scale_log2="fp32", **dict.fromkeys(
+               scale_log2="fp32", min_tiles=i32, **dict.fromkeys(
                    ["stride_q_t", "stride_q_h", "stride_k_t", "stride_k_h", "stride_v_t",
                     "stride_v_h", "stride_o_t", "stride_o_h", "stride_cs", "stride_bt",
                     "stride_cache_block"], i32))  # fmt: skip
@@ -582,6 +592,14 @@ def test_gpu_paged_attention_mixed_bf16(hq, hkv, d, splits):
     ref = reference_attention(q, kc, vc, attn, d**-0.5)
     out = _gpu_attention(q, kc, vc, attn, d**-0.5, num_splits=splits)
     assert rel_err(out.cpu(), ref) < 1.5e-2
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_decode_large_batch_with_a_long_sequence_bf16():
+    """The automatic large-batch split rule on a batch of short contexts and one long one."""
+    contexts = [300 + 5 * i for i in range(47)] + [9000]
+    _check_decode(contexts, 32, 8, 128, 16, torch.bfloat16, 1.5e-2, "cuda", seed=5)
 
 
 @pytest.mark.gpu

@@ -48,6 +48,12 @@ from engine.kernels import pdl
 _LOG2E = 1.4426950408889634
 TARGET_PROGRAMS_PER_SM = 2  # split until (seqs x kv heads x splits) reaches this many per SM
 MAX_SPLITS = 32
+# Large batches (enough (sequence, kv head) programs to fill the GPU) split a sequence only per
+# LONG_SPLIT_KEYS keys, up to MAX_LONG_SPLITS ways: uniform short contexts keep one program per
+# (sequence, kv head), while one long sequence in the batch no longer walks all its tiles
+# serially (a 38k-token context took 1.2 ms per layer at ~2 us per tile, ~40 ms per step).
+LONG_SPLIT_KEYS = 4096
+MAX_LONG_SPLITS = 8
 NUM_COUNTERS = 1 << 14  # (seq, kv head) pairs a split launch may use; splits need few programs
 
 
@@ -62,7 +68,7 @@ def _normalise_and_store(acc, l_i, out_ptr, token, head, dims, row_ok, dim_ok, s
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["min_tiles"])
 def _decode_attention_kernel(
     q_ptr,  # [T, Hq, D] view (e.g. columns of the fused qkv output)
     k_ptr,  # [T, Hkv, D] view: the new tokens' keys (before RoPE when ROPE)
@@ -80,6 +86,7 @@ def _decode_attention_kernel(
     seq_lens_ptr,
     block_tables_ptr,
     scale_log2,
+    min_tiles,  # tiles a split takes at least (1, or LONG_SPLIT_KEYS // BLOCK_N)
     stride_q_t,
     stride_q_h,
     stride_k_t,
@@ -144,7 +151,7 @@ def _decode_attention_kernel(
     if q_hi == q_lo:
         return  # graph padding row: no query token, no partials, no counter
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tiles_per_split = tl.maximum(tl.cdiv(num_tiles, NUM_SPLITS), min_tiles)
     num_active = tl.cdiv(num_tiles, tiles_per_split)  # same for every split of this sequence
     if split >= num_active:
         return
@@ -288,8 +295,9 @@ def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int,
         return 1, 64
     programs = num_seqs * num_kv_heads
     target = TARGET_PROGRAMS_PER_SM * _num_sms(device.index or 0)
-    if programs >= target:
-        return 1, 64
+    if programs >= target:  # split only long sequences (`min_tiles` in the kernel)
+        splits = min(math.ceil(max_seq_len / LONG_SPLIT_KEYS), MAX_LONG_SPLITS)
+        return (1 if splits <= 1 else triton.next_power_of_2(splits)), 64
     splits = min(math.ceil(target / programs), MAX_SPLITS)
     block_n = 32 if splits >= 16 else 64
     splits = min(splits, math.ceil(max_seq_len / block_n))
@@ -315,6 +323,7 @@ def decode_attention(
     num_splits: int = 0,  # 0 = choose; else a power of two
     block_n: int = 0,  # keys per tile, a power of two >= 16; 0 = choose
     num_warps: int = 4,
+    min_tiles: int = 0,  # tiles a split takes at least; 0 = choose (large batches: long only)
 ) -> torch.Tensor:
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
@@ -350,6 +359,12 @@ def decode_attention(
         part_acc = part_ml = counters = out  # unused
     half = head_dim // 2
     use_pdl = pdl.enabled(q)
+    if min_tiles <= 0:
+        min_tiles = 1
+        if q.device.type == "cuda":
+            target = TARGET_PROGRAMS_PER_SM * _num_sms(q.device.index or 0)
+            if num_seqs * num_kv_heads >= target:
+                min_tiles = max(1, LONG_SPLIT_KEYS // block_n)
     _decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         k,
@@ -367,6 +382,7 @@ def decode_attention(
         seq_lens,
         block_tables,
         scale * _LOG2E,
+        min_tiles,
         q.stride(0),
         q.stride(1),
         k.stride(0),
