@@ -99,7 +99,8 @@ def test_step_keys_follow_the_launch_wrappers():
     keys = step_keys(WarmupStep((1,), 2000, 1), lim)
     assert ("decode", 32, 32, 1) in keys and ("gemm_skinny", 1) in keys
     assert decode_splits(1, 8, 100, 132) == (4, 32)  # ceil(100 / 32) = 4
-    assert decode_splits(40, 8, 5000, 132) == (1, 64)  # 320 programs fill the GPU
+    assert decode_splits(40, 8, 3000, 132) == (1, 64)  # 320 programs fill the GPU
+    assert decode_splits(40, 8, 5000, 132) == (2, 64)  # ... but a 5000-key sequence splits
     assert paged_splits(300, 2, 5000, 132) == 1 and paged_splits(8, 2, 700, 132) == 4
     assert paged_splits(8, 2, 700, 0) == 1  # CPU
 
