@@ -135,6 +135,7 @@ class _Costs:
         self.fns = [*phases, cost.gpu_pass_ms, *rest]
         self.decode_fns = [*phases, cost.gpu_decode_ms_fn(), *rest]
         self._const: dict[Any, list[Any]] = {}
+        self._quick: dict[Any, bool] = {}
 
     def const(self, shape: _Shape, key: Any = None) -> list[Any]:
         """For a decode of shape.num_reqs requests, per function: its value (the same at every
@@ -153,7 +154,12 @@ class _Costs:
                 else:
                     out.append(fn(shape) / 1e3 if i < self.NUM_MS else fn(shape))
             self._const[key] = out
+            self._quick[key] = quick_costs(out)
         return out
+
+    def quick(self, key: Any) -> bool:
+        """quick_costs of `const` for this key (after `const`)."""
+        return self._quick[key]
 
     def all(self, shape: _Shape) -> list[Any]:
         n = self.NUM_MS
@@ -478,7 +484,7 @@ class FastForward:
                         c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
                         a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
                     ) = const  # fmt: skip
-                    quick = quick_costs(const)
+                    quick = costs.quick(b)
                     reload = False
                 sh.kv_read_tokens = sh.attn_pairs = kv
                 sh.history_tokens = hist

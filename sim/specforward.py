@@ -122,7 +122,7 @@ class _Run:
     """What a segment computed: per launch k, and per iteration (the pass completed in it)."""
 
     n: int = 0
-    rows: array[int] = field(default_factory=_ints)  # shape of launch k: SHAPE_FIELDS values
+    rows: list[int] = field(default_factory=list)  # shape of launch k: SHAPE_FIELDS values
     # batch of launch k: steady members (k drafts each), then individual and admitted entries
     passes: list[tuple[list[_Member], list[Entry]]] = field(default_factory=list)
     sched0: array[float] = field(default_factory=_times)
@@ -396,6 +396,7 @@ class _Segment:
         join, set_ev = self._join, self._set_ev
 
         sh, mx = _Shape(), _Shape()
+        sh.set_verify(1, 1, 0)
         fns = costs.decode_fns  # any value they give is taken from `const` for other shapes
         f_sched, f_prep, f_launch, f_sample, f_draft, f_po, f_gpu, f_dgpu = fns[:8]
         fa_sched, fa_prep, fa_launch, fa_sample, fa_draft, fa_po, f_graph = fns[8:]
@@ -545,12 +546,16 @@ class _Segment:
             else:
                 row = (b, 0, 0, dec, drafts, kv, pairs, hist, ctx, 0, 0)
                 if reload or b != last_b or dec != last_dec or drafts != last_drafts:
-                    sh.set_verify(b, dec, drafts)
+                    # the constant fields of a verify step (sh is one from the start)
+                    sh.num_reqs = b
+                    sh.decode_tokens = sh.num_tokens = dec
+                    sh.draft_tokens = drafts
+                    key = (b, dec, drafts)
                     (
                         c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
                         a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
-                    ) = vals = costs.const(sh, (b, dec, drafts))  # fmt: skip
-                    quick = quick_costs(vals)
+                    ) = costs.const(sh, key)  # fmt: skip
+                    quick = costs.quick(key)
                     last_b, last_dec, last_drafts = b, dec, drafts
                     reload = False
                 sh.kv_read_tokens = kv
@@ -558,7 +563,7 @@ class _Segment:
                 sh.history_tokens = hist
                 sh.context_tokens = ctx
                 cur = sh
-            rows.extend(row)
+            rows += row
             passes.append((snap, ents))
             step = s0 + k
             # ---- launch_step: CPU phases, the GPU pass
@@ -766,7 +771,7 @@ class _Segment:
         rec = loop.rec
         n, nd = run.n, self.nd
         s0 = rec.add_steps(
-            np.frombuffer(run.rows, np.int64).reshape(n, len(SHAPE_FIELDS)),
+            np.fromiter(run.rows, np.int64, len(run.rows)).reshape(n, len(SHAPE_FIELDS)),
             {
                 P.SCHEDULE: (run.sched0, run.sched1),
                 P.PREPARE_INPUTS: (run.prep0 if self.wait_counts else run.sched1, run.prep1),
