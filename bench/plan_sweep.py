@@ -6,11 +6,13 @@
 
 Each point is one replica of one config at the trace's load with the SLOs watched (a run
 stops once it surely misses one, as in a plan), run through the plan's driver and point store
-exactly as `python -m sim plan` runs them (fresh store: nothing reused). The configs are a
-seeded shuffle of a grid (gpu x batches_in_flight x max_num_seqs x max_num_batched_tokens x
-spec method), so any N is a fair sample. Prints per-point times (all, and with and without
-speculative decoding, which has no fast-forward path in the sim) and the wall time a sweep of
-200 would take at the measured rate with these jobs. The target: 200 in <= 300 s on 2 cores.
+exactly as `python -m sim plan` runs them (fresh store: nothing from an earlier run). The
+configs are a seeded shuffle of a grid (gpu x batches_in_flight x max_num_seqs x
+max_num_batched_tokens x spec method), so any N is a fair sample. Points that differ only in a
+max_num_seqs their run never met share that run (sim/plan/sweep.py, exact; they count 0 s);
+`--no-reuse` runs every point. Prints per-point times (all, and with and without speculative
+decoding) and the wall time a sweep of 200 would take at the measured rate with these jobs.
+The target: 200 in <= 300 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -72,7 +74,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     points = [Point(c.to_dict(), 1, 1.0, "round-robin") for c in cfgs]
     store = PointStore(tmp / "points.jsonl", resume=False)
     ex = make_executor(args.jobs, None, str(trace_path))
-    driver = Driver(ex, store, str(trace_path), info["sha256"], slos, not args.no_early_stop)
+    driver = Driver(
+        ex, store, str(trace_path), info["sha256"], slos, not args.no_early_stop,
+        reuse=not args.no_reuse,
+    )  # fmt: skip
     t0 = time.perf_counter()
     results = driver.run({i: _one(p) for i, p in enumerate(points)})
     wall_s = time.perf_counter() - t0
@@ -94,7 +99,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "steps": r["sim"]["steps"],
             }
         )
-    return summarize(args, info, rows, wall_s)
+    s = summarize(args, info, rows, wall_s)
+    s["same_run_points"] = driver.stats.same
+    s["cpu_s_sum"] = driver.stats.cpu_s_sum
+    return s
 
 
 def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -162,6 +170,11 @@ def print_table(s: dict[str, Any]) -> None:
         f"{'met' if s['target_met'] else 'NOT met'}); with {s['jobs']} cores to itself "
         f"(mean CPU s per point): {_f(s['projected_200_dedicated_s'], '.0f')} s"
     )
+    print(
+        f"{s['same_run_points']} of {s['all']['points']} points answered by the run of a point "
+        f"that differs only in a max_num_seqs it never met; CPU s of the runs: "
+        f"{s['cpu_s_sum']:.0f}"
+    )
 
 
 def main() -> int:
@@ -172,6 +185,7 @@ def main() -> int:
     p.add_argument("--limit-s", type=float, default=0.0, help="use the trace's first S seconds")
     p.add_argument("--slo", action="append", help="default ttft_p99_s=1, tpot_p99_s=0.05")
     p.add_argument("--no-early-stop", action="store_true")
+    p.add_argument("--no-reuse", action="store_true", help="run every point (no shared runs)")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args()
     s = run(args)

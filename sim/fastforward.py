@@ -429,6 +429,8 @@ class FastForward:
             admitted: list[Entry] = []
             if waiting and budget > 0 and len(running) < max_seqs:
                 sched._admit(admitted, budget)
+                if len(running) > loop.peak_running:
+                    loop.peak_running = len(running)
             if admitted:
                 pf = Scheduler._shape(admitted)
                 decode = (b, 0, 0, b, 0, kv, kv, hist, ctx, 0, 0)

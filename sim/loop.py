@@ -90,6 +90,9 @@ class SimLoop:
         self.cpu_s = 0.0  # the CPU thread's clock (>= env.now while it runs ahead)
         self.gpu_free_s = 0.0  # end of the last pass launched on the GPU stream
         self.num_arrived = 0
+        # most requests running at once (running grows only by admission): a run where it
+        # stays below max_num_seqs never met that limit, and is the run of any limit above it
+        self.peak_running = 0
         self.next_arrival = 0  # own arrivals: index of the next request to submit
         self.own_arrivals = False
         self.check = check_invariants
@@ -160,6 +163,8 @@ class SimLoop:
         batch = None if self.spec_steps is None else self.spec_steps.schedule()
         if batch is None:
             batch = self.sched.schedule()
+        if len(self.sched.running) > self.peak_running:
+            self.peak_running = len(self.sched.running)
         shape = batch.shape if batch is not None else _EMPTY
         t = self._phase_time(P.SCHEDULE, shape)
         if batch is None:

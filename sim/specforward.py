@@ -521,6 +521,8 @@ class _Segment:
             if waiting and budget > 0 and len(running) < max_seqs:
                 admitted = []
                 sched._admit(admitted, budget)
+                if len(running) > loop.peak_running:
+                    loop.peak_running = len(running)
             if admitted:
                 pf = Scheduler._shape(admitted)  # before their launch, as schedule() takes it
                 for e in admitted:

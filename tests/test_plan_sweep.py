@@ -160,3 +160,44 @@ def test_cli_end_to_end(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert (out / "report.html").stat().st_size > 1000
     assert run_main(main, argv) == 0  # a rerun reuses every point
     assert "0 points run" in capsys.readouterr().out
+
+
+def _one(point: Point) -> Any:
+    (result,) = yield [point]
+    return result
+
+
+def _sweep(trace: Path, store: Path, points: list[Point], reuse: bool) -> tuple[list, Any]:
+    from core.trace import trace_sha256
+    from sim.plan.sweep import Driver
+
+    driver = Driver(SerialExecutor(), PointStore(store, resume=False), str(trace),
+                    trace_sha256(trace), parse_slos(SLO), True, reuse=reuse)  # fmt: skip
+    out = driver.run({i: _one(p) for i, p in enumerate(points)})
+    return [out[i] for i in range(len(points))], driver.stats
+
+
+def test_points_differing_only_in_an_unmet_max_num_seqs_share_one_run(
+    trace: Path, tmp_path: Path
+) -> None:
+    """A run that never had max_num_seqs requests running is the run of the same point with any
+    limit above its peak: the driver answers such points with it, and every answer is what
+    running the point gives. A limit the run met is run on its own."""
+    seqs = [256, 2, 64, 3, 1024]
+    points = [
+        Point(Config().replace(batches_in_flight=d, max_num_seqs=s, **{"spec.method": m})
+              .to_dict(), 1, load, "round-robin")
+        for d, m in ((1, "none"), (2, "ngram-gpu")) for load in (1.0, 3.0) for s in seqs
+    ]  # fmt: skip
+    same, st = _sweep(trace, tmp_path / "a.jsonl", points, reuse=True)
+    alone, st_alone = _sweep(trace, tmp_path / "b.jsonl", points, reuse=False)
+    assert st_alone.same == 0 and st.same > 0 and st.run + st.same == len(points)
+    for p, x, y in zip(points, same, alone, strict=True):
+        assert _strip(x) == _strip(y), p.config["max_num_seqs"]
+        peak = y["sim"]["peak_running"]
+        assert peak <= p.config["max_num_seqs"]
+        if peak == p.config["max_num_seqs"]:  # the limit was met: only its own run answers
+            assert x["cpu_s"] > 0
+    assert any(y["sim"]["peak_running"] == 2 for y in alone), "no point met its limit"
+    lines = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert sum("same_as" in rec for rec in lines) == st.same

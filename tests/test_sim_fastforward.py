@@ -129,7 +129,8 @@ CASES = [
 
 def blocks_state(loop: SimLoop) -> tuple[object, ...]:
     """The KV cache's whole state: which blocks are free in which reuse order (allocation and
-    release order show here), refcounts and the prefix-cache map."""
+    release order show here), refcounts and the prefix-cache map; and the most requests that
+    ran at once (sim.plan reuses runs by it)."""
     bm = loop.sched.blocks
     free = bm.free
     order, b = [], free.head
@@ -142,6 +143,7 @@ def blocks_state(loop: SimLoop) -> tuple[object, ...]:
         list(bm.refcount),
         list(bm.block_hash),
         sorted(bm.hash_to_block.items()),
+        loop.peak_running,
     )
 
 

@@ -225,6 +225,7 @@ def simulate_fleet(
         "num_kv_blocks": fleet.num_blocks,
         "steps": sum(rec.num_steps for rec in fleet.recorders),
         "preemptions": sum(lp.sched.num_preemptions for lp in fleet.loops),
+        "peak_running": max(lp.peak_running for lp in fleet.loops),
         "wall_s": wall_s,
     }
     return out

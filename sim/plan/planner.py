@@ -91,6 +91,7 @@ def run_plan(
         "points_run": st.run,
         "points_cached": st.cached,
         "points_repeated": st.repeated + st.shared,
+        "points_same_run": st.same,
         "point_wall_s_sum": st.wall_s_sum,
         "point_cpu_s_sum": st.cpu_s_sum,
         "point_wall_s_max": max(st.wall_s, default=0.0),

@@ -6,8 +6,9 @@ the trace's sha256, the cost profile's sha256 (when the config names one) and th
 skips it: a complete record serves any SLOs; a record stopped early serves SLOs that include
 the one it was stopped for at the same or a tighter limit (the verdict is then the same).
 
-points.jsonl: one JSON object per line, `{"key", "point", "result", "wall_s", "cpu_s"}`, appended by
-one writer (the driver) with a single write each; a torn last line (a killed run) is ignored.
+points.jsonl: one JSON object per line, `{"key", "point", "result", "wall_s", "cpu_s"}` (and
+`same_as`: the key of the run that answered it, sim.plan.sweep), appended by one writer (the
+driver) with a single write each; a torn last line (a killed run) is ignored.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class PointStore:
         result: dict[str, Any],
         wall_s: float,
         cpu_s: float | None = None,
+        same_as: str | None = None,
     ) -> None:
         rec = {
             "key": key,
@@ -135,6 +137,8 @@ class PointStore:
             "wall_s": wall_s,
             "cpu_s": cpu_s,
         }
+        if same_as is not None:  # answered by the run of this point (sim.plan.sweep)
+            rec["same_as"] = same_as
         line = json.dumps(rec, separators=(",", ":"), allow_nan=False) + "\n"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -6,11 +6,19 @@ results in the same order. The driver keeps every worker busy with the points of
 at once; each search sees only its own results, so what it finds does not depend on who ran
 the points or in which order they finished. Finished points are appended to the store at
 once; points the store already holds are not run again.
+
+Same runs: `max_num_seqs` is read only where the scheduler admits a request (admit while fewer
+than it run). A run whose replicas never had that many requests running (`sim.peak_running`
+below the point's max_num_seqs) never met the limit, so it is, step for step, the run of the
+same point with any max_num_seqs above its peak. Points that differ only there form a family:
+one runs at a time (the largest limit first), and a finished run answers the others it
+covers, recorded with `same_as` and no CPU time. `reuse=False` runs every point.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import multiprocessing as mp
 import os
 from collections import deque
@@ -19,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from sim.plan.points import Point, PointStore, point_key
+from sim.plan.points import Point, PointStore, point_key, serves
 from sim.plan.spec import SLO
 from sim.plan.worker import make_task, run_task
 
@@ -132,6 +140,7 @@ class SweepStats:
     cached: int = 0  # found in the store from an earlier run
     repeated: int = 0  # asked again in this run (the store answered)
     shared: int = 0  # asked while already running, run once
+    same: int = 0  # answered by the run of a point that differs only in an unmet max_num_seqs
     wall_s_sum: float = 0.0
     cpu_s_sum: float = 0.0  # CPU seconds the points took (wall_s also counts waiting for a core)
     wall_s: list[float] = field(default_factory=list)
@@ -157,6 +166,7 @@ class Driver:
         early_stop: bool = True,
         profile_sha: Callable[[Point], str] = lambda p: "",
         progress: Callable[[SweepStats, int], None] | None = None,
+        reuse: bool = True,
     ) -> None:
         self.ex = executor
         self.store = store
@@ -167,6 +177,14 @@ class Driver:
         self.stats = SweepStats()
         self.waiting: dict[str, list[tuple[_Asker, int]]] = {}  # key -> who needs it
         self.inflight = 0
+        self.reuse = reuse
+        # family -> finished runs that never met their max_num_seqs: (peak running, record)
+        self.unbound: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        self.fam_running: dict[str, str] = {}  # family -> key of its point being run
+        self.held: dict[str, list[tuple[str, Point]]] = {}  # family -> points not yet run
+        if reuse:
+            for rec in store.records.values():
+                self._index(Point(**rec["point"]), rec)
 
     def run(self, searches: dict[Hashable, Search]) -> dict[Hashable, Any]:
         """Drive every search to its end; returns each one's return value."""
@@ -202,6 +220,7 @@ class Driver:
                 self._need(a, i, p)
             if a.missing == 0:
                 fresh.append(self._step(a.name, a.gen, a.results))
+        self._release_held()
 
     def _need(self, a: _Asker, i: int, p: Point) -> None:
         key = point_key(p, self.trace_sha, self.profile_sha(p))
@@ -221,13 +240,87 @@ class Driver:
             return
         if key in self.waiting:
             self.stats.shared += 1
+            self.waiting[key].append((a, i))
+            return
+        self.waiting[key] = [(a, i)]
+        fam = self._family(p)
+        if fam is None:
+            self._submit(key, p)
+            return
+        same = self._same_run(fam, p)
+        if same is not None:
+            self._answer_same(key, p, same)  # a.missing drops; _ask steps the search
         else:
-            self.waiting[key] = []
-            self.ex.submit(
-                make_task(key, p, self.trace_path, self.trace_sha, self.slos, self.early)
-            )
-            self.inflight += 1
-        self.waiting[key].append((a, i))
+            self.held.setdefault(fam, []).append((key, p))  # run by _release_held
+
+    def _submit(self, key: str, p: Point) -> None:
+        self.ex.submit(make_task(key, p, self.trace_path, self.trace_sha, self.slos, self.early))
+        self.inflight += 1
+
+    # ---- same runs ----------------------------------------------------------------------------
+    def _family(self, p: Point) -> str | None:
+        """The key of the point with max_num_seqs left out (None when reuse is off)."""
+        if not self.reuse or "max_num_seqs" not in p.config:
+            return None
+        q = dataclasses.replace(p, config={**p.config, "max_num_seqs": 0})
+        return point_key(q, self.trace_sha, self.profile_sha(p))
+
+    def _index(self, p: Point, rec: dict[str, Any]) -> None:
+        """Remember a finished run if it never met its max_num_seqs."""
+        fam = self._family(p)
+        peak = rec["result"].get("sim", {}).get("peak_running")
+        if fam is not None and peak is not None and peak < p.config["max_num_seqs"]:
+            self.unbound.setdefault(fam, []).append((peak, rec))
+
+    def _same_run(self, fam: str, p: Point) -> dict[str, Any] | None:
+        """A finished run of the family that is this point's run, or None."""
+        for peak, rec in self.unbound.get(fam, ()):
+            if peak < p.config["max_num_seqs"] and serves(rec["result"], self.slos):
+                return rec
+        return None
+
+    def _answer_same(self, key: str, p: Point, rec: dict[str, Any]) -> deque[_Asker | None]:
+        """Record the point with the run `rec` and answer who waits for it; returns the
+        searches to step (those it completes)."""
+        self.store.add(key, p, rec["result"], 0.0, 0.0, same_as=rec["key"])
+        self.stats.same += 1
+        nxt: deque[_Asker | None] = deque()
+        for a, i in self.waiting.pop(key):
+            a.results[i] = {**rec["result"], "wall_s": 0.0, "key": key, "cpu_s": 0.0}
+            a.missing -= 1
+            if a.missing == 0:
+                nxt.append(a)
+        return nxt
+
+    def _release_held(self) -> None:
+        """Run one held point per family that has none running: the largest max_num_seqs,
+        whose run covers every other with a limit above its peak."""
+        for fam, held in self.held.items():
+            if held and fam not in self.fam_running:
+                held.sort(key=lambda kp: kp[1].config["max_num_seqs"])
+                key, p = held.pop()
+                self.fam_running[fam] = key
+                self._submit(key, p)
+
+    def _settle_family(self, key: str, point: Point) -> deque[_Asker | None]:
+        """A family's run finished: answer the held points it covers."""
+        fam = self._family(point)
+        nxt: deque[_Asker | None] = deque()
+        if fam is None or self.fam_running.get(fam) != key:
+            return nxt
+        del self.fam_running[fam]
+        self._index(point, self.store.records[key])
+        keep = []
+        for k2, p2 in self.held.get(fam, ()):
+            same = self._same_run(fam, p2)
+            if same is None:
+                keep.append((k2, p2))
+                continue
+            for a in self._answer_same(k2, p2, same):
+                if a is not None:
+                    nxt.append(self._step(a.name, a.gen, a.results))
+        self.held[fam] = keep
+        return nxt
 
     def _finished(self, out: dict[str, Any]) -> deque[_Asker | None]:
         key = out["key"]
@@ -249,6 +342,7 @@ class Driver:
             a.missing -= 1
             if a.missing == 0:
                 nxt.append(self._step(a.name, a.gen, a.results))
+        nxt.extend(self._settle_family(key, point))
         if self.progress is not None:
             self.progress(self.stats, self.inflight)
         return nxt
