@@ -37,32 +37,41 @@ class SimResult:
 def build_requests(trace: Trace) -> list[Request]:
     """Requests in arrival order; `Request.index` is the recorder row (arrival rank)."""
     order = trace.arrival_order()
-    out = []
-    hist = trace.needs_history
+    rows = order.tolist()
+    rids = trace.request_id[order]
+    request_ids = rids.tolist() if rids.dtype != object else [_scalar(x) for x in rids]
+    arrival = trace.arrival_s[order].tolist()
+    prompt = trace.prompt_len[order].tolist()
+    output = trace.output_len[order].tolist()
+    hist = trace.needs_history[order].tolist() if trace.needs_history is not None else None
     pg, pk, pl = trace.prefix_group, trace.prefix_keys, trace.prefix_len
     ids = trace.prompt_ids
-    for i, row in enumerate(order.tolist()):
+    out = []
+    for i, row in enumerate(rows):
         prefix_id = None
         prefix_len = 0
         if pg is not None and pk is not None and pl is not None and pg[row] >= 0:
-            prefix_id = pk[pg[row]].item() if hasattr(pk[pg[row]], "item") else pk[pg[row]]
+            prefix_id = _scalar(pk[pg[row]])
             prefix_len = int(pl[row])
         out.append(
             Request(
                 index=i,
-                request_id=trace.request_id[row].item()
-                if hasattr(trace.request_id[row], "item")
-                else trace.request_id[row],
-                arrival_s=float(trace.arrival_s[row]),
-                prompt_len=int(trace.prompt_len[row]),
-                output_len=int(trace.output_len[row]),
-                needs_history=bool(hist[row]) if hist is not None else False,
+                request_id=request_ids[i],
+                arrival_s=arrival[i],
+                prompt_len=prompt[i],
+                output_len=output[i],
+                needs_history=bool(hist[i]) if hist is not None else False,
                 prefix_id=prefix_id,
                 prefix_len=prefix_len,
                 prompt_ids=ids[row].tolist() if ids is not None else None,
             )
         )
     return out
+
+
+def _scalar(x: Any) -> Any:
+    """A numpy scalar as its Python value; anything else as is."""
+    return x.item() if hasattr(x, "item") else x
 
 
 def acceptance_for(cfg: Config, trace: Trace) -> AcceptanceModel:
