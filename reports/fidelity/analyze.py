@@ -1,13 +1,16 @@
 """Calibrate on some measured runs, predict others with the simulator, compare.
 
-    python reports/fidelity/analyze.py RUNS_DIR [--gpu h200]
+    python reports/fidelity/analyze.py RUNS_DIR [--gpu h200] [--tag TAG]
 
 RUNS_DIR holds measured run folders named `<model>-<workload>[-variant]` (from
 reports/fidelity/gpu_runs.sh). For each model, the runs listed in CALIBRATE fit a cost profile
 (`reports/fidelity/profiles/<gpu>-<model>.json`); every run is then predicted by `sim run` with
 the measured run's own config (same KV budget, depth, switches) plus that profile, and compared
 with `replay compare`. Writes reports/fidelity/<gpu>-<run>.json and reports/fidelity/README.md
-tables: which runs were calibration and which were checks.
+tables: which runs were calibration and which were checks. With --tag TAG (e.g. an engine commit,
+for runs made on another engine version) every output name gets `-TAG` appended (profiles,
+per-run JSONs, measured/<run>-TAG/, the table), so two folders with the same run names can be
+analysed side by side, each with a profile calibrated on its own engine version.
 """
 
 from __future__ import annotations
@@ -55,7 +58,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("runs", type=Path)
     ap.add_argument("--gpu", default="h200")
+    ap.add_argument("--tag", default="", help="suffix for every output name (engine version)")
     args = ap.parse_args()
+    sfx = f"-{args.tag}" if args.tag else ""
     runs = sorted(
         p
         for p in args.runs.iterdir()
@@ -65,8 +70,8 @@ def main() -> None:
     )  # measured, complete runs only (the 30 s A/B diagnostics are partial)
     keep = HERE / "measured"
     for r in runs:  # the measured summaries behind every table row, for the record
-        (keep / r.name).mkdir(parents=True, exist_ok=True)
-        (keep / r.name / "summary.json").write_text((r / "summary.json").read_text())
+        (keep / f"{r.name}{sfx}").mkdir(parents=True, exist_ok=True)
+        (keep / f"{r.name}{sfx}" / "summary.json").write_text((r / "summary.json").read_text())
     profiles = HERE / "profiles"
     profiles.mkdir(exist_ok=True)
     rows = []
@@ -75,7 +80,7 @@ def main() -> None:
         if not mine:
             continue
         calib = [r for r in mine if r.name in {f"{tag}-{w}" for w in CALIBRATE[tag]}]
-        prof = profiles / f"{args.gpu}-{model}.json"
+        prof = profiles / f"{args.gpu}-{model}{sfx}.json"
         sh("-m", "replay", "calibrate", *map(str, calib), "-o", str(prof))
         for meas in mine:
             trace = TRACES / f"{workload_of(meas.name)}.parquet"
@@ -85,7 +90,7 @@ def main() -> None:
             fid = args.runs / f"fid-{meas.name}"
             sh("-m", "replay", "compare", str(pred), str(meas), "-o", str(fid))
             data = json.loads((fid / "fidelity.json").read_text())
-            out = HERE / f"{args.gpu}-{meas.name}.json"
+            out = HERE / f"{args.gpu}-{meas.name}{sfx}.json"
             data["role"] = "calibration" if meas in calib else "check"
             out.write_text(json.dumps(data, indent=1) + "\n")
             rows.append((meas.name, data))
@@ -101,7 +106,7 @@ def main() -> None:
                 e = m.get("rel_error")
                 cells.append("-" if e is None else f"{100 * e:+.1f} %")
         table.append(f"| {name} | {data['role']} | " + " | ".join(cells) + " |")
-    (HERE / f"{args.gpu}-table.md").write_text("\n".join(table) + "\n")
+    (HERE / f"{args.gpu}-table{sfx}.md").write_text("\n".join(table) + "\n")
     print("\n".join(table))
 
 

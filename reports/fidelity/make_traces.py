@@ -55,8 +55,10 @@ def main() -> None:
     write_trace(s3, OUT / "seed3_scaled.parquet")
     for p in sorted(OUT.glob("*.parquet")):
         t = read_trace(p)
-        print(f"{p.name:24} {len(t):6d} req  span {t.arrival_s.max():6.1f} s  "
-              f"prompt {t.prompt_len.mean():7.0f}  output {t.output_len.mean():6.0f}")
+        print(
+            f"{p.name:24} {len(t):6d} req  span {t.arrival_s.max():6.1f} s  "
+            f"prompt {t.prompt_len.mean():7.0f}  output {t.output_len.mean():6.0f}"
+        )
 
 
 if __name__ == "__main__":
