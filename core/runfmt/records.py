@@ -466,9 +466,9 @@ class RunRecorder:
             shape=shape,
             phase_start=_stack([self._phase[p][0] for p in CPU_PHASES], n),
             phase_end=_stack([self._phase[p][1] for p in CPU_PHASES], n),
-            gpu_start=np.array(self._gpu_start, np.float64)[:n],
-            gpu_end=np.array(self._gpu_end, np.float64)[:n],
-            accepted=np.array(self._accepted, np.int64)[:n],
+            gpu_start=_head(self._gpu_start, np.float64, n),
+            gpu_end=_head(self._gpu_end, np.float64, n),
+            accepted=_head(self._accepted, np.int64, n),
             sync_start=np.array(self._sync_start, np.float64),
             sync_end=np.array(self._sync_end, np.float64),
             sync_step=np.array(self._sync_step, np.int64),
@@ -539,7 +539,12 @@ def _unset(times: array[float]) -> bool:
     return times.tobytes() == _NAN_BYTES * len(times) or all(x != x for x in times)
 
 
+def _head(col: array[float] | array[int], dtype: type, n: int) -> np.ndarray:
+    """A copy of the first n values of a step column (its capacity runs past them)."""
+    return np.frombuffer(col, dtype, count=n).copy()
+
+
 def _stack(cols: list[array[float]], n: int) -> np.ndarray:
     if not cols:
         return np.zeros((n, 0))
-    return np.stack([np.array(c, np.float64)[:n] for c in cols], axis=1)
+    return np.stack([np.frombuffer(c, np.float64, count=n) for c in cols], axis=1)
