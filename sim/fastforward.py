@@ -312,6 +312,7 @@ class FastForward:
         running, waiting = sched.running, sched.waiting
         gc_allocate = gc.allocate
         gc_on, gc_t0 = gc.enabled, gc.t0
+        tick_at_s = loop.tick_at_s
         bs, max_tokens, max_seqs = self.block_size, self.max_tokens, self.max_seqs
         nd = len(old)  # completed in iterations 0 .. nd - 1, before any launched pass
         s0 = rec.num_steps
@@ -609,6 +610,8 @@ class FastForward:
                         pause_at((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step))
                         cpu += pause
             po1.append(cpu)
+            if cpu >= tick_at_s:
+                stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
             chunks = chunk_done.pop(k, None)
             if chunks is not None:
                 for r in chunks:

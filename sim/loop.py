@@ -86,6 +86,10 @@ class SimLoop:
         self.accept = accept
         self.gc = gc
         self.progress = progress
+        # when `progress` next wants to look (an SLO check): a fast-forward segment ends with
+        # the first step it completes at or after this CPU time, so the hook then sees what it
+        # would see called after every step
+        self.tick_at_s = _INF
         self.env = env or simpy.Environment()  # shared by replicas behind a router
         self.cpu_s = 0.0  # the CPU thread's clock (>= env.now while it runs ahead)
         self.gpu_free_s = 0.0  # end of the last pass launched on the GPU stream

@@ -372,6 +372,7 @@ class _Segment:
         running, waiting = sched.running, sched.waiting
         gc_allocate = gc.allocate
         gc_on, gc_t0 = gc.enabled, gc.t0
+        tick_at_s = loop.tick_at_s
         K, max_len, max_tokens = ff.k, ff.max_len, ff.max_tokens
         max_seqs, bs, bpd = ff.max_seqs, ff.block_size, ff.blocks_per_decode
         Kp = K + 1
@@ -707,6 +708,8 @@ class _Segment:
                         pause_at((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step))
                         cpu += pause
             po1.append(cpu)
+            if cpu >= tick_at_s:
+                stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
             # accept.emitted + sched.emitted_tokens + sched.complete + tokens, per entry
             accepted = emitted = 0
             if k < nd:  # an old pass: entry by entry, blocks released as Scheduler does

@@ -477,3 +477,30 @@ def test_spec_steps_behind_a_router_are_exact(tmp_path: Path, method: str) -> No
     assert out[0] == out[1]
     fused = [lp.spec_steps.num_fast for lp in loops if lp.spec_steps is not None]
     assert fused and sum(fused) > 0
+
+
+@pytest.mark.parametrize("method", ["none", "ngram-gpu", "ngram-cpu"])
+def test_fast_forward_stops_early_where_the_step_loop_does(method: str) -> None:
+    """A plan's SLO watch looks after every step; a segment ends at the first step that
+    completes at its next check, so an early-stopped run stops at the same step with the same
+    partial results, and one that is not stopped is unchanged."""
+    from sim.plan.spec import parse_slos
+
+    rng = np.random.default_rng(11)
+    n = 300
+    trace = make_trace(np.sort(rng.uniform(0, 30, n)), rng.integers(50, 2000, n),
+                       rng.integers(20, 400, n))  # fmt: skip
+    cfg = load_config(None, [f"spec.method={method}", "gpu=a100", "max_num_seqs=16"])
+    for slos in (["ttft_p99_s=0.5"], ["ttft_p99_s=1000"]):
+        out = []
+        for ff in (False, True):
+            orig = fleet.SimLoop
+            fleet.SimLoop = functools.partial(SimLoop, fast_forward=ff)  # type: ignore[misc]
+            try:
+                res = simulate_fleet(FleetSpec(cfg, 1, "round-robin"), trace, parse_slos(slos))
+            finally:
+                fleet.SimLoop = orig  # type: ignore[misc]
+            res["sim"].pop("wall_s")
+            out.append(res)
+        assert out[0] == out[1], slos
+        assert (out[0]["stopped"] is None) == (slos == ["ttft_p99_s=1000"])

@@ -127,7 +127,9 @@ class _Fleet:
         if self.watch is None:
             return
         if self.split:
-            self.watch.tick(self.loops[self.current].cpu_s, self._known_split)
+            loop = self.loops[self.current]
+            self.watch.tick(loop.cpu_s, self._known_split)
+            loop.tick_at_s = self.watch.next_s  # fast-forwards stop there for the next check
         else:  # every CPU thread is at or ahead of env.now
             self.watch.tick(self.env.now, lambda: self.num_routed)
 
@@ -170,6 +172,7 @@ class _Fleet:
             self.current = r
             if self.watch is not None:
                 self.watch.restart()  # each replica's clock starts at 0
+                loop.tick_at_s = self.watch.next_s
             loop.start(own_arrivals=True)
             try:
                 loop.env.run()
