@@ -66,15 +66,15 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, iters: int = 20)
     return 2 * nbytes * iters / seconds
 
 
-def set_context(tokens: int) -> None:
-    global CONTEXT
-    CONTEXT = tokens
-
-
 def make_engine(
-    model: str, max_batch: int, depth: int, device: str, max_model_len: int = 2048
+    model: str,
+    max_batch: int,
+    depth: int,
+    device: str,
+    max_model_len: int = 2048,
+    context: int = CONTEXT,
 ) -> Engine:
-    per_req = -(-(CONTEXT + DECODE + 1) // BLOCK_SIZE)
+    per_req = -(-(context + DECODE + 1) // BLOCK_SIZE)
     cfg = Config(
         model=model,
         device=device,
@@ -92,8 +92,8 @@ def make_engine(
     return Engine(cfg)
 
 
-def measure(eng: Engine, batch: int, bandwidth: float) -> dict:
-    reqs = [RequestInput(f"b{i}", CONTEXT, DECODE) for i in range(batch)]
+def measure(eng: Engine, batch: int, bandwidth: float, context: int = CONTEXT) -> dict:
+    reqs = [RequestInput(f"b{i}", context, DECODE) for i in range(batch)]
     eng.run(reqs)
     tr = eng.trace
     rows = [i for i, s in enumerate(tr.shapes) if s.is_pure_decode and s.num_reqs == batch]
@@ -125,12 +125,12 @@ def measure(eng: Engine, batch: int, bandwidth: float) -> dict:
     }
 
 
-def profile_steps(eng: Engine, batch: int, path: Path) -> None:
+def profile_steps(eng: Engine, batch: int, path: Path, context: int = CONTEXT) -> None:
     """Kernel table of one more run of the case under torch.profiler (GPU time per kernel name,
     summed over the run, and per decode step), written to `path`."""
     from torch.profiler import ProfilerActivity, profile
 
-    reqs = [RequestInput(f"p{i}", CONTEXT, DECODE) for i in range(batch)]
+    reqs = [RequestInput(f"p{i}", context, DECODE) for i in range(batch)]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         eng.run(reqs)
     steps = sum(1 for s in eng.trace.shapes if s.is_pure_decode)
@@ -174,7 +174,6 @@ def main() -> int:
         "--profile", type=Path, help="folder: a torch.profiler kernel table per case (batch <= 8)"
     )
     args = ap.parse_args()
-    set_context(args.context)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: use --device cpu --cases tiny:1,4 to check the script")
         return 2
@@ -191,10 +190,12 @@ def main() -> int:
             eng = None
             try:
                 t0 = time.perf_counter()
-                eng = make_engine(model, max(batches), depth, args.device, args.max_model_len)
+                eng = make_engine(
+                    model, max(batches), depth, args.device, args.max_model_len, args.context
+                )
                 print(f"{model} depth {depth}: engine ready in {time.perf_counter() - t0:.1f} s")
                 for batch in batches:
-                    row = measure(eng, batch, bandwidth)
+                    row = measure(eng, batch, bandwidth, args.context)
                     results.append(row)
                     print(
                         f"  batch {batch:3d}: step {row['step_ms']:.3f} ms, floor "
@@ -204,7 +205,7 @@ def main() -> int:
                     if args.profile and batch <= 8 and device.type == "cuda":
                         args.profile.mkdir(parents=True, exist_ok=True)
                         name = f"{model}-b{batch}-d{depth}.txt"
-                        profile_steps(eng, batch, args.profile / name)
+                        profile_steps(eng, batch, args.profile / name, args.context)
             except Exception as e:  # keep going: the other cases still tell something
                 traceback.print_exc()
                 failed.append(f"{model} depth {depth}: {type(e).__name__}: {e}")

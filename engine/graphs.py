@@ -104,9 +104,9 @@ class DecodeGraphs:
         if sampler is None:
             return forward
         rows, hist = inp.graph_rows(bucket)
-        tokens = self.tokens.setdefault(
-            bucket, torch.zeros(bucket, dtype=torch.int32, device=inp.device)
-        )
+        if bucket not in self.tokens:  # shared by the bucket's graph variants
+            self.tokens[bucket] = torch.zeros(bucket, dtype=torch.int32, device=inp.device)
+        tokens = self.tokens[bucket]
 
         def run() -> torch.Tensor:
             inp.finish_graph(bucket)

@@ -286,19 +286,26 @@ def _counters(device: torch.device, need: int) -> torch.Tensor:
     return buf
 
 
+def _fills_gpu(num_seqs: int, num_kv_heads: int, device: torch.device) -> bool:
+    """Do one program per (sequence, kv head) already fill the GPU (the large-batch rule)?"""
+    target = TARGET_PROGRAMS_PER_SM * _num_sms(device.index or 0)
+    return num_seqs * num_kv_heads >= target
+
+
 def decode_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int,
                       device: torch.device) -> tuple[int, int]:  # fmt: skip
-    """(splits per (sequence, kv head), keys per tile) from the batch size (host ints only;
-    graph-safe): enough programs to fill the GPU, no more splits than max_seq_len has tiles;
-    short 32-key tiles when splitting 16+ ways (H200 sweep: batch 1, context 512-2048)."""
+    """(splits per (sequence, kv head), keys per tile) from the batch size and the key bound
+    (host ints only; graph-safe). Small batches: enough programs to fill the GPU, no more splits
+    than max_seq_len has tiles, short 32-key tiles when splitting 16+ ways (H200 sweep: batch 1,
+    context 512-2048). Batches that fill the GPU: up to MAX_LONG_SPLITS for long sequences only
+    (the kernel's `min_tiles`)."""
     if device.type != "cuda":
         return 1, 64
-    programs = num_seqs * num_kv_heads
-    target = TARGET_PROGRAMS_PER_SM * _num_sms(device.index or 0)
-    if programs >= target:  # split only long sequences (`min_tiles` in the kernel)
+    if _fills_gpu(num_seqs, num_kv_heads, device):  # only long sequences split (`min_tiles`)
         splits = min(math.ceil(max_seq_len / LONG_SPLIT_KEYS), MAX_LONG_SPLITS)
         return (1 if splits <= 1 else triton.next_power_of_2(splits)), 64
-    splits = min(math.ceil(target / programs), MAX_SPLITS)
+    target = TARGET_PROGRAMS_PER_SM * _num_sms(device.index or 0)
+    splits = min(math.ceil(target / (num_seqs * num_kv_heads)), MAX_SPLITS)
     block_n = 32 if splits >= 16 else 64
     splits = min(splits, math.ceil(max_seq_len / block_n))
     return (1 if splits <= 1 else triton.next_power_of_2(splits)), block_n
@@ -360,11 +367,8 @@ def decode_attention(
     half = head_dim // 2
     use_pdl = pdl.enabled(q)
     if min_tiles <= 0:
-        min_tiles = 1
-        if q.device.type == "cuda":
-            target = TARGET_PROGRAMS_PER_SM * _num_sms(q.device.index or 0)
-            if num_seqs * num_kv_heads >= target:
-                min_tiles = max(1, LONG_SPLIT_KEYS // block_n)
+        large = q.device.type == "cuda" and _fills_gpu(num_seqs, num_kv_heads, q.device)
+        min_tiles = max(1, LONG_SPLIT_KEYS // block_n) if large else 1
     _decode_attention_kernel[(num_seqs, num_kv_heads, num_splits)](
         q,
         k,
