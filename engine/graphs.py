@@ -151,6 +151,9 @@ class DecodeGraphs:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     self.logits[bucket, hist] = run()
+                # a graph's first replay uploads it to the device (slower than later ones):
+                # paid here, on these placeholder inputs, not by the first real step
+                graph.replay()
                 self.graphs[bucket, hist] = graph
         torch.cuda.synchronize()
 

@@ -10,8 +10,9 @@ launch wrappers in engine.kernels choose them:
 
 - `paged_attention` (max_query_len >= 2): BLOCK_M (64 when max_query_len * group > 16, else 16),
   NUM_SPLITS (`choose_num_splits`: only for max_query_len <= 16, from programs = seqs x kv heads
-  x query blocks and max_seq_len), num_tokens' int class; with splits, `_reduce_splits_kernel`:
-  NUM_SPLITS, num_seqs' and num_tokens' int classes;
+  x query blocks and max_seq_len), DECODE_SPLITS (`choose_decode_splits`: only for
+  max_query_len > 16, from max_seq_len), num_tokens' int class; with either split,
+  `_reduce_splits_kernel`: the split count, BY_SEQ, num_seqs' and num_tokens' int classes;
 - `rope_write_kv` (max_query_len >= 2): the alignment of the positions and slot-mapping views,
   which sit at offsets proportional to the token count in the input buffers (num_tokens % 4);
 - `decode_attention` (eager, max_query_len == 1): NUM_SPLITS and BLOCK_N (`decode_num_splits`:
@@ -133,6 +134,14 @@ def paged_splits(num_programs: int, max_query_len: int, max_seq_len: int, num_sm
     return 1 if s <= 1 else p2(s)
 
 
+def paged_decode_splits(max_query_len: int, max_seq_len: int, num_sms: int) -> int:
+    """engine.kernels.paged_attention.choose_decode_splits."""
+    if num_sms <= 0 or max_query_len <= PAGED_MAX_SPLIT_QUERY:
+        return 1
+    s = min(math.ceil(max_seq_len / DECODE_LONG_SPLIT_KEYS), DECODE_MAX_LONG_SPLITS)
+    return 1 if s <= 1 else p2(s)
+
+
 def decode_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int):
     """engine.kernels.decode_attention.decode_num_splits: (splits, keys per tile)."""
     if num_sms <= 0:
@@ -156,9 +165,10 @@ def step_keys(step: WarmupStep, lim: Limits) -> frozenset[tuple]:
         bm = paged_block_m(mq, lim.group)
         num_q_blocks = math.ceil(mq / (bm // lim.group))
         s = paged_splits(b * lim.num_kv_heads * num_q_blocks, mq, ms, lim.num_sms)
-        keys.add(("paged", bm, s, int_class(t)))
-        if s > 1:
-            keys.add(("reduce", s, int_class(b), int_class(t)))
+        ds = paged_decode_splits(mq, ms, lim.num_sms) if s == 1 else 1
+        keys.add(("paged", bm, s, int_class(t), ds))
+        if s > 1 or ds > 1:
+            keys.add(("reduce", max(s, ds), ds > 1, int_class(b), int_class(t)))
         keys.add(("rope_write_kv", t % 4))
     else:
         s, block_n = decode_splits(b, lim.num_kv_heads, ms, lim.num_sms)
@@ -249,6 +259,19 @@ def candidate_steps(lim: Limits) -> Iterator[WarmupStep]:
             ):
                 for t in _token_reps(lo, hi):
                     yield WarmupStep(_spread(t, b, mq), ms, b)
+    # longer queries with long contexts: decode splits (one-token rows), by sequence count class
+    if lim.num_sms > 0:
+        for ms in _split_reps(
+            lambda m: paged_decode_splits(PAGED_MAX_SPLIT_QUERY + 1, m, lim.num_sms),
+            PAGED_MAX_SPLIT_QUERY + 1,
+            mml,
+            lambda c: DECODE_LONG_SPLIT_KEYS * (c - 1) + 1,
+        ):
+            for b in (1, 2, 16):
+                if b > b_max:
+                    continue
+                for t in _token_reps(PAGED_MAX_SPLIT_QUERY + b, t_max):
+                    yield WarmupStep(_spread(t, b, t - b + 1), ms, b)
     # longer queries (no split): one sequence, or as few as max_model_len allows
     longer = [*_token_reps(PAGED_MAX_SPLIT_QUERY + 1, t_max)]
     longer += [1 << k for k in range(5, t_max.bit_length())] + [t_max]

@@ -288,6 +288,29 @@ def test_interp_paged_attention(case, dtype, tol):
     assert rel_err(out, ref) < tol
 
 
+# one-token rows with long contexts beside prefill chunks (decode splits of a mixed batch)
+MIXED_LONG_DECODES = [(1, 70), (20, 9), (1, 3), (5, 0), (1, 130), (17, 40), (1, 0)]
+
+
+@interp_only
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float16, 1e-3)])
+@pytest.mark.parametrize("decode_splits,min_tiles", [(2, 1), (4, 1), (4, 3), (8, 1)])
+def test_interp_paged_attention_decode_splits(decode_splits, min_tiles, dtype, tol):
+    """Split one-token rows (partials per sequence, merged per sequence), prefill rows whole;
+    more splits than some rows have tiles, and runs of several tiles (min_tiles)."""
+    from engine.kernels import paged_attention
+
+    q, kc, vc, attn = make_batch(MIXED_LONG_DECODES, 4, 2, 16, 4, dtype, seed=decode_splits)
+    ref = reference_attention(q, kc, vc, attn, 0.25)
+    out = torch.full_like(q, float("nan"))
+    paged_attention(
+        q, kc, vc, attn.query_start_loc, attn.seq_lens, attn.block_tables,
+        attn.max_query_len, attn.max_seq_len, 0.25, out=out, num_splits=1, block_n=16,
+        decode_splits=decode_splits, min_tiles=min_tiles,
+    )  # fmt: skip
+    assert rel_err(out, ref) < tol
+
+
 @interp_only
 def test_interp_bucketed_grid_and_padding_tokens():
     """A grid sized for a larger query-length bucket, and tokens past the last sequence."""
@@ -591,6 +614,22 @@ def test_gpu_paged_attention_mixed_bf16(hq, hkv, d, splits):
     kc, vc = kc.cuda(), vc.cuda()
     ref = reference_attention(q, kc, vc, attn, d**-0.5)
     out = _gpu_attention(q, kc, vc, attn, d**-0.5, num_splits=splits)
+    assert rel_err(out.cpu(), ref) < 1.5e-2
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_mixed_batch_with_long_decodes_bf16():
+    """The automatic decode-split rule of a mixed batch: prefill chunks beside short and long
+    one-token rows (12000 keys: 4 splits of 4096)."""
+    from engine.kernels.paged_attention import choose_decode_splits
+
+    shapes = [(1, 300 + 9 * i) for i in range(40)] + [(1, 12000), (700, 500), (1, 5000), (33, 0)]
+    assert choose_decode_splits(700, 12001, torch.device("cuda")) == 4
+    q, kc, vc, attn = make_batch(shapes, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=3)
+    kc, vc = kc.cuda(), vc.cuda()
+    out = _gpu_attention(q, kc, vc, attn, 128**-0.5)
+    ref = reference_attention(q, kc, vc, attn, 128**-0.5)
     assert rel_err(out.cpu(), ref) < 1.5e-2
 
 

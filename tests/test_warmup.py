@@ -90,11 +90,15 @@ def test_step_keys_follow_the_launch_wrappers():
     # 2 sequences, longest query 3 (3 x 4 = 12 rows: BLOCK_M 16), 5 tokens, 4000-key bound:
     # 16 programs -> ceil(264 / 16) = 17 splits, capped by ceil(4000 / 256) = 16 and 16 -> 16
     keys = step_keys(WarmupStep((3, 2), 4000, 2), lim)
-    assert ("paged", 16, 16, 0) in keys and ("reduce", 16, 0, 0) in keys
+    assert ("paged", 16, 16, 0, 1) in keys and ("reduce", 16, False, 0, 0) in keys
     assert ("rope_write_kv", 1) in keys and ("gemm", 8) in keys and ("logits_skinny", 2) in keys
-    # a longest query of 17: BLOCK_M 64, no split whatever the context
+    # a longest query of 17: BLOCK_M 64, no query split; a short context: no decode split
+    keys = step_keys(WarmupStep((17, 15), 4096, 1), lim)
+    assert ("paged", 64, 1, 16, 1) in keys and not any(k[0] == "reduce" for k in keys)
+    # ... a 100k-key bound: one-token rows split 8 ways (4096-key runs, at most 8), merged per
+    # sequence (2 sequences, 32 tokens)
     keys = step_keys(WarmupStep((17, 15), 100_000, 1), lim)
-    assert ("paged", 64, 1, 16) in keys and not any(k[0] == "reduce" for k in keys)
+    assert ("paged", 64, 1, 16, 8) in keys and ("reduce", 8, True, 0, 16) in keys
     # all single tokens: decode attention, 1 sequence x 8 heads -> 32 splits of 32-key tiles
     keys = step_keys(WarmupStep((1,), 2000, 1), lim)
     assert ("decode", 32, 32, 1) in keys and ("gemm_skinny", 1) in keys

@@ -14,6 +14,15 @@ Split-KV (flash decoding): with few programs and long contexts, the key range of
 is cut into NUM_SPLITS pieces run by separate programs; each writes an unnormalised partial
 (acc, running max, running sum) and `_reduce_splits_kernel` merges them.
 
+Decode splits (mixed batches, max_query_len > 16, where NUM_SPLITS is 1): a sequence with one
+query token beside prefill chunks would otherwise walk its whole context in one program per kv
+head (a 38k-token decode row: ~600 tiles per layer, the step's straggler). With DECODE_SPLITS > 1
+such a row's keys are cut into at most DECODE_SPLITS runs of at least `min_tiles` tiles (long
+contexts only, as in engine.kernels.decode_attention); grid axis 2 is the query block for
+prefill rows and the split for one-token rows. Their partials are indexed by sequence
+([DECODE_SPLITS, B, Hq, ...]: small whatever the token count) and merged by the same reduce
+kernel run per sequence (BY_SEQ); rows with more query tokens write their output directly.
+
 All sizes come from tensors or constexprs: the host reads no tensor values, so a CUDA graph
 captured with a (batch, max_query_len, max_seq_len) bucket replays with new data in the same
 buffers. Output rows of tokens past query_start_loc[B] (graph padding) are left undefined.
@@ -28,24 +37,28 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.decode_attention import LONG_SPLIT_KEYS, MAX_LONG_SPLITS
+
 _LOG2E = 1.4426950408889634
 _MIN_KEYS_PER_SPLIT = 256
 _MAX_SPLITS = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "min_tiles"])
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
     out_ptr,
-    part_acc_ptr,  # fp32 [NUM_SPLITS, T, Hq, HEAD_DIM]; only when NUM_SPLITS > 1
-    part_ml_ptr,  # fp32 [NUM_SPLITS, T, Hq, 2] (running max in log2 units, running sum)
+    part_acc_ptr,  # fp32 [NUM_SPLITS, T, Hq, HEAD_DIM] or [DECODE_SPLITS, B, Hq, HEAD_DIM]
+    part_ml_ptr,  # fp32 [.., 2] (running max in log2 units, running sum); only with splits
     query_start_loc_ptr,
     seq_lens_ptr,
     block_tables_ptr,
     scale_log2,  # softmax scale * log2(e)
     num_tokens,
+    num_seqs,
+    min_tiles,  # tiles a decode split takes at least (DECODE_SPLITS > 1)
     stride_q_t,
     stride_q_h,
     stride_o_t,
@@ -62,18 +75,40 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    DECODE_SPLITS: tl.constexpr,  # > 1 only with NUM_SPLITS == 1
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
-    q_block = tl.program_id(2) // NUM_SPLITS
-    split = tl.program_id(2) % NUM_SPLITS
-
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if DECODE_SPLITS > 1:  # axis 2: the split of a one-token row, else the query block
+        is_decode = q_len == 1
+        q_block = tl.where(is_decode, 0, tl.program_id(2))
+        split = tl.where(is_decode, tl.program_id(2), 0)
+        if split >= DECODE_SPLITS:
+            return
+    else:
+        q_block = tl.program_id(2) // NUM_SPLITS
+        split = tl.program_id(2) % NUM_SPLITS
     if q_block * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len  # keys before the first new token
+
+    # Keys this query block needs: 0 .. its last row's position; this split's share of tiles.
+    num_keys = tl.minimum(context_len + (q_block + 1) * BLOCK_Q, seq_len)
+    num_tiles = tl.cdiv(num_keys, BLOCK_N)
+    if DECODE_SPLITS > 1:  # one-token rows: runs of >= min_tiles; others: every tile
+        tiles_per_split = tl.where(
+            is_decode, tl.maximum(tl.cdiv(num_tiles, DECODE_SPLITS), min_tiles), num_tiles
+        )
+        num_active = tl.cdiv(num_tiles, tiles_per_split)  # 1 unless a long one-token row
+        if split >= num_active:
+            return  # no tiles: nothing to write (the reduce skips inactive splits)
+    else:
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     # Row r of the tile: query token q_block * BLOCK_Q + r // GROUP, query head of this kv group.
     rows = tl.arange(0, BLOCK_M)
@@ -89,13 +124,6 @@ def _paged_attention_kernel(
         mask=row_ok[:, None] & dim_ok[None, :],
         other=0.0,
     )
-
-    # Keys this query block needs: 0 .. its last row's position; this split's share of tiles.
-    num_keys = tl.minimum(context_len + (q_block + 1) * BLOCK_Q, seq_len)
-    num_tiles = tl.cdiv(num_keys, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    tile_lo = split * tiles_per_split
-    tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
     # A finite initial max keeps fully masked rows NaN-free (their exp2 terms are exactly 0).
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -124,55 +152,94 @@ def _paged_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(
-            out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + dims[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & dim_ok[None, :],
-        )
-    else:
+    # NUM_SPLITS: every split writes its partial, an empty one too (l = 0: weight 0 in the
+    # merge). DECODE_SPLITS: only active splits run; a row with one active split is finished.
+    if NUM_SPLITS > 1:
         part_row = (split * num_tokens + token) * NUM_Q_HEADS + head  # int64
-        tl.store(
-            part_acc_ptr + part_row[:, None] * HEAD_DIM + dims[None, :],
-            acc,
-            mask=row_ok[:, None] & dim_ok[None, :],
-        )
-        tl.store(part_ml_ptr + part_row * 2, m_i, mask=row_ok)
-        tl.store(part_ml_ptr + part_row * 2 + 1, l_i, mask=row_ok)
+        _store_partial(part_acc_ptr, part_ml_ptr, part_row, acc, m_i, l_i, dims, row_ok, dim_ok,
+                       HEAD_DIM)  # fmt: skip
+    elif DECODE_SPLITS > 1:
+        if num_active > 1:
+            part_row = (split * num_seqs + seq).to(tl.int64) * NUM_Q_HEADS + head
+            _store_partial(part_acc_ptr, part_ml_ptr, part_row, acc, m_i, l_i, dims, row_ok,
+                           dim_ok, HEAD_DIM)  # fmt: skip
+        else:
+            _store_out(out_ptr, acc, l_i, token, head, dims, row_ok, dim_ok, stride_o_t,
+                       stride_o_h)  # fmt: skip
+    else:
+        _store_out(out_ptr, acc, l_i, token, head, dims, row_ok, dim_ok, stride_o_t, stride_o_h)
 
 
 @triton.jit
+def _store_out(out_ptr, acc, l_i, token, head, dims, row_ok, dim_ok, stride_o_t, stride_o_h):
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(
+        out_ptr + token[:, None] * stride_o_t + head[:, None] * stride_o_h + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
+
+
+@triton.jit
+def _store_partial(part_acc_ptr, part_ml_ptr, part_row, acc, m_i, l_i, dims, row_ok, dim_ok,
+                   HEAD_DIM: tl.constexpr):  # fmt: skip
+    tl.store(
+        part_acc_ptr + part_row[:, None] * HEAD_DIM + dims[None, :],
+        acc,
+        mask=row_ok[:, None] & dim_ok[None, :],
+    )
+    tl.store(part_ml_ptr + part_row * 2, m_i, mask=row_ok)
+    tl.store(part_ml_ptr + part_row * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["min_tiles"])
 def _reduce_splits_kernel(
     part_acc_ptr,
     part_ml_ptr,
     out_ptr,
     query_start_loc_ptr,
+    seq_lens_ptr,
     num_seqs,
     num_tokens,
+    min_tiles,
     stride_o_t,
     stride_o_h,
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BY_SEQ: tl.constexpr,  # program 0 axis: a sequence (decode splits), else a token
 ):
-    token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    if token >= tl.load(query_start_loc_ptr + num_seqs):
-        return  # graph padding: no partials were written
     splits = tl.arange(0, NUM_SPLITS)
+    if BY_SEQ:  # one-token rows with > 1 active split (the attention kernel's rule) merge
+        seq = tl.program_id(0)
+        token = tl.load(query_start_loc_ptr + seq).to(tl.int64)
+        if tl.load(query_start_loc_ptr + seq + 1) - token != 1:
+            return
+        num_tiles = tl.cdiv(tl.load(seq_lens_ptr + seq), BLOCK_N)
+        num_active = tl.cdiv(num_tiles, tl.maximum(tl.cdiv(num_tiles, NUM_SPLITS), min_tiles))
+        if num_active == 1:
+            return  # the attention kernel wrote this row's output
+        part_row = (splits * num_seqs + seq).to(tl.int64) * NUM_Q_HEADS + head
+        active = splits < num_active
+    else:
+        token = tl.program_id(0).to(tl.int64)
+        if token >= tl.load(query_start_loc_ptr + num_seqs):
+            return  # graph padding: no partials were written
+        part_row = (splits * num_tokens + token) * NUM_Q_HEADS + head
+        active = splits < NUM_SPLITS
     dims = tl.arange(0, DIM_PAD)
     dim_ok = dims < HEAD_DIM
-    part_row = (splits * num_tokens + token) * NUM_Q_HEADS + head
-    m = tl.load(part_ml_ptr + part_row * 2)
-    l = tl.load(part_ml_ptr + part_row * 2 + 1)
+    m = tl.load(part_ml_ptr + part_row * 2, mask=active, other=float("-inf"))
+    l = tl.load(part_ml_ptr + part_row * 2 + 1, mask=active, other=0.0)
     acc = tl.load(
         part_acc_ptr + part_row[:, None] * HEAD_DIM + dims[None, :],
-        mask=dim_ok[None, :],
+        mask=active[:, None] & dim_ok[None, :],
         other=0.0,
     )
-    weight = tl.exp2(m - tl.max(m, 0))  # empty splits have l = 0 and acc = 0
+    weight = tl.exp2(m - tl.max(m, 0))  # empty and inactive splits: l = 0, acc = 0
     total = tl.sum(weight * l, 0)
     out = tl.sum(acc * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(
@@ -206,6 +273,16 @@ def choose_num_splits(
     return 1 if splits <= 1 else triton.next_power_of_2(splits)
 
 
+def choose_decode_splits(max_query_len: int, max_seq_len: int, device: torch.device) -> int:
+    """Splits for the one-token rows of a mixed batch (max_query_len > 16): only long contexts,
+    up to MAX_LONG_SPLITS runs of LONG_SPLIT_KEYS keys, as the decode kernel does in large
+    batches (a power of two, 1 = none). Host-side integers only."""
+    if device.type != "cuda" or max_query_len <= 16:
+        return 1
+    splits = min(math.ceil(max_seq_len / LONG_SPLIT_KEYS), MAX_LONG_SPLITS)
+    return 1 if splits <= 1 else triton.next_power_of_2(splits)
+
+
 def paged_attention(
     q: torch.Tensor,  # [T, Hq, D], head_dim contiguous
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
@@ -220,6 +297,8 @@ def paged_attention(
     num_splits: int = 0,  # 0 = choose; else a power of two
     block_m: int = 0,  # tile rows (query tokens x group heads), a power of two >= 16; 0 = choose
     block_n: int = 0,  # keys per tile, a power of two >= 16; 0 = choose
+    decode_splits: int = 0,  # one-token rows' splits when num_splits is 1; 0 = choose
+    min_tiles: int = 0,  # tiles a decode split takes at least; 0 = LONG_SPLIT_KEYS' worth
 ) -> torch.Tensor:
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, cache_dim = k_cache.shape
@@ -245,18 +324,25 @@ def paged_attention(
             num_seqs * num_kv_heads * num_q_blocks, max_query_len, max_seq_len, q.device
         )
     assert num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
-
     if num_splits > 1:
+        decode_splits = 1
+    elif decode_splits <= 0:
+        decode_splits = choose_decode_splits(max_query_len, max_seq_len, q.device)
+    assert decode_splits & (decode_splits - 1) == 0, "decode_splits must be a power of two"
+    min_tiles = min_tiles or max(1, LONG_SPLIT_KEYS // block_n)
+
+    # partial rows: per token with NUM_SPLITS, per sequence with DECODE_SPLITS
+    split_rows = num_splits * num_tokens if num_splits > 1 else decode_splits * num_seqs
+    if num_splits > 1 or decode_splits > 1:
         part_acc = torch.empty(
-            (num_splits, num_tokens, num_q_heads, head_dim), dtype=torch.float32, device=q.device
+            (split_rows, num_q_heads, head_dim), dtype=torch.float32, device=q.device
         )
-        part_ml = torch.empty(
-            (num_splits, num_tokens, num_q_heads, 2), dtype=torch.float32, device=q.device
-        )
+        part_ml = torch.empty((split_rows, num_q_heads, 2), dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out  # unused
     dim_pad = triton.next_power_of_2(head_dim)
-    _paged_attention_kernel[(num_seqs, num_kv_heads, num_q_blocks * num_splits)](
+    axis2 = num_q_blocks * num_splits if decode_splits == 1 else max(num_q_blocks, decode_splits)
+    _paged_attention_kernel[(num_seqs, num_kv_heads, axis2)](
         q,
         k_cache,
         v_cache,
@@ -268,6 +354,8 @@ def paged_attention(
         block_tables,
         scale * _LOG2E,
         num_tokens,
+        num_seqs,
+        min_tiles,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -284,22 +372,28 @@ def paged_attention(
         BLOCK_Q=block_q,
         BLOCK_N=block_n,
         NUM_SPLITS=num_splits,
+        DECODE_SPLITS=decode_splits,
         num_warps=8 if block_m >= 64 else 4,  # sm_90: no register spills either way
     )
-    if num_splits > 1:
-        _reduce_splits_kernel[(num_tokens, num_q_heads)](
+    if num_splits > 1 or decode_splits > 1:
+        by_seq = decode_splits > 1
+        _reduce_splits_kernel[(num_seqs if by_seq else num_tokens, num_q_heads)](
             part_acc,
             part_ml,
             out,
             query_start_loc,
+            seq_lens,
             num_seqs,
             num_tokens,
+            min_tiles,
             out.stride(0),
             out.stride(1),
             NUM_Q_HEADS=num_q_heads,
             HEAD_DIM=head_dim,
             DIM_PAD=dim_pad,
-            NUM_SPLITS=num_splits,
+            NUM_SPLITS=max(num_splits, decode_splits),
+            BLOCK_N=block_n,
+            BY_SEQ=by_seq,
             num_warps=1 if head_dim <= 64 else 2,
         )
     return out
