@@ -1,4 +1,4 @@
-"""`python -m replay run|compare|calibrate|ablate ...` (DESIGN.md Contract 4)."""
+"""`python -m replay run|compare|calibrate|shapes|ablate ...` (DESIGN.md Contract 4)."""
 
 from __future__ import annotations
 
@@ -132,19 +132,61 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError("calibrate: -o PROFILE is required")
     gpu = next((s.partition("=")[2] for s in args.sets if s.partition("=")[0] == "gpu"), None)
     try:
-        cal = calibrate(args.runs, _gpu_terms(args.gpu_terms), gpu)
+        cal = calibrate(args.runs, _gpu_terms(args.gpu_terms), gpu, shapes=args.shapes)
         checks = {}
         if args.check:
             checks = evaluate(cal.profile, [load_run(d) for d in args.check])
     except (RunFormatError, CalibrationError, ValueError) as e:
         raise UsageError(str(e)) from None
     side = write_calibration(cal, args.output, checks)
-    print_quality(f"fit on {len(args.runs)} run(s):", cal.quality)
+    sweeps = f" + {len(args.shapes)} shape sweep(s)" if args.shapes else ""
+    print_quality(f"fit on {len(args.runs)} run(s){sweeps}:", cal.quality)
     if checks:
         print_quality(f"check on {len(args.check)} other run(s):", checks)
     for note in cal.notes:
         print(f"note: {note}")
     print(f"profile -> {args.output}  (fit report: {side})")
+    return 0
+
+
+# ---- shapes -------------------------------------------------------------------------------------
+def cmd_shapes(args: argparse.Namespace) -> int:
+    from core.config import ConfigError
+    from replay.shapes import KINDS, sweep
+
+    cfg = config_from_args(args)
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise UsageError(f"--kinds '{args.kinds}': expected a comma-separated subset of {KINDS}")
+    if args.repeats < 1:
+        raise UsageError("--repeats must be >= 1")
+    if args.quick < 0:
+        raise UsageError("--quick must be >= 0")
+    out = Path(args.output or Path("runs") / f"shapes-{Path(cfg.model).name}.parquet")
+    bar = _Progress(not args.quiet)
+    try:
+        try:
+            res = sweep(cfg, out, args.repeats, kinds, args.quick, args.max_seconds, bar)
+        finally:
+            bar.close()
+    except NotImplementedError as e:
+        raise ConfigError(f"the engine cannot run this config: {e}") from None
+    except ValueError as e:  # the engine names the config key (e.g. device=cuda without CUDA)
+        raise ConfigError(str(e)) from None
+    m = res.meta
+    print(
+        f"shapes of {m['model']} on '{m['gpu']}' ({m['dtype']}): "
+        + ", ".join(f"{n} {k}" for k, n in res.counts.items())
+        + f" in {res.wall_s:.1f} s (GPU busy {res.gpu_busy_s:.1f} s)"
+    )
+    print(
+        f"  samples retried (GPU started before the host was done): {res.unclean_samples}; "
+        f"shapes dropped: {res.dropped_shapes}; shapes with wrapped KV blocks: "
+        f"{res.wrapped_shapes} (cache {m['num_kv_blocks']} blocks)"
+    )
+    if not res.complete:
+        print(f"  stopped after --max-seconds {args.max_seconds:g}: {res.rows} of {m['shapes']}")
+    print(f"shapes -> {res.path}")
     return 0
 
 
@@ -225,7 +267,25 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KIND=T1,T2",
         help="GPU pass regressors for decode or mixed (default: see replay.calibrate)",
     )
+    p.add_argument(
+        "--shapes",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a `replay shapes` sweep whose rows join the GPU pass fits (repeatable)",
+    )
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser(
+        "shapes", help="clean GPU timings of synthetic batches (for calibrate --shapes)"
+    )
+    add_config_args(p)
+    p.add_argument("--repeats", type=int, default=5, help="clean samples per shape (median)")
+    p.add_argument("--kinds", default="mixed,decode", help="batch kinds to sweep")
+    p.add_argument("--quick", type=int, default=0, metavar="N", help="about N shapes per kind")
+    p.add_argument("--max-seconds", type=float, help="stop adding shapes after this long")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=cmd_shapes)
 
     p = sub.add_parser("ablate", help="each seed switch off/on: measured beside predicted")
     p.add_argument("trace", help="trace parquet file")

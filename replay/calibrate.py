@@ -29,6 +29,15 @@ drops them): predicting the other side of the switch then removes what was measu
 default. `base` is the profile the simulator will use around the fit (its terms are what is
 subtracted; default: the built-in defaults).
 
+Shape sweeps (`shapes`, files of `python -m replay shapes`): their rows (clean timings of
+synthetic batches, replay.shapes) join the clean steps of the GPU pass fits, per kind. Mixed rows
+always join (the engine runs mixed batches eagerly, as the sweep does); decode rows join when they
+were timed the way the runs ran decode (CUDA graph replays or eagerly). The sweep times forward +
+logits only, a run's interval also the input copy, input finishing and sampling: the fit report
+compares the two sources (`gpu_pass.<kind>.runs_vs_sweep`: a fit to the sweep alone on the clean
+run steps, with the median offset) and notes an offset beyond SOURCE_OFFSET_NOTE. A sweep of
+another model, GPU or dtype than the runs is an error.
+
 Pure numpy + pyarrow; `sim.cost` (pure Python) is imported lazily for the profile format.
 """
 
@@ -37,7 +46,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +57,8 @@ from core.phases import CPU_PHASES, LAUNCH
 from core.runfmt import Run, load_run
 from replay.lsq import fit, numeric_rank
 from replay.outdir import atomic_file
-from replay.quality import evaluate, print_quality, stats
+from replay.quality import active_terms_ms, evaluate, print_quality, stats
+from replay.shapes import SweepRows, read_sweeps
 from replay.steps import CalibrationError, Steps, draft_gpu_ms, eval_linear, load_steps, run_config
 
 __all__ = [
@@ -89,6 +99,7 @@ ONE_SIDED_FIELDS: dict[str, tuple[str, ...]] = {
 LAUNCH_RESIDUAL_TERMS = ("num_reqs", "num_tokens")
 OUTLIER_MADS = 5.0  # graph launches this far above the fit (robust sigmas) are one-off uploads
 MIN_CLEAN_STEPS = 20
+SOURCE_OFFSET_NOTE = 0.05  # a median offset of clean run steps from the sweep's fit worth a note
 GPU_PRESET_NAMES = ("h200", "h100", "a100", "l40s")  # matched in a CUDA device name, in order
 
 
@@ -175,8 +186,9 @@ def fit_target(
 @dataclass
 class Calibration:
     profile: dict[str, Any]
-    quality: dict[str, Any]  # target -> fit statistics on the calibration runs
+    quality: dict[str, Any]  # target -> fit statistics on the calibration runs (and sweeps)
     notes: list[str]
+    shapes: list[str] = field(default_factory=list)  # shape sweep files used
 
 
 def calibrate(
@@ -185,15 +197,20 @@ def calibrate(
     gpu_preset: str | None = None,
     base: Mapping[str, Any] | None = None,
     one_sided: Mapping[str, Sequence[str]] | None = None,
+    shapes: Sequence[str | Path] = (),
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
-    (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS."""
+    (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
+    files whose rows join the GPU pass fits (module docstring)."""
     from sim.cost import resolve_profile
 
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise CalibrationError("calibrate needs at least one run folder")
     identity, notes = _identity(runs, gpu_preset)
+    sweep = _load_sweeps(shapes, runs) if shapes else None
+    if sweep is not None:
+        identity["notes"] += f" + {len(sweep.paths)} shape sweep(s) of {len(sweep)} rows"
     steps = load_steps(runs)
     defaults = resolve_profile(base)
     dterms = defaults["terms"]
@@ -204,27 +221,36 @@ def calibrate(
         "source_runs": [str(r.path) for r in runs],
     }
     fitted_terms: dict[str, dict[str, float]] = {}
-    # GPU pass, per kind
+    # GPU pass, per kind: the clean steps of the runs (+ the sweeps' rows that join)
     gpu_y = steps.gpu_ms - draft_gpu_ms(runs, steps)
     decode = steps.cols["num_prefill_reqs"] == 0
+    joined, joined_y = _join(steps, gpu_y, sweep)
+    joins = _sweep_joins(sweep, runs, notes) if sweep is not None else None
     gp: dict[str, Any] = {}
+    fit_rows: dict[str, np.ndarray] = {}  # kind -> mask over `joined`
     for kind, mask in (("decode", decode), ("mixed", ~decode)):
         keep = "the base profile's" if kind in (base or {}).get("gpu_pass", {}) else "the roofline"
         have = mask & np.isfinite(gpu_y)
         clean = have & steps.clean
-        if not have.any():
+        take = np.zeros(0, bool)
+        if sweep is not None and joins is not None:
+            take = joins & (sweep.decode == (kind == "decode"))
+        if not have.any() and not take.any():
             notes.append(f"gpu_pass.{kind}: no steps of this kind; keeping {keep}")
             continue
-        if clean.sum() < max(MIN_CLEAN_STEPS, 3 * len(gterms[kind])):
+        if clean.sum() + take.sum() < max(MIN_CLEAN_STEPS, 3 * len(gterms[kind])):
             # the other intervals are paced by an eager launch or the host: fitted as kernels,
             # they would come back in the sim twice (the sim adds the launch bound itself) and
             # stay when a switch removes the host work (a graph launch, a shorter phase)
+            more = f" (+ {int(take.sum())} shape sweep rows)" if sweep is not None else ""
             notes.append(
                 f"gpu_pass.{kind}: only {int(clean.sum())} of {int(have.sum())} steps hold "
-                f"kernels alone (the rest wait on the launch or the host); keeping {keep}"
+                f"kernels alone (the rest wait on the launch or the host){more}; keeping {keep}"
             )
             continue
-        gp[kind] = fit_target(steps, gpu_y, clean, gterms[kind], "gpu", dterms).model
+        rows = np.concatenate([clean, take])
+        gp[kind] = fit_target(joined, joined_y, rows, gterms[kind], "gpu", dterms).model
+        fit_rows[kind] = rows
     if gp:
         prof["gpu_pass"] = gp
     # CPU phases
@@ -252,8 +278,156 @@ def calibrate(
     from sim.cost import merge_profile, validate_profile
 
     validate_profile(prof)
-    quality = evaluate(merge_profile(base, prof) if base else prof, runs, steps)
-    return Calibration(prof, quality, notes)
+    used = merge_profile(base, prof) if base else prof
+    quality = evaluate(used, runs, steps)
+    quality.update(_gpu_fit_quality(used, joined, joined_y, fit_rows, len(steps)))
+    if sweep is not None:
+        quality.update(_sweep_quality(used, steps, gpu_y, sweep, gterms, dterms, notes))
+    return Calibration(prof, quality, notes, list(sweep.paths) if sweep is not None else [])
+
+
+# ---- shape sweeps -------------------------------------------------------------------------------
+def _load_sweeps(paths: Sequence[str | Path], runs: Sequence[Run]) -> SweepRows:
+    """The sweeps' rows; each file must be of the runs' model, dtype and GPU."""
+    sweep = read_sweeps(paths)
+    cfg = run_config(runs[0])
+    want = {"model": cfg.model, "dtype": cfg.dtype, "gpu": _gpu_name(runs[0], cfg)}
+    for path, meta in zip(sweep.paths, sweep.meta):
+        got = {k: meta.get(k) for k in want}
+        if got != want:
+            bad = [k for k in want if got[k] != want[k]]
+            raise CalibrationError(
+                f"shapes file '{path}' is of another {'/'.join(bad)} than the runs: "
+                + ", ".join(f"{k} {got[k]!r} (runs: {want[k]!r})" for k in bad)
+                + "; calibrate one model, GPU and dtype at a time"
+            )
+    return sweep
+
+
+def _sweep_joins(sweep: SweepRows, runs: Sequence[Run], notes: list[str]) -> np.ndarray:
+    """Which sweep rows join the fits: mixed rows (eager, as in the engine) and decode rows
+    timed as the runs ran decode (CUDA graph replays or eagerly)."""
+    cfgs = [run_config(r) for r in runs]
+    graphed = {c.cuda_graphs and c.device == "cuda" for c in cfgs}
+    joins = ~sweep.decode
+    n_dec = int(sweep.decode.sum())
+    if len(graphed) > 1:
+        if n_dec:
+            notes.append(
+                f"gpu_pass.decode: some runs replay CUDA graphs, others run decode eagerly: the "
+                f"sweeps' {n_dec} decode rows are reported (gpu_pass.decode.shapes), not fitted"
+            )
+        return joins
+    runs_graph = graphed.pop()
+    same = sweep.decode & (sweep.graph == runs_graph)
+    other = n_dec - int(same.sum())
+    if other:
+        how = ("eagerly", "as CUDA graph replays")
+        notes.append(
+            f"gpu_pass.decode: {other} sweep decode rows were timed {how[not runs_graph]} but the "
+            f"runs ran decode {how[runs_graph]}: reported (gpu_pass.decode.shapes), not fitted"
+        )
+    return joins | same
+
+
+def _join(steps: Steps, y: np.ndarray, sweep: SweepRows | None) -> tuple[Steps, np.ndarray]:
+    """The runs' steps followed by the sweeps' rows (clean, no CPU phases, no terms active;
+    run index -1 - file), and the GPU target of both."""
+    if sweep is None:
+        return steps, y
+    n = len(sweep)
+    missing = [k for k in steps.cols if k not in sweep.cols]
+    if missing:
+        raise CalibrationError(f"shapes file(s) {sweep.paths}: no column(s) {missing}")
+    joined = Steps(
+        cols={k: np.concatenate([v, sweep.cols[k]]) for k, v in steps.cols.items()},
+        phase_ms={p: np.concatenate([v, np.full(n, np.nan)]) for p, v in steps.phase_ms.items()},
+        gpu_ms=np.concatenate([steps.gpu_ms, sweep.gpu_ms]),
+        clean=np.concatenate([steps.clean, np.ones(n, bool)]),
+        graph=np.concatenate([steps.graph, sweep.graph]),
+        run=np.concatenate([steps.run, -1 - sweep.file]),
+        active={t: np.concatenate([a, np.zeros(n, bool)]) for t, a in steps.active.items()},
+    )
+    return joined, np.concatenate([y, sweep.gpu_ms])
+
+
+def _gpu_fit_quality(
+    prof: Mapping[str, Any],
+    joined: Steps,
+    y: np.ndarray,
+    fit_rows: Mapping[str, np.ndarray],
+    num_run_steps: int,
+) -> dict[str, Any]:
+    """`gpu_pass.<kind>.fitted_on`: the fitted model on exactly the rows it was fitted on, with
+    how many came from the runs' clean steps and how many from shape sweeps."""
+    from sim.cost import resolve_profile
+
+    p = resolve_profile(prof)
+    extra = active_terms_ms(p, joined, "gpu")
+    out: dict[str, Any] = {}
+    for kind, rows in fit_rows.items():
+        pred = eval_linear(p["gpu_pass"][kind], joined.cols, rows) + extra[rows]
+        q = stats(pred, y[rows])
+        q["run_steps"] = int(rows[:num_run_steps].sum())
+        q["shape_rows"] = int(rows[num_run_steps:].sum())
+        out[f"gpu_pass.{kind}.fitted_on"] = q
+    return out
+
+
+def _sweep_quality(
+    prof: Mapping[str, Any],
+    steps: Steps,
+    gpu_y: np.ndarray,
+    sweep: SweepRows,
+    gterms: Mapping[str, Sequence[str]],
+    dterms: Mapping[str, Mapping[str, float]],
+    notes: list[str],
+) -> dict[str, Any]:
+    """Per kind: `gpu_pass.<kind>.shapes`, the profile on every sweep row of the kind (fitted
+    or not); `gpu_pass.<kind>.runs_vs_sweep`, a fit to the sweep rows alone predicting the
+    runs' clean steps, with the median offset (measured - predicted) in ms and relative: what
+    a run's interval holds beyond the sweep's forward + logits, or a mismatch of the two."""
+    from sim.cost import resolve_profile
+
+    p = resolve_profile(prof)
+    out: dict[str, Any] = {}
+    extra = active_terms_ms(p, steps, "gpu")
+    decode = steps.cols["num_prefill_reqs"] == 0
+    all_sweep = np.ones(len(sweep), bool)
+    for kind in ("decode", "mixed"):
+        mine = sweep.decode == (kind == "decode")
+        if not mine.any():
+            continue
+        if kind in p["gpu_pass"]:
+            pred = eval_linear(p["gpu_pass"][kind], sweep.cols, mine)
+            out[f"gpu_pass.{kind}.shapes"] = stats(pred, sweep.gpu_ms[mine])
+        clean = (decode if kind == "decode" else ~decode) & np.isfinite(gpu_y) & steps.clean
+        if not clean.any() or mine.sum() < len(gterms[kind]) + 2:
+            continue
+        alone = Steps(
+            cols=sweep.cols,
+            phase_ms={},
+            gpu_ms=sweep.gpu_ms,
+            clean=all_sweep,
+            graph=sweep.graph,
+            run=-1 - sweep.file,
+            active={t: np.zeros(len(sweep), bool) for t in steps.active},
+        )
+        model = fit_target(alone, sweep.gpu_ms, mine, gterms[kind], "gpu", dterms).model
+        pred = eval_linear(model, steps.cols, clean) + extra[clean]
+        meas = gpu_y[clean]
+        q = stats(pred, meas)
+        q["offset_ms"] = float(np.median(meas - pred))
+        q["offset_rel"] = float(np.median((meas - pred) / meas))
+        out[f"gpu_pass.{kind}.runs_vs_sweep"] = q
+        if abs(q["offset_rel"]) > SOURCE_OFFSET_NOTE:
+            notes.append(
+                f"gpu_pass.{kind}: the {q['n']} clean run steps take {q['offset_ms']:+.3f} ms "
+                f"({100 * q['offset_rel']:+.1f} %, median) against a fit to the shape sweep "
+                "alone (the sweep times forward + logits; a run's interval also holds the input "
+                "copy, input finishing and sampling)"
+            )
+    return out
 
 
 def _fit_launch(steps: Steps) -> tuple[dict[str, float], dict[str, float]]:
@@ -352,5 +526,7 @@ def write_calibration(cal: Calibration, path: str | Path, checks: dict[str, Any]
 
     p = save_profile(path, cal.profile)
     report = {"profile": str(p), "fit": cal.quality, "check": checks, "notes": cal.notes}
+    if cal.shapes:
+        report["shapes"] = cal.shapes
     text = json.dumps(report, indent=2, allow_nan=False) + "\n"
     return atomic_file(p.with_name(p.stem + ".fit.json"), text)

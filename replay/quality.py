@@ -23,7 +23,7 @@ def evaluate(profile: Mapping[str, Any], runs: Sequence[Run], steps: Steps | Non
     prof = resolve_profile(profile)
     out: dict[str, Any] = {}
     decode = steps.cols["num_prefill_reqs"] == 0
-    gpu_extra = _active_terms_ms(prof, steps, "gpu")
+    gpu_extra = active_terms_ms(prof, steps, "gpu")
     gpu_y = steps.gpu_ms - draft_gpu_ms(runs, steps)
     for kind, mask in (("decode", decode), ("mixed", ~decode)):
         rows = mask & np.isfinite(gpu_y)
@@ -42,7 +42,7 @@ def evaluate(profile: Mapping[str, Any], runs: Sequence[Run], steps: Steps | Non
         if not rows.any():
             continue
         pred = eval_linear(prof["cpu_phases"].get(phase, {}), steps.cols, rows)
-        pred += _active_terms_ms(prof, steps, phase)[rows]
+        pred += active_terms_ms(prof, steps, phase)[rows]
         if phase == LAUNCH:
             nodes = _nodes(runs, steps, la)
             graph_ms = la["graph_ms"] + la["graph_ms_per_node"] * nodes
@@ -52,7 +52,7 @@ def evaluate(profile: Mapping[str, Any], runs: Sequence[Run], steps: Steps | Non
     return out
 
 
-def _active_terms_ms(prof: Mapping[str, Any], steps: Steps, target: str) -> np.ndarray:
+def active_terms_ms(prof: Mapping[str, Any], steps: Steps, target: str) -> np.ndarray:
     from sim.cost.terms import TERM_NAMES, term_target
 
     all_rows = np.ones(len(steps), bool)
@@ -101,7 +101,7 @@ def stats(pred: np.ndarray, meas: np.ndarray) -> dict[str, Any]:
 def print_quality(title: str, quality: Mapping[str, Any]) -> None:
     print(title)
     print(
-        f"  {'target':<28} {'n':>7} {'R²':>7} {'meas ms':>9} {'pred ms':>9} {'|rel err|':>9} "
+        f"  {'target':<32} {'n':>7} {'R²':>7} {'meas ms':>9} {'pred ms':>9} {'|rel err|':>9} "
         f"{'total':>8}"
     )
     for name, q in quality.items():
@@ -111,6 +111,6 @@ def print_quality(title: str, quality: Mapping[str, Any]) -> None:
         rel = "-" if q["mean_abs_rel_error"] is None else f"{100 * q['mean_abs_rel_error']:.1f}%"
         tot = "-" if q["total_rel_error"] is None else f"{100 * q['total_rel_error']:+.1f}%"
         print(
-            f"  {name:<28} {q['n']:>7} {r2:>7} {q['measured_mean_ms']:>9.4f} "
+            f"  {name:<32} {q['n']:>7} {r2:>7} {q['measured_mean_ms']:>9.4f} "
             f"{q['predicted_mean_ms']:>9.4f} {rel:>9} {tot:>8}"
         )

@@ -1,0 +1,406 @@
+"""`replay shapes` (clean timings of synthetic batches) and `replay calibrate --shapes`.
+
+The sweep runs on CPU with the tiny model (a synchronous forward, wall time); the calibration
+tests use runs written here whose mixed steps are never clean (the GPU began them while the host
+was still launching), as on llama3.2-1b, and sweep files whose times are a known linear function
+of the shape, so the fit must give those coefficients back. The GPU test (skipped without CUDA)
+runs a small sweep on the device and checks every sample was clean.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from core.cli import run_main
+from core.config import Config
+from core.policy import Scheduler, SchedulerConfig
+from core.request import Request
+from core.runfmt import RunRecorder, write_run
+from core.shape import SHAPE_FIELDS, BatchShape
+from replay.calibrate import GPU_TERMS, CalibrationError, calibrate, write_calibration
+from replay.run import gpu_name
+from replay.shapes import (
+    COLUMNS,
+    FORMAT_VERSION,
+    META_KEY,
+    Batch,
+    Entry,
+    Limits,
+    Sample,
+    batch_shape,
+    grid,
+    read_sweeps,
+    shape_row,
+    sweep,
+    write_sweep,
+)
+
+TRACE = {"path": "synthetic.parquet", "sha256": "cd" * 32, "rows": 0}
+H100 = "NVIDIA H100 80GB HBM3"
+# ms; the true GPU pass of the synthetic engine and of the synthetic sweeps
+MIXED = {
+    "intercept": 1.5,
+    "num_tokens": 0.012,
+    "kv_read_tokens": 3e-5,
+    "attn_pairs": 2e-8,
+    "num_reqs": 0.02,
+    "num_prefill_reqs": 0.3,
+}
+DECODE = {"intercept": 0.9, "num_tokens": 0.005, "kv_read_tokens": 4e-5}
+SWEEP_CFG = dict(max_num_batched_tokens=320, max_num_seqs=20, max_model_len=768)
+
+
+def _lin(model: dict[str, float], s: dict[str, int] | BatchShape) -> float:
+    get = s.get if isinstance(s, dict) else lambda k: getattr(s, k)  # type: ignore[union-attr]
+    out = 0.0
+    for t, c in model.items():
+        v = 1 if t == "intercept" else get("prefill_tokens") + get("decode_tokens")
+        out += c * (v if t in ("intercept", "num_tokens") else get(t))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cpu_sweep(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("shapes") / "tiny.parquet"
+    cfg = Config(model="tiny", device="cpu", **SWEEP_CFG)
+    res = sweep(cfg, out, repeats=2)
+    assert res.path == out and res.complete
+    return out
+
+
+# ---- the sweep ----------------------------------------------------------------------------------
+def test_sweep_writes_a_valid_file(cpu_sweep: Path):
+    table = pq.read_table(cpu_sweep)
+    assert tuple(table.column_names) == COLUMNS
+    meta = json.loads(table.schema.metadata[META_KEY])
+    cfg = Config(model="tiny", device="cpu", **SWEEP_CFG)
+    assert meta["format"] == "replay.shapes" and meta["version"] == FORMAT_VERSION
+    assert (meta["model"], meta["dtype"], meta["gpu"]) == ("tiny", "bfloat16", gpu_name(cfg))
+    assert meta["torch"] == torch.__version__ and meta["date"][:4].isdigit()
+    assert meta["config"]["max_num_batched_tokens"] == 320 and "engine_commit" in meta
+    assert meta["dropped_shapes"] == 0 and meta["kv_wrapped_shapes"] == 0
+    d = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
+    n = len(table)
+    assert n == meta["shapes"] == len(grid(Limits.of(cfg)))
+    kinds = d["kind"].astype(str)
+    assert set(kinds) == {"decode", "mixed"}
+    assert ((kinds == "decode") == (d["num_prefill_reqs"] == 0)).all()
+    tokens = d["prefill_tokens"] + d["decode_tokens"]
+    assert (tokens <= 320).all() and (d["num_reqs"] <= 20).all() and (d["num_reqs"] >= 1).all()
+    assert (d["max_kv_tokens"] <= 768).all() and (d["max_seq_len"] == d["max_kv_tokens"]).all()
+    assert (d["kv_read_tokens"] >= tokens).all() and (d["attn_pairs"] >= tokens).all()
+    assert (d["context_tokens"] == d["kv_read_tokens"]).all()
+    assert (d["decode_tokens"] == d["num_reqs"] - d["num_prefill_reqs"]).all()
+    assert (d["new_reqs"] <= d["num_prefill_reqs"]).all() and (d["draft_tokens"] == 0).all()
+    assert (d["gpu_ms"] > 0).all() and (d["repeats"] == 2).all() and (d["unclean"] == 0).all()
+    assert (d["gpu_ms_min"] <= d["gpu_ms"]).all() and (d["gpu_ms"] <= d["gpu_ms_max"]).all()
+    assert not d["graph"].any() and (d["spin_ms"] == 0).all()  # CPU: eager, no spin
+    one = np.flatnonzero((d["label"] == "prefill") & (d["prefill_tokens"] == 64))
+    assert len(one) == 1 and d["attn_pairs"][one[0]] == 64 * 65 // 2
+    later = np.flatnonzero(d["label"] == "prefill@ctx")
+    assert len(later) and (d["new_reqs"][later] == 0).all()
+    rows = read_sweeps([cpu_sweep])
+    assert len(rows) == n and rows.decode.sum() == (kinds == "decode").sum()
+
+
+def test_batch_shape_is_the_schedulers():
+    """Synthetic batches get the BatchShape the scheduler would give the same entries: drive
+    the real policy (whole prompts, no prefix cache, synchronous) and recompute each step."""
+    sched = Scheduler(
+        SchedulerConfig(
+            max_num_seqs=6,
+            max_num_batched_tokens=96,
+            num_blocks=400,
+            block_size=4,
+            max_model_len=4096,
+            chunked_prefill=True,
+            prefix_caching=False,
+            spec_k=0,
+        )
+    )
+    rng = random.Random(3)
+    for i in range(14):
+        sched.add(Request(i, f"r{i}", 0.0, rng.randint(2, 60), rng.randint(1, 12)))
+    steps = 0
+    while sched.has_unfinished:
+        batch = sched.schedule()
+        assert batch is not None
+        mine = [Entry(e.start_pos, e.num_tokens, e.is_prefill) for e in batch.entries]
+        got = batch_shape(mine)
+        want = batch.shape.as_dict()
+        if all(e.generates for e in batch.entries):  # a chunk that ends its prompt
+            assert {f: got[f] for f in SHAPE_FIELDS} == want
+        else:  # a partial chunk's request holds more prompt than it has computed
+            assert {f: got[f] for f in SHAPE_FIELDS if f != "context_tokens"} == {
+                f: v for f, v in want.items() if f != "context_tokens"
+            }
+        assert got["max_kv_tokens"] == max(e.start_pos + e.num_tokens for e in batch.entries)
+        sched.complete(batch, [1] * len(batch.entries))
+        steps += 1
+    assert steps > 20
+
+
+def test_grid_respects_the_limits_and_is_deterministic():
+    full = Limits(8192, 256, 131072)
+    g = grid(full)
+    assert g == grid(full) and len({b.entries for b in g}) == len(g)
+    assert 150 <= len(g) <= 220  # the GPU budget: ~60 s for 1b, ~90 s for 8b
+    labels = {b.label for b in g}
+    assert {"prefill", "prefill@ctx", "chunks", "prefill+decode+long", "decode+long"} <= labels
+    for lim in (full, Limits(320, 20, 768), Limits(2048, 64, 4096)):
+        for b in grid(lim):
+            assert b.num_tokens <= lim.max_tokens and len(b.entries) <= lim.max_seqs
+            assert b.max_seq_len <= lim.max_len
+            assert sum(e.seq_len for e in b.entries) <= 1 << 18
+    long_rows = [b for b in g if b.label == "prefill+decode+long"]
+    assert max(b.max_seq_len for b in long_rows) == 38000
+    assert {b.kind for b in grid(full, ("mixed",))} == {"mixed"}
+
+
+def test_shapes_cli_and_a_cache_too_small(tmp_path: Path, capsys):
+    from replay.__main__ import main
+
+    out = tmp_path / "s.parquet"
+    sets = ["--set", "model=tiny", "--set", "device=cpu", "--set", "num_kv_blocks=8"]
+    sets += [f"--set={k}={v}" for k, v in SWEEP_CFG.items()]
+    assert main(["shapes", *sets, "--quick", "3", "--repeats", "1", "-q", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"shapes -> {out}" in text and "wrapped KV blocks" in text
+    t = pq.read_table(out)
+    meta = json.loads(t.schema.metadata[META_KEY])
+    wrapped = t.column("kv_wrapped").to_numpy(zero_copy_only=False)
+    assert meta["num_kv_blocks"] == 8 and wrapped.any()
+    assert meta["kv_wrapped_shapes"] == int(wrapped.sum())
+    assert (t.column("kv_blocks").to_numpy()[wrapped] > 8).all()
+    with pytest.raises(SystemExit) as e:
+        run_main(main, ["shapes", *sets, "--kinds", "prefill", "-o", str(tmp_path / "x.parquet")])
+    assert e.value.code == 2 and "--kinds" in capsys.readouterr().err
+    assert not (tmp_path / "x.parquet").exists()
+
+
+# ---- calibrate --shapes -------------------------------------------------------------------------
+def eager_run(
+    out: Path,
+    seed: int,
+    gpu: str = H100,
+    cfg: Config | None = None,
+    mixed_clean: bool = False,
+    mixed_extra_ms: float = 0.0,
+) -> Path:
+    """A synchronous loop over random batches with the GPU pass of MIXED / DECODE. Decode
+    steps are clean (the GPU starts after the host's last phase); mixed steps are clean only
+    with `mixed_clean`, else the GPU starts during the launch (an eager launch slower than its
+    kernels) and the interval is the launch's pace, not the kernels'."""
+    rng = np.random.default_rng(seed)
+    cfg = cfg or Config(model="tiny")
+    rec = RunRecorder()
+    rec.add_request("r0", 0.0)
+    t = 0.0
+    for _ in range(160):
+        mixed = rng.random() < 0.3
+        rows = [Entry(int(c) - 1, 1, False) for c in rng.integers(20, 3000, rng.integers(1, 24))]
+        if mixed:
+            rows.append(Entry(int(rng.integers(0, 2000)), int(rng.integers(16, 600)), True))
+        s = BatchShape(**{f: v for f, v in batch_shape(rows).items() if f in SHAPE_FIELDS})
+        k = rec.add_step(s)
+        for ph, d in (("schedule", 0.1), ("prepare_inputs", 0.2)):
+            rec.phase(k, ph, t, t + d / 1e3)
+            t += d / 1e3
+        launch = (8.0 if mixed else 0.05) / 1e3
+        rec.phase(k, "launch", t, t + launch)
+        g0 = t + 0.1e-3 if mixed and not mixed_clean else t + launch + 0.1e-3
+        t += launch
+        for ph in ("sample", "draft"):
+            rec.phase(k, ph, t, t + 0.05e-3)
+            t += 0.05e-3
+        gpu_ms = _lin(MIXED, s) + mixed_extra_ms if mixed else _lin(DECODE, s)
+        if mixed and not mixed_clean:
+            gpu_ms += 6.0  # the kernels trickle in behind the launch
+        g0 = max(g0, t) if not mixed or mixed_clean else g0
+        rec.gpu(k, g0, g0 + gpu_ms / 1e3)
+        t = max(t, g0 + gpu_ms / 1e3)
+        rec.phase(k, "process_outputs", t, t + 0.05e-3)
+        t += 0.05e-3
+        rec.tokens(0, t)
+    rec.finish(0, t)
+    write_run(out, rec, config=cfg, trace=TRACE, source={"kind": "replay", "gpu": gpu})
+    return out
+
+
+def fake_sweep(
+    path: Path,
+    model: str = "tiny",
+    gpu: str = H100,
+    dtype: str = "bfloat16",
+    decode_graph: bool = True,
+) -> Path:
+    """A sweep file of the real grid's shapes whose times are exactly MIXED / DECODE."""
+    rows = []
+    for b in grid(Limits(512, 64, 40000)):
+        shape = batch_shape(b.entries)
+        ms = _lin(MIXED if b.kind == "mixed" else DECODE, shape)
+        bucket = len(b.entries) if decode_graph and b.kind == "decode" else 0
+        rows.append(shape_row(b, [Sample(ms, 0.1, 0.2)], 0, bucket, b.max_seq_len, 1, False))
+    meta = {"format": "replay.shapes", "version": FORMAT_VERSION, "model": model, "gpu": gpu}
+    return write_sweep(path, rows, {**meta, "dtype": dtype})
+
+
+def test_calibrate_fits_mixed_from_a_sweep_when_no_mixed_step_is_clean(tmp_path: Path):
+    runs = [eager_run(tmp_path / f"r{i}", seed=i) for i in range(2)]
+    alone = calibrate(runs)
+    assert "mixed" not in alone.profile["gpu_pass"]
+    assert any("gpu_pass.mixed: only 0 of" in n for n in alone.notes)
+    f = fake_sweep(tmp_path / "s.parquet")
+    cal = calibrate(runs, shapes=[f])
+    for kind, true in (("mixed", MIXED), ("decode", DECODE)):
+        got = cal.profile["gpu_pass"][kind]
+        for term in GPU_TERMS[kind]:
+            assert got.get(term, 0.0) == pytest.approx(true.get(term, 0.0), rel=1e-6, abs=1e-12)
+    q = cal.quality
+    n_mixed = sum(1 for b in grid(Limits(512, 64, 40000)) if b.kind == "mixed")
+    n_decode = sum(1 for b in grid(Limits(512, 64, 40000)) if b.kind == "decode")
+    mix = q["gpu_pass.mixed.fitted_on"]
+    assert (mix["run_steps"], mix["shape_rows"]) == (0, n_mixed)
+    dec = q["gpu_pass.decode.fitted_on"]
+    assert dec["run_steps"] > 50 and dec["shape_rows"] == n_decode  # graph rows, graph runs
+    assert q["gpu_pass.mixed.shapes"]["r2"] > 0.999999
+    assert q["gpu_pass.decode.runs_vs_sweep"]["offset_ms"] == pytest.approx(0.0, abs=1e-9)
+    assert "gpu_pass.mixed.runs_vs_sweep" not in q  # no clean mixed run step to compare
+    assert "+ 1 shape sweep(s)" in cal.profile["notes"] and cal.shapes == [str(f)]
+    side = write_calibration(cal, tmp_path / "p.json", {})
+    rep = json.loads(side.read_text())
+    assert rep["shapes"] == [str(f)] and rep["fit"]["gpu_pass.mixed.fitted_on"]["shape_rows"]
+
+
+def test_sweep_offset_from_clean_run_steps_is_reported(tmp_path: Path):
+    """Runs whose clean mixed steps hold 0.5 ms more than the sweep's forward + logits."""
+    runs = [eager_run(tmp_path / "r", seed=4, mixed_clean=True, mixed_extra_ms=0.5)]
+    cal = calibrate(runs, shapes=[fake_sweep(tmp_path / "s.parquet")])
+    q = cal.quality["gpu_pass.mixed.runs_vs_sweep"]
+    assert q["n"] > 20 and q["offset_ms"] == pytest.approx(0.5, rel=1e-6)
+    assert q["total_rel_error"] < 0
+    assert any("gpu_pass.mixed: the" in n and "+0.500 ms" in n for n in cal.notes)
+    fitted = cal.quality["gpu_pass.mixed.fitted_on"]
+    assert fitted["run_steps"] == q["n"] and fitted["shape_rows"] > 20
+
+
+def test_eager_decode_rows_are_compared_not_fitted_for_graph_runs(tmp_path: Path):
+    runs = [eager_run(tmp_path / "r", seed=1)]
+    cal = calibrate(runs, shapes=[fake_sweep(tmp_path / "s.parquet", decode_graph=False)])
+    assert cal.quality["gpu_pass.decode.fitted_on"]["shape_rows"] == 0
+    assert cal.quality["gpu_pass.decode.shapes"]["n"] > 10
+    assert any("timed eagerly but the runs ran decode as CUDA graph" in n for n in cal.notes)
+
+
+def test_calibrate_with_a_real_cpu_sweep(tmp_path: Path, cpu_sweep: Path):
+    cfg = Config(model="tiny", device="cpu")
+    runs = [eager_run(tmp_path / "r", seed=2, gpu=gpu_name(cfg), cfg=cfg)]
+    cal = calibrate(runs, shapes=[cpu_sweep])
+    rows = read_sweeps([cpu_sweep])
+    q = cal.quality
+    assert q["gpu_pass.mixed.fitted_on"]["shape_rows"] == int((~rows.decode).sum())
+    assert q["gpu_pass.mixed.fitted_on"]["run_steps"] == 0
+    # CPU runs launch decode eagerly, as the CPU sweep timed it: those rows join the fit
+    assert q["gpu_pass.decode.fitted_on"]["shape_rows"] == int(rows.decode.sum())
+    assert cal.profile["gpu_pass"]["mixed"]
+
+
+def _bad_files(tmp_path: Path) -> list[tuple[Path, str]]:
+    out = [
+        (fake_sweep(tmp_path / "model.parquet", model="small"), "another model"),
+        (fake_sweep(tmp_path / "gpu.parquet", gpu="NVIDIA H200"), "another gpu"),
+        (fake_sweep(tmp_path / "dtype.parquet", dtype="float16"), "another dtype"),
+        (tmp_path / "missing.parquet", "does not exist"),
+    ]
+    text = tmp_path / "text.parquet"
+    text.write_text("not parquet\n")
+    out.append((text, "not a parquet file"))
+    good = pq.read_table(fake_sweep(tmp_path / "good.parquet"))
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(good.replace_schema_metadata({}), plain)
+    out.append((plain, "not written by `replay shapes`"))
+    nocol = tmp_path / "nocol.parquet"
+    pq.write_table(good.drop_columns(["attn_pairs"]), nocol)
+    out.append((nocol, r"missing column\(s\) \['attn_pairs'\]"))
+    zero = tmp_path / "zero.parquet"
+    ms = good.column("gpu_ms").to_numpy().copy()
+    ms[3] = 0.0
+    i = good.column_names.index("gpu_ms")
+    pq.write_table(good.set_column(i, "gpu_ms", pa.array(ms)), zero)
+    out.append((zero, "row 3: gpu_ms 0.0 is not > 0"))
+    return out
+
+
+def test_a_bad_shapes_file_is_one_clear_error(tmp_path: Path, capsys):
+    from replay.__main__ import main
+
+    run = eager_run(tmp_path / "r", seed=0)
+    for path, why in _bad_files(tmp_path):
+        with pytest.raises(CalibrationError, match=why):
+            calibrate([run], shapes=[path])
+        prof = tmp_path / "p.json"
+        with pytest.raises(SystemExit) as e:
+            run_main(main, ["calibrate", str(run), "--shapes", str(path), "-o", str(prof)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"error: shapes file '{path}'"), err
+        assert err.count("\n") == 1 and not prof.exists()
+
+
+def test_calibrate_cli_with_shapes(tmp_path: Path, capsys):
+    from replay.__main__ import main
+
+    runs = [str(eager_run(tmp_path / f"r{i}", seed=i)) for i in range(2)]
+    f = str(fake_sweep(tmp_path / "s.parquet"))
+    prof = tmp_path / "p.json"
+    assert main(["calibrate", *runs, "--shapes", f, "--shapes", f, "-o", str(prof)]) == 0
+    out = capsys.readouterr().out
+    assert "fit on 2 run(s) + 2 shape sweep(s)" in out and "gpu_pass.mixed.fitted_on" in out
+    rep = json.loads((tmp_path / "p.fit.json").read_text())
+    n_mixed = sum(1 for b in grid(Limits(512, 64, 40000)) if b.kind == "mixed")
+    assert rep["fit"]["gpu_pass.mixed.fitted_on"]["shape_rows"] == 2 * n_mixed
+
+
+# ---- on the GPU ---------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_sweep_samples_are_clean(tmp_path: Path):
+    """Every sample of a small CUDA sweep was clean (the host had issued the whole step before
+    the GPU reached the start event) at the first try; eager steps of the tiny model take less
+    GPU time than their launch, which the timings must not contain; decode rows replay graphs."""
+    cfg = Config(
+        model="tiny",
+        device="cuda",
+        max_num_batched_tokens=512,
+        max_num_seqs=32,
+        max_model_len=4096,
+        gc_freeze=False,
+    )
+    res = sweep(cfg, tmp_path / "g.parquet", repeats=3, quick=10)
+    assert res.complete and res.dropped_shapes == 0 and res.unclean_samples == 0
+    t = pq.read_table(res.path)
+    d = {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names}
+    assert (d["unclean"] == 0).all() and (d["repeats"] == 3).all() and (d["gpu_ms"] > 0).all()
+    assert (d["spin_ms"] > d["issue_ms"]).all()
+    mixed = d["kind"].astype(str) == "mixed"
+    assert mixed.any() and not d["graph"][mixed].any()
+    assert np.median(d["gpu_ms"][mixed]) < np.median(d["issue_ms"][mixed])
+    dec = ~mixed
+    assert dec.any() and d["graph"][dec].all()
+    assert (d["bucket"][dec] >= d["num_reqs"][dec]).all()
+    meta = json.loads(t.schema.metadata[META_KEY])
+    assert meta["gpu"] == torch.cuda.get_device_name() and meta["spin_cycles_per_ms"] > 0
+    assert meta["attn_backend"] == "triton" and meta["graph_buckets"]
+
+
+def test_batch_kinds():
+    b = Batch("x", (Entry(0, 8, True), Entry(99, 1, False)))
+    assert b.kind == "mixed" and b.num_tokens == 9 and b.max_seq_len == 100
+    assert Batch("y", (Entry(9, 1, False),)).kind == "decode"
