@@ -132,7 +132,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError("calibrate: -o PROFILE is required")
     gpu = next((s.partition("=")[2] for s in args.sets if s.partition("=")[0] == "gpu"), None)
     try:
-        cal = calibrate(args.runs, _gpu_terms(args.gpu_terms), gpu, shapes=args.shapes)
+        kinds = tuple(k.strip() for k in args.shapes_kinds.split(",") if k.strip())
+        cal = calibrate(
+            args.runs, _gpu_terms(args.gpu_terms), gpu, shapes=args.shapes, shapes_kinds=kinds
+        )
         checks = {}
         if args.check:
             checks = evaluate(cal.profile, [load_run(d) for d in args.check])
@@ -273,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="FILE",
         help="a `replay shapes` sweep whose rows join the GPU pass fits (repeatable)",
+    )
+    p.add_argument(
+        "--shapes-kinds",
+        default="decode,mixed",
+        metavar="KINDS",
+        help="batch kinds whose sweep rows join the fits; the others are only reported",
     )
     p.set_defaults(func=cmd_calibrate)
 

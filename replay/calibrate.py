@@ -198,10 +198,12 @@ def calibrate(
     base: Mapping[str, Any] | None = None,
     one_sided: Mapping[str, Sequence[str]] | None = None,
     shapes: Sequence[str | Path] = (),
+    shapes_kinds: Sequence[str] = ("decode", "mixed"),
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
     (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
-    files whose rows join the GPU pass fits (module docstring)."""
+    files whose rows join the GPU pass fits (module docstring); `shapes_kinds`: the batch kinds
+    whose sweep rows may join (the others are only reported)."""
     from sim.cost import resolve_profile
 
     runs = [load_run(d) for d in run_dirs]
@@ -225,7 +227,7 @@ def calibrate(
     gpu_y = steps.gpu_ms - draft_gpu_ms(runs, steps)
     decode = steps.cols["num_prefill_reqs"] == 0
     joined, joined_y = _join(steps, gpu_y, sweep)
-    joins = _sweep_joins(sweep, runs, notes) if sweep is not None else None
+    joins = _sweep_joins(sweep, runs, shapes_kinds, notes) if sweep is not None else None
     gp: dict[str, Any] = {}
     fit_rows: dict[str, np.ndarray] = {}  # kind -> mask over `joined`
     for kind, mask in (("decode", decode), ("mixed", ~decode)):
@@ -304,9 +306,18 @@ def _load_sweeps(paths: Sequence[str | Path], runs: Sequence[Run]) -> SweepRows:
     return sweep
 
 
-def _sweep_joins(sweep: SweepRows, runs: Sequence[Run], notes: list[str]) -> np.ndarray:
-    """Which sweep rows join the fits: mixed rows (eager, as in the engine) and decode rows
-    timed as the runs ran decode (CUDA graph replays or eagerly)."""
+def _sweep_joins(
+    sweep: SweepRows, runs: Sequence[Run], kinds: Sequence[str], notes: list[str]
+) -> np.ndarray:
+    """Which sweep rows join the fits: of `kinds`, mixed rows (eager, as in the engine) and
+    decode rows timed as the runs ran decode (CUDA graph replays or eagerly)."""
+    bad = [k for k in kinds if k not in GPU_TERMS]
+    if bad:
+        raise CalibrationError(f"shape kinds {bad}: expected some of {list(GPU_TERMS)}")
+    if "decode" not in kinds:
+        return ~sweep.decode if "mixed" in kinds else np.zeros(len(sweep), bool)
+    if "mixed" not in kinds:
+        return _sweep_joins(sweep, runs, ("decode", "mixed"), notes) & sweep.decode
     cfgs = [run_config(r) for r in runs]
     graphed = {c.cuda_graphs and c.device == "cuda" for c in cfgs}
     joins = ~sweep.decode

@@ -300,6 +300,20 @@ def test_eager_decode_rows_are_compared_not_fitted_for_graph_runs(tmp_path: Path
     assert any("timed eagerly but the runs ran decode as CUDA graph" in n for n in cal.notes)
 
 
+def test_shapes_kinds_limits_what_joins(tmp_path: Path):
+    runs = [eager_run(tmp_path / "r", seed=1)]
+    f = fake_sweep(tmp_path / "s.parquet")
+    cal = calibrate(runs, shapes=[f], shapes_kinds=("mixed",))
+    assert cal.quality["gpu_pass.decode.fitted_on"]["shape_rows"] == 0
+    assert cal.quality["gpu_pass.decode.shapes"]["n"] > 10  # still reported
+    assert cal.quality["gpu_pass.mixed.fitted_on"]["shape_rows"] > 20
+    cal = calibrate(runs, shapes=[f], shapes_kinds=("decode",))
+    assert "mixed" not in cal.profile["gpu_pass"]
+    assert cal.quality["gpu_pass.decode.fitted_on"]["shape_rows"] > 10
+    with pytest.raises(CalibrationError, match="shape kinds"):
+        calibrate(runs, shapes=[f], shapes_kinds=("prefill",))
+
+
 def test_calibrate_with_a_real_cpu_sweep(tmp_path: Path, cpu_sweep: Path):
     cfg = Config(model="tiny", device="cpu")
     runs = [eager_run(tmp_path / "r", seed=2, gpu=gpu_name(cfg), cfg=cfg)]
