@@ -1,16 +1,18 @@
 """Calibrate on some measured runs, predict others with the simulator, compare.
 
-    python reports/fidelity/analyze.py RUNS_DIR [--gpu h200] [--tag TAG]
+    python reports/fidelity/analyze.py RUNS_DIR [--gpu h200] [--tag TAG] [--no-shapes]
 
 RUNS_DIR holds measured run folders named `<model>-<workload>[-variant]` (from
 reports/fidelity/gpu_runs.sh). For each model, the runs listed in CALIBRATE fit a cost profile
 (`reports/fidelity/profiles/<gpu>-<model>.json`); every run is then predicted by `sim run` with
 the measured run's own config (same KV budget, depth, switches) plus that profile, and compared
-with `replay compare`. Writes reports/fidelity/<gpu>-<run>.json and reports/fidelity/README.md
-tables: which runs were calibration and which were checks. With --tag TAG (e.g. an engine commit,
-for runs made on another engine version) every output name gets `-TAG` appended (profiles,
-per-run JSONs, measured/<run>-TAG/, the table), so two folders with the same run names can be
-analysed side by side, each with a profile calibrated on its own engine version.
+with `replay compare`. A clean-GPU shape sweep `RUNS_DIR/shapes-<model tag>.parquet` (`replay
+shapes`), if present, joins the calibration's GPU fits (`--no-shapes`: runs only).
+Writes reports/fidelity/<gpu>-<run>.json and the tables (which runs were calibration and which
+were checks). With --tag TAG (e.g. an engine commit, for runs made on another engine version)
+every output name gets `-TAG` appended (profiles, per-run JSONs, measured/<run>-TAG/, the
+table), so two folders with the same run names can be analysed side by side, each with a
+profile calibrated on its own engine version.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def main() -> None:
     ap.add_argument("runs", type=Path)
     ap.add_argument("--gpu", default="h200")
     ap.add_argument("--tag", default="", help="suffix for every output name (engine version)")
+    ap.add_argument("--no-shapes", action="store_true", help="ignore RUNS/shapes-<model>.parquet")
     args = ap.parse_args()
     sfx = f"-{args.tag}" if args.tag else ""
     runs = sorted(
@@ -81,7 +84,9 @@ def main() -> None:
             continue
         calib = [r for r in mine if r.name in {f"{tag}-{w}" for w in CALIBRATE[tag]}]
         prof = profiles / f"{args.gpu}-{model}{sfx}.json"
-        sh("-m", "replay", "calibrate", *map(str, calib), "-o", str(prof))
+        sweep = args.runs / f"shapes-{tag}.parquet"  # clean GPU timings (gpu_runs.sh c1b/c8b)
+        shapes = ["--shapes", str(sweep)] if sweep.is_file() and not args.no_shapes else []
+        sh("-m", "replay", "calibrate", *map(str, calib), *shapes, "-o", str(prof))
         for meas in mine:
             trace = TRACES / f"{workload_of(meas.name)}.parquet"
             pred = args.runs / f"sim-{meas.name}"
