@@ -45,6 +45,11 @@ SUMMARY, REQUESTS, STEPS, GC_PAUSES, TIMELINE = (
 )
 RUN_FILES: tuple[str, ...] = (SUMMARY, REQUESTS, STEPS, GC_PAUSES, TIMELINE)
 _COMPRESSION = "zstd"
+# Step columns added to format version 1 after run folders were written with it (int64 shape
+# fields). A folder without one reads it as zeros, in its STEP_COLUMNS place, and names it in
+# `Run.filled`: the value was never recorded (0 is not a measurement; `max_kv_tokens` cannot be
+# rebuilt from the sums the folder keeps), so anything that fits or compares it must skip it.
+ADDED_STEP_COLUMNS: tuple[str, ...] = ("max_kv_tokens",)
 
 
 class RunFormatError(ValueError):
@@ -171,6 +176,7 @@ class Run:
     requests: pa.Table
     steps: pa.Table
     gc: pa.Table
+    filled: tuple[str, ...] = ()  # ADDED_STEP_COLUMNS the folder lacked, read as zeros
 
     @property
     def complete(self) -> bool:
@@ -203,16 +209,17 @@ def load_run(path: str | Path) -> Run:
     missing = [k for k in REQUIRED_KEYS if k not in summary]
     if missing:
         raise RunFormatError(f"'{p}/{SUMMARY}': missing key(s) {missing}")
-    return Run(
-        path=p,
-        summary=summary,
-        requests=_read_table(p / REQUESTS, REQUEST_COLUMNS),
-        steps=_read_table(p / STEPS, STEP_COLUMNS),
-        gc=_read_table(p / GC_PAUSES, GC_COLUMNS),
-    )
+    requests = _read_table(p / REQUESTS, REQUEST_COLUMNS)[0]
+    steps, filled = _read_table(p / STEPS, STEP_COLUMNS, ADDED_STEP_COLUMNS)
+    gc = _read_table(p / GC_PAUSES, GC_COLUMNS)[0]
+    return Run(path=p, summary=summary, requests=requests, steps=steps, gc=gc, filled=filled)
 
 
-def _read_table(path: Path, columns: tuple[str, ...]) -> pa.Table:
+def _read_table(
+    path: Path, columns: tuple[str, ...], added: tuple[str, ...] = ()
+) -> tuple[pa.Table, tuple[str, ...]]:
+    """The table, and which of `added` it lacked: those are int64 zeros, placed after the
+    columns that precede them in `columns`."""
     if not path.is_file():
         raise RunFormatError(f"'{path.parent}' is not a complete run folder: no {path.name}")
     try:
@@ -220,6 +227,11 @@ def _read_table(path: Path, columns: tuple[str, ...]) -> pa.Table:
     except (OSError, pa.ArrowException) as e:
         raise RunFormatError(f"'{path}' is not readable parquet: {e}") from None
     missing = [c for c in columns if c not in table.column_names]
-    if missing:
-        raise RunFormatError(f"'{path}': missing column(s) {missing}")
-    return table
+    absent = [c for c in missing if c not in added]
+    if absent:
+        raise RunFormatError(f"'{path}': missing column(s) {absent}")
+    for c in missing:  # in `columns` order
+        before = [x for x in columns[: columns.index(c)] if x in table.column_names]
+        at = table.column_names.index(before[-1]) + 1 if before else 0
+        table = table.add_column(at, c, pa.array(np.zeros(table.num_rows, np.int64)))
+    return table, tuple(missing)
