@@ -2,6 +2,9 @@
 
 Built from a scheduled batch by `core.policy` (sim and engine alike) and recorded in every run's
 steps.parquet, so `replay calibrate` can fit costs against exactly the fields the sim reads.
+The field order is SHAPE_FIELDS, the steps.parquet column order and the positional order some
+hot paths build shapes in (sim/fastforward.py asserts it); a field added later is read as 0 from
+run folders written before it (core.runfmt.io.ADDED_STEP_COLUMNS).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ class BatchShape:
     draft_tokens: int = 0  # of decode_tokens, draft (speculative) tokens being verified
     kv_read_tokens: int = 0  # sum over requests of context length read by attention (KV bytes)
     attn_pairs: int = 0  # sum over query tokens of keys attended (attention FLOPs)
+    max_kv_tokens: int = 0  # longest context read by attention in the batch: max over requests
+    # of (start_pos + num_tokens); the split attention kernel's stragglers follow it
     history_tokens: int = 0  # sum of output history of requests whose sampling needs it
     context_tokens: int = 0  # sum of all tokens (prompt + output) held by the batch's requests
     new_reqs: int = 0  # requests first scheduled this step (input-batch updates)

@@ -11,12 +11,14 @@ so waiting requests, prefix caching and admission failures behave as they do). A
 request becomes a member from the next launch on; a member finishes when its last pass
 completes (its blocks are released then, through the block manager). Per-request state is
 affine in k, so it is kept lazily (`_Member`) and batch sums are updated only when a request
-joins or leaves: a step costs O(1) plus the block allocations it makes (done at once, in the
-per-step order) and what its arrivals, admissions and finishes touch.
+joins or leaves (the longest context is the largest cr + k + 1 of the members, taken from a heap
+with lazy deletion when the members change): a step costs O(1) plus the block allocations it
+makes (done at once, in the per-step order) and what its arrivals, admissions and finishes
+touch.
 The segment ends before a step the normal path must run: nothing to decode, more decode tokens
 than the budget, fewer free blocks than the step's decodes need (preemption), or after a step
 that admitted a partial prompt chunk.
-Costs that read none of the four fields that grow with k are taken once per batch size
+Costs that read none of the fields that change with k (VARYING) are taken once per batch size
 (`_Costs`); the rest are called on one mutable shape. The CPU clock with its GC pauses and sync
 waits and the GPU stream's max(ready, previous end) run as a scalar loop with the same float
 operations in the same order as `SimLoop.launch_step` and `SimLoop.complete_step`, so the run
@@ -31,6 +33,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,12 +47,12 @@ if TYPE_CHECKING:
     from sim.loop import Pass, SimLoop
 
 MAX_SEGMENT_STEPS = 1 << 16  # bounds the lists of one segment
-VARYING = ("kv_read_tokens", "attn_pairs", "history_tokens", "context_tokens")
+VARYING = ("kv_read_tokens", "attn_pairs", "max_kv_tokens", "history_tokens", "context_tokens")
 # a decode step's shape row is written out positionally below
 assert SHAPE_FIELDS == (
     "num_reqs", "num_prefill_reqs", "prefill_tokens", "decode_tokens", "draft_tokens",
-    "kv_read_tokens", "attn_pairs", "history_tokens", "context_tokens", "new_reqs",
-    "finished_reqs",
+    "kv_read_tokens", "attn_pairs", "max_kv_tokens", "history_tokens", "context_tokens",
+    "new_reqs", "finished_reqs",
 ), SHAPE_FIELDS  # fmt: skip
 CostFn = Callable[[Any], Any]
 
@@ -61,8 +64,9 @@ class _Shape:
 
     def __init__(self) -> None:
         self.set_decode(0)
-        self.kv_read_tokens = 0  # varying: VARYING lists these four
+        self.kv_read_tokens = 0  # varying: VARYING lists these five
         self.attn_pairs = 0
+        self.max_kv_tokens = 0
         self.history_tokens = 0
         self.context_tokens = 0
 
@@ -88,8 +92,8 @@ class _Shape:
     def set_row(self, row: tuple[int, ...]) -> None:
         (
             self.num_reqs, self.num_prefill_reqs, self.prefill_tokens, self.decode_tokens,
-            self.draft_tokens, self.kv_read_tokens, self.attn_pairs, self.history_tokens,
-            self.context_tokens, self.new_reqs, self.finished_reqs,
+            self.draft_tokens, self.kv_read_tokens, self.attn_pairs, self.max_kv_tokens,
+            self.history_tokens, self.context_tokens, self.new_reqs, self.finished_reqs,
         ) = row  # fmt: skip  # SHAPE_FIELDS order (asserted above)
         self.num_tokens = self.prefill_tokens + self.decode_tokens
         self.is_pure_decode = self.num_prefill_reqs == 0 and self.num_reqs > 0
@@ -214,8 +218,9 @@ class _Run:
     """What a segment computed: per launch k, and per iteration (the pass completed in it)."""
 
     n: int = 0
-    # decode shapes: from launch k0 on, (k0, b, sum cr, sum hr, history members, sum prompt+a)
-    pieces: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    # decode shapes: from launch k0 on,
+    # (k0, b, sum cr, max cr, sum hr, history members, sum prompt+a)
+    pieces: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
     rows: dict[int, tuple[int, ...]] = field(default_factory=dict)  # other shapes, by launch
     sched0: array[float] = field(default_factory=_times)
     sched1: array[float] = field(default_factory=_times)
@@ -332,12 +337,16 @@ class FastForward:
         done: dict[int, list[_Member]] = {}  # iteration: its last pass completes, it finishes
         chunk_done: dict[int, list[Request]] = {}  # iteration: a partial prompt chunk completes
         young: list[_Member] = []  # confirmed outputs not yet a + k
-        b = sum_cr = sum_hr = nh = sum_prompt = sum_a = 0
+        # (-cr, key, member) of every member that joined the decode; one that left (end <= k)
+        # is dropped when it reaches the top: the top is then the longest context's member
+        tops: list[tuple[int, int, _Member]] = []
+        b = sum_cr = sum_hr = nh = sum_prompt = sum_a = top_cr = 0
         for m in members:
             r = m.req
             if m.end > 0:
                 b += 1
                 sum_cr += m.cr
+                heappush(tops, (-m.cr, m.key, m))
                 sum_prompt += r.prompt_len
                 sum_a += m.a
                 if r.needs_history:
@@ -397,6 +406,7 @@ class FastForward:
                     r = m.req
                     b += 1
                     sum_cr += m.cr
+                    heappush(tops, (-m.cr, m.key, m))
                     sum_prompt += r.prompt_len
                     sum_a += m.a
                     if r.needs_history:
@@ -416,16 +426,20 @@ class FastForward:
                     assert ok
                     if k + bs < m.end:
                         grow.setdefault(k + bs, []).append(m)
+            if changed or not k:
+                while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
+                    heappop(tops)
+                top_cr = -tops[0][0]
+                pieces.append((k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
             kv = sum_cr + b * (k + 1)
+            longest = top_cr + k + 1
             ctx = sum_prompt + sum_a + b * k
             hist = sum_hr + nh * k
-            if changed or not k:
-                pieces.append((k, b, sum_cr, sum_hr, nh, sum_prompt + sum_a))
             if young:
                 corr = self._young_correction(young, k)
                 if corr:
                     ctx += corr
-                    rows[k] = (b, 0, 0, b, 0, kv, kv, hist, ctx, 0, 0)
+                    rows[k] = (b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0)
             budget = max_tokens - b
             admitted: list[Entry] = []
             if waiting and budget > 0 and len(running) < max_seqs:
@@ -434,8 +448,13 @@ class FastForward:
                     loop.peak_running = len(running)
             if admitted:
                 pf = Scheduler._shape(admitted)
-                decode = (b, 0, 0, b, 0, kv, kv, hist, ctx, 0, 0)
-                row = tuple(x + y for x, y in zip(decode, _row(pf), strict=True))
+                row = (
+                    b + pf.num_reqs, pf.num_prefill_reqs, pf.prefill_tokens,
+                    b + pf.decode_tokens, pf.draft_tokens, kv + pf.kv_read_tokens,
+                    kv + pf.attn_pairs, max(longest, pf.max_kv_tokens),
+                    hist + pf.history_tokens, ctx + pf.context_tokens, pf.new_reqs,
+                    pf.finished_reqs,
+                )  # fmt: skip
                 rows[k] = row
                 for e in admitted:
                     sched._launch(e)
@@ -490,6 +509,7 @@ class FastForward:
                     quick = costs.quick(b)
                     reload = False
                 sh.kv_read_tokens = sh.attn_pairs = kv
+                sh.max_kv_tokens = longest
                 sh.history_tokens = hist
                 sh.context_tokens = ctx
                 cur = sh
@@ -728,27 +748,20 @@ def _key(m: _Member) -> int:
     return m.key
 
 
-def _row(s: BatchShape) -> tuple[int, ...]:
-    return (
-        s.num_reqs, s.num_prefill_reqs, s.prefill_tokens, s.decode_tokens, s.draft_tokens,
-        s.kv_read_tokens, s.attn_pairs, s.history_tokens, s.context_tokens, s.new_reqs,
-        s.finished_reqs,
-    )  # fmt: skip
-
-
 def _shape_rows(run: _Run) -> np.ndarray:
     """(n, len(SHAPE_FIELDS)) int64: the decode pieces evaluated at every launch, then the
     launches whose shape was written out."""
     n = run.n
-    p = np.array([x for x in run.pieces if x[0] < n], dtype=np.int64).reshape(-1, 6)
+    p = np.array([x for x in run.pieces if x[0] < n], dtype=np.int64).reshape(-1, 7)
     lengths = np.diff(np.append(p[:, 0], n))
-    b, sum_cr, sum_hr, nh, sum_pa = np.repeat(p[:, 1:], lengths, axis=0).T
+    b, sum_cr, top_cr, sum_hr, nh, sum_pa = np.repeat(p[:, 1:], lengths, axis=0).T
     k = np.arange(n, dtype=np.int64)
     out = np.zeros((n, len(SHAPE_FIELDS)), dtype=np.int64)
     out[:, 0] = out[:, 3] = b  # num_reqs, decode_tokens
     out[:, 5] = out[:, 6] = sum_cr + b * (k + 1)  # kv_read_tokens, attn_pairs
-    out[:, 7] = sum_hr + nh * k  # history_tokens
-    out[:, 8] = sum_pa + b * k  # context_tokens
+    out[:, 7] = top_cr + k + 1  # max_kv_tokens
+    out[:, 8] = sum_hr + nh * k  # history_tokens
+    out[:, 9] = sum_pa + b * k  # context_tokens
     for i, row in run.rows.items():
         if i < n:
             out[i] = row

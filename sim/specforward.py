@@ -84,13 +84,15 @@ def _key(m: _Member) -> int:
 
 
 class _Steady:
-    """The steady members in key order, and the sums a launch's shape needs from them."""
+    """The steady members in key order, and the sums a launch's shape needs from them.
+    `top` is the largest prompt + out among them (0 with none): whoever raises a member's
+    `out` raises `top` with it."""
 
-    __slots__ = ("members", "prompt", "out", "out_h", "n_h")
+    __slots__ = ("members", "prompt", "out", "out_h", "n_h", "top")
 
     def __init__(self) -> None:
         self.members: list[_Member] = []
-        self.prompt = self.out = self.out_h = self.n_h = 0
+        self.prompt = self.out = self.out_h = self.n_h = self.top = 0
 
     def add(self, m: _Member) -> None:
         insort(self.members, m, key=_key)
@@ -99,6 +101,8 @@ class _Steady:
         if m.hist:
             self.out_h += m.out
             self.n_h += 1
+        if m.prompt + m.out > self.top:
+            self.top = m.prompt + m.out
 
     def remove(self, m: _Member) -> None:
         self.members.remove(m)
@@ -107,6 +111,8 @@ class _Steady:
         if m.hist:
             self.out_h -= m.out
             self.n_h -= 1
+        if m.prompt + m.out >= self.top:  # it may have been the longest: look again
+            self.top = max([x.prompt + x.out for x in self.members], default=0)
 
 
 def _times() -> array[float]:
@@ -269,6 +275,8 @@ class _Segment:
         if m.hist:
             st.out_h += 1 + a
         m.out = o
+        if m.prompt + o > st.top:
+            st.top = m.prompt + o
         if o > m.tail:  # the next launch plans fewer drafts: individual from now on
             st.remove(m)
             m.steady = False
@@ -290,12 +298,14 @@ class _Segment:
                 a += 1
             o = m.out + 1 + a
             if o < m.ev:
-                run = self.run
+                run, st = self.run, self.steady
                 m.out = o
                 m.acc += a
-                self.steady.out += 1 + a
+                st.out += 1 + a
                 if m.hist:
-                    self.steady.out_h += 1 + a
+                    st.out_h += 1 + a
+                if m.prompt + o > st.top:
+                    st.top = m.prompt + o
                 run.tok_rows.append(m.row)
                 run.tok_n.append(1 + a)
                 run.tok_acc.append(a)
@@ -429,7 +439,7 @@ class _Segment:
                 break  # the budget could cap drafts, or a request could need preemption
             needs: list[tuple[int, Request, int, _Member | None]] | None = None
             ents = no_entries  # shared while empty: a pass's own list once it has one
-            dec = drafts = kv = pairs = hist = ctx = 0
+            dec = drafts = kv = pairs = longest = hist = ctx = 0
             if self.individual:
                 needs = []
                 ents = []
@@ -473,6 +483,8 @@ class _Segment:
                     dec += n
                     drafts += d
                     kv += total
+                    if total > longest:
+                        longest = total
                     pairs += n * c + n * (n + 1) // 2
                     if m.hist:
                         hist += out + ph
@@ -512,6 +524,8 @@ class _Segment:
                 drafts += b_s * K
                 kv += c_sum + b_s * Kp
                 pairs += Kp * c_sum + b_s * tri
+                if st.top + ph_s + K > longest:  # reads its computed tokens + k + 1
+                    longest = st.top + ph_s + K
                 hist += st.out_h + st.n_h * ph_s
                 ctx += st.prompt + st.out
             else:
@@ -535,8 +549,8 @@ class _Segment:
                 row = (
                     b + len(admitted), pf.num_prefill_reqs, pf.prefill_tokens,
                     dec + pf.decode_tokens, drafts + pf.draft_tokens, kv + pf.kv_read_tokens,
-                    pairs + pf.attn_pairs, hist + pf.history_tokens, ctx + pf.context_tokens,
-                    pf.new_reqs, 0,
+                    pairs + pf.attn_pairs, max(longest, pf.max_kv_tokens),
+                    hist + pf.history_tokens, ctx + pf.context_tokens, pf.new_reqs, 0,
                 )  # fmt: skip
                 mx.set_row(row)
                 (
@@ -547,7 +561,7 @@ class _Segment:
                 cur = mx
                 reload = True  # the next verify step takes its constants again
             else:
-                row = (b, 0, 0, dec, drafts, kv, pairs, hist, ctx, 0, 0)
+                row = (b, 0, 0, dec, drafts, kv, pairs, longest, hist, ctx, 0, 0)
                 if reload or b != last_b or dec != last_dec or drafts != last_drafts:
                     # the constant fields of a verify step (sh is one from the start)
                     sh.num_reqs = b
@@ -563,6 +577,7 @@ class _Segment:
                     reload = False
                 sh.kv_read_tokens = kv
                 sh.attn_pairs = pairs
+                sh.max_kv_tokens = longest
                 sh.history_tokens = hist
                 sh.context_tokens = ctx
                 cur = sh
@@ -725,7 +740,7 @@ class _Segment:
             else:
                 snap, ents = passes[k - nd]
                 passes[k - nd] = (no_members, ents)  # completed: its members are not needed
-                d_out = d_out_h = 0
+                d_out = d_out_h = top = 0  # top: the largest prompt + out raised here
                 emitted = len(snap)  # one emission each, but for those no longer steady
                 for m in snap:
                     if m.steady:  # the hot path: k drafts, and out stays at most `tail`
@@ -739,6 +754,9 @@ class _Segment:
                             if o >= m.ev:  # the next launch writes past its blocks
                                 grow_next.append(m)
                             m.out = o
+                            o += m.prompt  # its prompt + out, for the batch's longest
+                            if o > top:
+                                top = o
                             m.acc += a
                             d_out += 1 + a
                             if m.hist:
@@ -754,6 +772,8 @@ class _Segment:
                         emitted += y - 1
                 st.out += d_out
                 st.out_h += d_out_h
+                if top > st.top:  # members raised here stay steady through the loop
+                    st.top = top
                 for e in ents:
                     x, y = complete_entry(e, cpu)
                     accepted += x

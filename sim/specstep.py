@@ -87,7 +87,7 @@ class SpecSteps:
         allocate = sched.blocks.allocate
         entries: list[Entry] = []
         append = entries.append
-        dec = drafts = kv = pairs = hist = ctx = 0
+        dec = drafts = kv = pairs = longest = hist = ctx = 0
         for r, c, n, d, out, ph, nb in plan:
             total = c + n
             if nb > 0:
@@ -96,6 +96,8 @@ class SpecSteps:
             dec += n
             drafts += d
             kv += total
+            if total > longest:
+                longest = total
             pairs += n * c + n * (n + 1) // 2
             if r.needs_history:
                 hist += out + ph
@@ -116,12 +118,16 @@ class SpecSteps:
                 drafts += s.draft_tokens
                 kv += s.kv_read_tokens
                 pairs += s.attn_pairs
+                if s.max_kv_tokens > longest:
+                    longest = s.max_kv_tokens
                 hist += s.history_tokens
                 ctx += s.context_tokens
                 for e in admitted:
                     sched._launch(e)
                 entries.extend(admitted)
-        shape = BatchShape(len(entries), n_pf, pf_tok, dec, drafts, kv, pairs, hist, ctx, new)
+        shape = BatchShape(
+            len(entries), n_pf, pf_tok, dec, drafts, kv, pairs, longest, hist, ctx, new
+        )  # SHAPE_FIELDS order
         batch = ScheduledBatch(sched.num_steps, entries, shape, [])
         sched.num_steps += 1
         self.num_fast += 1

@@ -221,7 +221,7 @@ class Scheduler:
 
     @staticmethod
     def _shape(entries: Sequence[Entry]) -> BatchShape:
-        n_pf = pf_tok = dec_tok = drafts = kv = pairs = hist = ctx = new = 0
+        n_pf = pf_tok = dec_tok = drafts = kv = pairs = longest = hist = ctx = new = 0
         for e in entries:
             n, s = e.num_tokens, e.start_pos
             r = e.req
@@ -233,7 +233,10 @@ class Scheduler:
             else:
                 dec_tok += n
                 drafts += e.num_drafts
-            kv += s + n
+            read = s + n  # keys attention reads for this request
+            kv += read
+            if read > longest:
+                longest = read
             pairs += n * s + n * (n + 1) // 2
             if r.needs_history and e.generates:
                 hist += r.num_output_tokens + r.num_placeholders
@@ -246,6 +249,7 @@ class Scheduler:
             draft_tokens=drafts,
             kv_read_tokens=kv,
             attn_pairs=pairs,
+            max_kv_tokens=longest,
             history_tokens=hist,
             context_tokens=ctx,
             new_reqs=new,
