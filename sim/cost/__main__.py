@@ -21,6 +21,7 @@ def decode_shape(batch: int, context: int, k: int = 0) -> BatchShape:
         draft_tokens=batch * k,
         kv_read_tokens=batch * context,
         attn_pairs=q * context,
+        max_kv_tokens=context,
         context_tokens=batch * context,
     )
 
@@ -33,6 +34,7 @@ def prefill_shape(tokens: int) -> BatchShape:
         prefill_tokens=tokens,
         context_tokens=tokens,
         attn_pairs=tokens * (tokens + 1) // 2,
+        max_kv_tokens=tokens,
         new_reqs=1,
     )
 

@@ -7,6 +7,9 @@ One pass = the forward over the step's query tokens plus the logits/sampling tra
   time  = (mem^p + compute^p)^(1/p) + overhead, floored at a launch-bound minimum
 where rows = sampled logits rows = decode_tokens + num_prefill_reqs (a prefill chunk samples at
 most one row; the lm_head runs only on sampled rows).
+It reads no `max_kv_tokens`: bytes and FLOPs follow the batch's sums. How long the longest
+context's attention programs straggle behind the rest is a kernel-scheduling effect, left to
+fitted `gpu_pass` models (a `max_kv_tokens` term), not to the roofline.
 """
 
 from __future__ import annotations
