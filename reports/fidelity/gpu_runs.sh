@@ -4,9 +4,10 @@
 # PART: 1b, 1bx (llama3.2-1b on the fidelity windows, and depth 1/3), 8b (llama3-8b),
 # c1b, c8b (set C: every workload of a model in one call, plus the clean-GPU shape sweep),
 # seeds (measured ablations of the five switches), seeds5-8b (seed 5 on llama3-8b).
-# PACKDIR (seeds parts): each ablation's folder (run folders without timeline.json, which the
-# calibration does not read) is packed into PACKDIR/<name>.tgz as soon as it is done, so the
-# device call's $OUT (few files, two folders deep) brings them back even if a later one is cut.
+# PACKDIR: each run's or ablation's folder (without timeline.json, which the calibration does
+# not read) is packed into PACKDIR/<name>.tgz as soon as it is done (shape sweeps copied), so
+# the device call's $OUT (few files, two folders deep) brings them back even if a later one is
+# cut.
 # Every run fixes num_kv_blocks so the simulator can be given the same KV budget.
 set -uo pipefail
 part=$1; out=$2; pack=${3:-}; mkdir -p "$out" ${pack:+"$pack"}
@@ -19,21 +20,25 @@ replay() {  # name trace model blocks repeat [extra --set ...]
   log "replay $name"
   python3 -m replay run "$trace" --set model="$model" --set num_kv_blocks="$blocks" \
     --repeat "$rep" -q -o "$out/$name" "$@" 2>&1 | tail -12
+  packrun "$name"
+}
+packrun() {  # with PACKDIR: the run folder without timeline.json, packed as soon as it is done
+  [ -n "$pack" ] || return 0
+  find "$out/$1" -name timeline.json -delete
+  tar czf "$pack/$1.tgz" -C "$out" "$1" && log "packed $pack/$1.tgz"
 }
 shapes() {  # tag model blocks: clean GPU timings of synthetic batches (replay/shapes.py)
   log "shapes $1"
   python3 -m replay shapes --set model="$2" --set num_kv_blocks="$3" -o "$out/shapes-$1.parquet" \
     2>&1 | tail -6
+  [ -z "$pack" ] || cp "$out/shapes-$1.parquet" "$pack/"
 }
 ablate() {  # name trace switches repeat [extra --set ...]
   local name=$1 trace=$2 sw=$3 rep=$4; shift 4
   log "ablate $name"
   python3 -m replay ablate "$trace" --switches "$sw" --repeat "$rep" --no-predict -q \
     -o "$out/$name" "$@" 2>&1 | tail -14
-  if [ -n "$pack" ]; then
-    find "$out/$name" -name timeline.json -delete
-    tar czf "$pack/$name.tgz" -C "$out" "$name" && log "packed $pack/$name.tgz"
-  fi
+  packrun "$name"
 }
 case $part in
   1b)
@@ -54,19 +59,19 @@ case $part in
   c1b)  # set C, llama3.2-1b: every workload in one device call (one host: the eager launch
     # cost the calibration fits is the host's), then the clean-GPU shape sweep (~8 minutes)
     replay "1b-azure45x4" "$W/azure45x4.parquet" llama3.2-1b 40000 2
+    shapes 1b llama3.2-1b 40000
     for w in azure45 mooncake45 reasoning45; do
       replay "1b-$w" "$W/$w.parquet" llama3.2-1b 40000 1
     done
     replay "1b-azure45x4-depth1" "$W/azure45x4.parquet" llama3.2-1b 40000 1 --set batches_in_flight=1
     replay "1b-azure45x4-depth3" "$W/azure45x4.parquet" llama3.2-1b 40000 1 --set batches_in_flight=3
-    shapes 1b llama3.2-1b 40000
     ;;
   c8b)  # set C, llama3-8b (~7 minutes)
     replay "8b-azure45x4" "$W/azure45x4.parquet" llama3-8b 20000 2
+    shapes 8b llama3-8b 20000
     for w in azure45 reasoning45; do
       replay "8b-$w" "$W/$w.parquet" llama3-8b 20000 1
     done
-    shapes 8b llama3-8b 20000
     ;;
   history)  # A/B: the same reasoning window with and without penalties (needs_history)
     for w in reasoning45 reasoning45nh; do
