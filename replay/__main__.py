@@ -279,9 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--shapes-kinds",
-        default="decode,mixed",
+        default="mixed",
         metavar="KINDS",
-        help="batch kinds whose sweep rows join the fits; the others are only reported",
+        help="batch kinds whose sweep rows join the fits (default mixed: the sweep's decode "
+        "graphs hold no input copy or sampling, which a run's decode interval does); the "
+        "others are only reported",
     )
     p.set_defaults(func=cmd_calibrate)
 

@@ -259,7 +259,10 @@ def test_calibrate_fits_mixed_from_a_sweep_when_no_mixed_step_is_clean(tmp_path:
     assert "mixed" not in alone.profile["gpu_pass"]
     assert any("gpu_pass.mixed: only 0 of" in n for n in alone.notes)
     f = fake_sweep(tmp_path / "s.parquet")
-    cal = calibrate(runs, shapes=[f])
+    default = calibrate(runs, shapes=[f])  # by default only mixed rows join
+    assert default.quality["gpu_pass.decode.fitted_on"]["shape_rows"] == 0
+    assert default.quality["gpu_pass.mixed.fitted_on"]["shape_rows"] > 0
+    cal = calibrate(runs, shapes=[f], shapes_kinds=("decode", "mixed"))
     for kind, true in (("mixed", MIXED), ("decode", DECODE)):
         got = cal.profile["gpu_pass"][kind]
         for term in GPU_TERMS[kind]:
@@ -294,7 +297,8 @@ def test_sweep_offset_from_clean_run_steps_is_reported(tmp_path: Path):
 
 def test_eager_decode_rows_are_compared_not_fitted_for_graph_runs(tmp_path: Path):
     runs = [eager_run(tmp_path / "r", seed=1)]
-    cal = calibrate(runs, shapes=[fake_sweep(tmp_path / "s.parquet", decode_graph=False)])
+    sweep = fake_sweep(tmp_path / "s.parquet", decode_graph=False)
+    cal = calibrate(runs, shapes=[sweep], shapes_kinds=("decode", "mixed"))
     assert cal.quality["gpu_pass.decode.fitted_on"]["shape_rows"] == 0
     assert cal.quality["gpu_pass.decode.shapes"]["n"] > 10
     assert any("timed eagerly but the runs ran decode as CUDA graph" in n for n in cal.notes)
@@ -317,7 +321,7 @@ def test_shapes_kinds_limits_what_joins(tmp_path: Path):
 def test_calibrate_with_a_real_cpu_sweep(tmp_path: Path, cpu_sweep: Path):
     cfg = Config(model="tiny", device="cpu")
     runs = [eager_run(tmp_path / "r", seed=2, gpu=gpu_name(cfg), cfg=cfg)]
-    cal = calibrate(runs, shapes=[cpu_sweep])
+    cal = calibrate(runs, shapes=[cpu_sweep], shapes_kinds=("decode", "mixed"))
     rows = read_sweeps([cpu_sweep])
     q = cal.quality
     assert q["gpu_pass.mixed.fitted_on"]["shape_rows"] == int((~rows.decode).sum())
