@@ -7,6 +7,9 @@ Each timing issues `model.forward` + `compute_logits` for a mixed batch while th
 busy by a spin kernel enqueued first, so the host never waits for the device (the time is
 issue cost alone, as in a replay step whose GPU is still running the previous batch). One extra
 call per shape runs under cProfile; the table lists the functions with the most own time.
+`--idle 50:sleep,50:spin` also times every case after a pause before each issue: the host
+asleep (as the engine between arrivals) or spinning (host busy, GPU idle), to tell a host that
+slows after idling (clocks, caches) from anything the GPU does.
 """
 
 from __future__ import annotations
@@ -41,7 +44,20 @@ def issue_ms(model, ids, pos, attn, cache, num_gen: int, cuda: bool) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def bench_case(model, spec, case, device, iters: int, top: int) -> dict:
+def pause(ms: float, how: str) -> None:
+    """Before an issue: nothing, the host asleep (`sleep`: the thread idles, as the engine does
+    between arrivals) or spinning on the clock (`spin`: the host busy, the GPU idle)."""
+    if ms <= 0 or how == "none":
+        return
+    if how == "sleep":
+        time.sleep(ms / 1e3)
+        return
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def bench_case(model, spec, case, device, iters: int, top: int, idle=(0.0, "none")) -> dict:
     cuda = device.type == "cuda"
     attn, num_blocks = mixed_metadata(case, device)
     cache = allocate_kv_cache(spec, num_blocks, 16, model.dtype, device)
@@ -52,6 +68,7 @@ def bench_case(model, spec, case, device, iters: int, top: int) -> dict:
     times = []
     with torch.no_grad():
         for i in range(iters + 1):
+            pause(*idle)
             if cuda:
                 torch.cuda._sleep(SPIN_CYCLES // 10)
             ms = issue_ms(model, ids, pos, attn, cache, num_gen, cuda)
@@ -76,7 +93,8 @@ def bench_case(model, spec, case, device, iters: int, top: int) -> dict:
     ]  # fmt: skip
     decodes, _, long, _, chunk, _ = case
     return {
-        "tokens": t, "decodes": decodes + long, "chunk": chunk,
+        "tokens": t, "decodes": decodes + long, "chunk": chunk, "idle_ms": idle[0],
+        "idle": idle[1],
         "issue_ms_median": round(statistics.median(times), 3),
         "issue_ms_min": round(min(times), 3), "issue_ms_max": round(max(times), 3),
         "top": funcs,
@@ -90,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument(
+        "--idle",
+        default="",
+        metavar="MS:HOW,...",
+        help="also time each case after a pause before every issue, e.g. "
+        "2:sleep,50:sleep,50:spin (sleep: host thread idle; spin: host busy)",
+    )
     args = p.parse_args(argv)
     device = torch.device(args.device)
     spec = get_model(args.model)
@@ -97,11 +122,16 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if cuda else torch.float32
     model = LlamaModel(spec, dtype, device, max_positions=8192).init_random(0)
     cases = CASES if cuda else [(2, 20, 0, 0, 8, 0)]
-    rows = [bench_case(model, spec, c, device, args.iters if cuda else 2, args.top) for c in cases]
+    idles = [(0.0, "none")] + [
+        (float(x.split(":")[0]), x.split(":")[1]) for x in args.idle.split(",") if x
+    ]
+    n = args.iters if cuda else 2
+    rows = [bench_case(model, spec, c, device, n, args.top, i) for c in cases for i in idles]
     gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
     print(f"model {spec.name}, {gpu}: host ms to issue one eager forward + logits")
     for r in rows:
-        print(f"tokens {r['tokens']:5d} decodes {r['decodes']:3d} chunk {r['chunk']:5d}: "
+        print(f"tokens {r['tokens']:5d} decodes {r['decodes']:3d} chunk {r['chunk']:5d} "
+              f"after {r['idle_ms']:g} ms {r['idle']}: "
               f"median {r['issue_ms_median']:.3f} ms (min {r['issue_ms_min']:.3f}, "
               f"max {r['issue_ms_max']:.3f})")  # fmt: skip
         for f in r["top"]:
