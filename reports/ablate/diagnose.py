@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 SEEDS = {
     "seed4": ["spec_method"],
     "seed5": ["optimistic_spec_decode"],
+    "seed5-8b": ["optimistic_spec_decode"],
     "seed12": ["preallocated_backup_tokens", "accepted_count_by_sum"],
     "seed3": ["reverse_placeholder_scan"],
 }
@@ -46,7 +47,10 @@ def repeats(measured: Path) -> None:
     for seed, switches in SEEDS.items():
         for sw in switches:
             for side in ("off", "on"):
-                summ = json.loads((measured / seed / f"{sw}-{side}" / "summary.json").read_text())
+                path = measured / seed / f"{sw}-{side}" / "summary.json"
+                if not path.is_file():  # a partial set (one device call's seeds)
+                    continue
+                summ = json.loads(path.read_text())
                 reps = (summ.get("repeats") or {}).get("metrics") or [None]
                 cells = []
                 for m in reps:
@@ -63,8 +67,10 @@ def repeats(measured: Path) -> None:
 
 def seed5(measured: Path) -> None:
     print("2. seed 5: accepted-count waits and the host phases (median ms, decode steps)")
-    for side in ("off", "on"):
-        s = steps(measured / "seed5" / f"optimistic_spec_decode-{side}")
+    for seed, side in [(d, x) for d in ("seed5", "seed5-8b") for x in ("off", "on")]:
+        if not (measured / seed).is_dir():
+            continue
+        s = steps(measured / seed / f"optimistic_spec_decode-{side}")
         dec = s["num_prefill_reqs"] == 0
         waits = int((s["sync_count"][dec] > 0).sum())
         med = {
@@ -72,7 +78,7 @@ def seed5(measured: Path) -> None:
         }
         gpu = float(np.median(((s["gpu_end_s"] - s["gpu_start_s"]) * 1e3)[dec]))
         print(
-            f"  {side:3}: {waits} of {int(dec.sum())} decode steps waited; "
+            f"  {seed:8} {side:3}: {waits} of {int(dec.sum())} decode steps waited; "
             + ", ".join(f"{p} {v:.3f}" for p, v in med.items())
             + f", GPU interval {gpu:.3f}"
         )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The simulator's predictions for the ablation report, each from a profile calibrated on the
 # measured BEFORE side of the switch only (the after side stays out of sample):
-#   bash reports/ablate/predict.sh MEASURED [OUT]
+#   [TAG=c] bash reports/ablate/predict.sh MEASURED [OUT]   (TAG: into reports/ablate/TAG/<seed>/)
 # MEASURED holds the unpacked folders of `gpu_runs.sh seeds` (seed3/ seed4/ seed5/ seed12/,
 # optionally seed5-8b/); OUT (default runs/ablate-predict) gets the predicted runs, and
 # reports/ablate/<seed>/ the ablate.json, profile and fit report of each. The base profile holds what a before side cannot show, the engine's own
@@ -17,8 +17,9 @@ pred() {  # name trace switches [--set ...]
   echo "== $name"
   python -m replay ablate "$trace" --switches "$sw" --measured "$m/$name" --calibrate-on off \
     --set profile="$base" -q -o "$out/$name" "$@"
-  mkdir -p "reports/ablate/$name"
-  cp "$out/$name/ablate.json" "$out/$name/"*.profile*.json "reports/ablate/$name/"
+  local dest="reports/ablate/${TAG:+$TAG/}$name"
+  mkdir -p "$dest"
+  cp "$out/$name/ablate.json" "$out/$name/"*.profile*.json "$dest/"
 }
 S="--set model=llama3.2-1b --set num_kv_blocks=20000"
 SPEC="--set spec.method=ngram-gpu --set spec.k=3"

@@ -96,6 +96,12 @@ case $part in
     ablate seed12 traces/seed1_backup_tokens.parquet preallocated_backup_tokens,accepted_count_by_sum \
       "$rep" $S $SPEC
     ;;
+  seeds-c)  # set C session: seed 5 on llama3-8b, then one more off/on pair of seed 3 (~8 min)
+    ablate seed5-8b "$W/seed5_2s.parquet" optimistic_spec_decode 3 --set model=llama3-8b \
+      --set num_kv_blocks=20000 --set spec.method=ngram-gpu --set spec.k=3
+    ablate seed3 "$W/seed3_scaled.parquet" reverse_placeholder_scan 1 \
+      --set model=llama3.2-1b --set num_kv_blocks=82000
+    ;;
   seeds5-8b)  # seed 5 where the GPU step (~5 ms) outlasts the CPU's, as in the PR (9 ms TPOT):
     # the wait for accepted counts is then on the critical path (~4 min)
     ablate seed5-8b "$W/seed5_2s.parquet" optimistic_spec_decode 3 --set model=llama3-8b \
