@@ -3,6 +3,7 @@
 #   bash reports/fidelity/gpu_runs.sh PART OUTDIR [PACKDIR]
 # PART: 1b, 1bx (llama3.2-1b on the fidelity windows, and depth 1/3), 8b (llama3-8b),
 # c1b, c8b (set C: every workload of a model in one call, plus the clean-GPU shape sweep),
+# h100-1b, h100-8b (H100 profiles; depth 2 and 1 alternated on one host),
 # seeds (measured ablations of the five switches), seeds5-8b (seed 5 on llama3-8b).
 # PACKDIR: each run's or ablation's folder (without timeline.json, which the calibration does
 # not read) is packed into PACKDIR/<name>.tgz as soon as it is done (shape sweeps copied), so
@@ -65,6 +66,20 @@ case $part in
     done
     replay "1b-azure45x4-depth1" "$W/azure45x4.parquet" llama3.2-1b 40000 1 --set batches_in_flight=1
     replay "1b-azure45x4-depth3" "$W/azure45x4.parquet" llama3.2-1b 40000 1 --set batches_in_flight=3
+    ;;
+  h100-1b)  # an H100 profile for llama3.2-1b, and depth 2 / depth 1 alternated (d2, d1, d2, d1)
+    # on one host, to tell a depth effect from host drift over a call (~8 minutes)
+    replay "1b-azure45x4" "$W/azure45x4.parquet" llama3.2-1b 40000 1
+    replay "1b-azure45x4-depth1" "$W/azure45x4.parquet" llama3.2-1b 40000 1 --set batches_in_flight=1
+    replay "1b-azure45x4-b" "$W/azure45x4.parquet" llama3.2-1b 40000 1
+    replay "1b-azure45x4-depth1-b" "$W/azure45x4.parquet" llama3.2-1b 40000 1 --set batches_in_flight=1
+    shapes 1b llama3.2-1b 40000
+    replay "1b-azure45" "$W/azure45.parquet" llama3.2-1b 40000 1
+    ;;
+  h100-8b)  # an H100 profile for llama3-8b (~5 minutes)
+    replay "8b-azure45x4" "$W/azure45x4.parquet" llama3-8b 20000 1
+    shapes 8b llama3-8b 20000
+    replay "8b-azure45" "$W/azure45.parquet" llama3-8b 20000 1
     ;;
   c8b)  # set C, llama3-8b (~7 minutes)
     replay "8b-azure45x4" "$W/azure45x4.parquet" llama3-8b 20000 2
