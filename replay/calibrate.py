@@ -38,6 +38,16 @@ compares the two sources (`gpu_pass.<kind>.runs_vs_sweep`: a fit to the sweep al
 run steps, with the median offset) and notes an offset beyond SOURCE_OFFSET_NOTE. A sweep of
 another model, GPU or dtype than the runs is an error.
 
+Decode as the larger of two branches (`_fit_straggler`, docs/cost-model.md): with a sweep whose
+decode rows were timed as the runs ran decode, `gpu_pass.decode` becomes `{"max": [bulk,
+straggler]}`: bulk is the linear fit above (the KV stream: kv_read_tokens), straggler is the
+bulk's other terms + c * program_keys (the longest attention program, sim.cost.splits), c fitted
+on the sweep's decode rows the bulk branch under-predicts (the runs of a calibration rarely hold
+a long context beside short ones). Sweep decode rows that do not join the decode fit (the
+default `shapes_kinds`) are shifted by the sweep's offset, the median of bulk - measured over the
+rows the bulk branch explains; rows that join count as run steps (no offset). Reported in
+`gpu_pass.decode.straggler`.
+
 Pure numpy + pyarrow; `sim.cost` (pure Python) is imported lazily for the profile format.
 """
 
@@ -59,7 +69,15 @@ from replay.lsq import fit, numeric_rank
 from replay.outdir import atomic_file
 from replay.quality import active_terms_ms, evaluate, print_quality, stats
 from replay.shapes import SweepRows, read_sweeps
-from replay.steps import CalibrationError, Steps, draft_gpu_ms, eval_linear, load_steps, run_config
+from replay.steps import (
+    CalibrationError,
+    Steps,
+    draft_gpu_ms,
+    eval_linear,
+    load_steps,
+    program_keys,
+    run_config,
+)
 
 __all__ = [
     "CalibrationError",
@@ -73,7 +91,8 @@ __all__ = [
 # max_kv_tokens (mixed): attention time also follows the longest context (its programs are the
 # step's stragglers), not only the sum of KV tokens; the shape sweep's mixed rows pin it. Not
 # for decode: a decode step's time is rather the larger of the KV stream (sum) and the longest
-# program (max), which a linear model cannot express, and fitted on Azure-like runs the max
+# program (max), which a linear model cannot express (`_fit_straggler` adds that branch from
+# a shape sweep), and fitted on Azure-like runs the max
 # term extrapolates badly (llama3-8b reasoning decode +44 %, without it -15 %: reports/fidelity).
 # Runs recorded before the field have none, and a fit over them drops it (`_recorded_terms`).
 GPU_TERMS: dict[str, tuple[str, ...]] = {
@@ -106,6 +125,8 @@ ONE_SIDED_FIELDS: dict[str, tuple[str, ...]] = {
 LAUNCH_RESIDUAL_TERMS = ("num_reqs", "num_tokens")
 OUTLIER_MADS = 5.0  # graph launches this far above the fit (robust sigmas) are one-off uploads
 MIN_CLEAN_STEPS = 20
+STRAGGLER_START = 1.05  # sweep rows this far above the bulk branch seed the straggler fit
+MIN_STRAGGLER_ROWS = 3
 SOURCE_OFFSET_NOTE = 0.05  # a median offset of clean run steps from the sweep's fit worth a note
 GPU_PRESET_NAMES = ("h200", "h100", "a100", "l40s")  # matched in a CUDA device name, in order
 
@@ -271,6 +292,11 @@ def calibrate(
         rows = np.concatenate([clean, take])
         gp[kind] = fit_target(joined, joined_y, rows, gterms[kind], "gpu", dterms).model
         fit_rows[kind] = rows
+    straggler: dict[str, Any] = {}
+    recorded = not any("max_kv_tokens" in getattr(r, "filled", ()) for r in runs)
+    if "decode" in gp and sweep is not None and recorded:
+        joins_dec = joins is not None and bool((joins & sweep.decode).any())
+        gp["decode"], straggler = _fit_straggler(gp["decode"], sweep, runs, joins_dec, notes)
     if gp:
         prof["gpu_pass"] = gp
     # CPU phases
@@ -301,6 +327,8 @@ def calibrate(
     used = merge_profile(base, prof) if base else prof
     quality = evaluate(used, runs, steps)
     quality.update(_gpu_fit_quality(used, joined, joined_y, fit_rows, len(steps)))
+    if straggler:
+        quality["gpu_pass.decode.straggler"] = straggler
     if sweep is not None:
         quality.update(_sweep_quality(used, steps, gpu_y, sweep, gterms, dterms, notes))
     return Calibration(prof, quality, notes, list(sweep.paths) if sweep is not None else [])
@@ -321,7 +349,82 @@ def _load_sweeps(paths: Sequence[str | Path], runs: Sequence[Run]) -> SweepRows:
                 + ", ".join(f"{k} {got[k]!r} (runs: {want[k]!r})" for k in bad)
                 + "; calibrate one model, GPU and dtype at a time"
             )
+    sweep.cols["program_keys"] = program_keys(
+        runs[0], sweep.cols["num_reqs"], sweep.cols["max_kv_tokens"]
+    )
     return sweep
+
+
+def _graph_matched_decode(sweep: SweepRows, runs: Sequence[Run]) -> np.ndarray:
+    """The sweep's decode rows timed as every run ran decode (CUDA graph replays or eagerly)."""
+    graphed = {c.cuda_graphs and c.device == "cuda" for c in (run_config(r) for r in runs)}
+    if len(graphed) > 1:
+        return np.zeros(len(sweep), bool)
+    return sweep.decode & (sweep.graph == graphed.pop())
+
+
+def _fit_straggler(
+    bulk: Mapping[str, float],
+    sweep: SweepRows,
+    runs: Sequence[Run],
+    joined: bool,
+    notes: list[str],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`{"max": [bulk, straggler]}` and its report, or (bulk, {}) where the sweep cannot tell.
+
+    straggler = bulk without kv_read_tokens + c * program_keys: the step's non-attention work
+    plus the longest program's walk instead of the KV stream. Hinge fit: seed the straggler rows
+    with the sweep decode rows measured above STRAGGLER_START x bulk (after the offset), fit c on
+    them (non-negative least squares through 0), take as straggler rows those where that branch
+    is the larger, and repeat until the rows (and the offset) stop changing."""
+    rows = _graph_matched_decode(sweep, runs)
+    keys = sweep.cols["program_keys"][rows]
+    if not rows.any() or not keys.any() or "kv_read_tokens" not in bulk:
+        return dict(bulk), {}
+    y = sweep.gpu_ms[rows]
+    every = np.ones(int(rows.sum()), bool)
+    cols = {k: v[rows] for k, v in sweep.cols.items()}
+    base = {t: c for t, c in bulk.items() if t != "kv_read_tokens"}
+    pred_bulk = eval_linear(bulk, cols, every)
+    pred_base = eval_linear(base, cols, every)
+
+    def offset(mask: np.ndarray) -> float:
+        return 0.0 if joined or not mask.any() else float(np.median(pred_bulk[mask] - y[mask]))
+
+    delta = offset(every)
+    strag = y + delta > STRAGGLER_START * pred_bulk
+    c = 0.0
+    for _ in range(50):
+        if strag.sum() < MIN_STRAGGLER_ROWS:
+            break
+        c = float(fit(keys[strag][:, None], (y + delta - pred_base)[strag]).coef[0])
+        new = pred_base + c * keys > pred_bulk
+        new_delta = offset(~new)
+        if (new == strag).all() and new_delta == delta:
+            break
+        strag, delta = new, new_delta
+    if strag.sum() < MIN_STRAGGLER_ROWS or c <= 0:
+        notes.append(
+            f"gpu_pass.decode: {int(strag.sum())} of the sweep's {int(rows.sum())} decode rows "
+            "run above the KV-stream fit; kept it linear (no straggler branch)"
+        )
+        return dict(bulk), {}
+    model = {"max": [dict(bulk), {**base, "program_keys": c}]}
+    pred = np.maximum(pred_bulk, pred_base + c * keys)
+    report = {
+        "program_keys_ms": c,
+        "sweep_offset_ms": delta,
+        "sweep_rows": int(rows.sum()),
+        "straggler_rows": int(strag.sum()),
+        "sweep_bulk_only": stats(pred_bulk - delta, y),
+        "sweep_max": stats(pred - delta, y),
+    }
+    notes.append(
+        f"gpu_pass.decode: the larger of the KV-stream fit and the longest program "
+        f"({c * 1e3:.3f} us per key of program_keys, from {int(strag.sum())} of "
+        f"{int(rows.sum())} sweep decode rows, sweep offset {delta:+.3f} ms)"
+    )
+    return model, report
 
 
 def _sweep_joins(

@@ -56,6 +56,7 @@ def load_steps(runs: Sequence[Run]) -> Steps:
     cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     cols = {f: cat[f].astype(np.float64) for f in SHAPE_FIELDS}
     cols["num_tokens"] = cols["prefill_tokens"] + cols["decode_tokens"]
+    cols["program_keys"] = cat["program_keys"].astype(np.float64)
     cols["intercept"] = np.ones(len(cat["run"]))
     steps = Steps(
         cols=cols,
@@ -88,7 +89,26 @@ def _run_steps(run: Run, index: int) -> dict[str, np.ndarray]:
     out["clean"] = _clean(run, s, ends)
     out["graph"] = _graph_steps(run, s)
     out["run"] = np.full(n, index)
+    out["program_keys"] = program_keys(run, s["num_reqs"], s["max_kv_tokens"])
     return out
+
+
+def program_keys(run: Run, num_reqs: np.ndarray, max_kv: np.ndarray) -> np.ndarray:
+    """The derived term `program_keys` (sim.cost.splits) of each step: keys of the longest decode
+    attention program for the run's model and GPU; zeros where either is unknown here."""
+    from core.models import get_model
+    from sim.cost.splits import num_sms, program_keys_fn
+
+    cfg = run_config(run)
+    sms = num_sms(str((run.summary.get("source") or {}).get("gpu") or cfg.gpu))
+    try:
+        kv_heads = get_model(cfg.model).num_kv_heads
+    except ValueError:  # a checkpoint folder not on this machine
+        sms = None
+    if sms is None:
+        return np.zeros(len(num_reqs))
+    keys = program_keys_fn(kv_heads, sms)
+    return np.array([keys(int(r), int(m)) for r, m in zip(num_reqs, max_kv)], np.float64)
 
 
 def _clean(run: Run, s: dict[str, np.ndarray], ends: np.ndarray) -> np.ndarray:
@@ -158,7 +178,11 @@ def _graph_steps(run: Run, s: dict[str, np.ndarray]) -> np.ndarray:
 def eval_linear(
     model: Mapping[str, float], cols: dict[str, np.ndarray], rows: np.ndarray
 ) -> np.ndarray:
-    """A linear model's value on the selected steps (rows: a bool mask or indices)."""
+    """A linear model's value on the selected steps (rows: a bool mask or indices); a GPU pass
+    model `{"max": [...]}` is the larger of its branches."""
+    if "max" in model:
+        parts: Any = model["max"]
+        return np.maximum.reduce([eval_linear(b, cols, rows) for b in parts])
     out = np.zeros(int(rows.sum()) if rows.dtype == bool else len(rows))
     for term, coef in model.items():
         out += coef * cols[term][rows]

@@ -6,18 +6,29 @@ prefill + decode token count). `replay calibrate` fits one by plain least square
 `design_row(shape, terms)`; the simulator evaluates it through `compile_linear`, which turns the
 dict into one Python expression so a call is a handful of float multiply-adds (it runs several
 times per simulated step, for millions of steps).
+
+A GPU pass model may also be `{"max": [LINEAR, LINEAR, ...]}`: the larger of its branches
+(`compile_model`; pure decode: the KV stream vs the longest attention program), and its linear
+models may use derived terms the caller defines for one model and GPU (`derived`:
+`program_keys`, sim.cost.splits), which compile to a call of the caller's function.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from core.shape import SHAPE_FIELDS, BatchShape
 
 INTERCEPT = "intercept"
 LINEAR_TERMS: tuple[str, ...] = (INTERCEPT, *SHAPE_FIELDS, "num_tokens")
+MAX_KEY = "max"
+# derived terms that need the model and GPU (sim.cost.splits): pure-decode GPU models only
+PROGRAM_KEYS = "program_keys"
+DECODE_TERMS: tuple[str, ...] = (*LINEAR_TERMS, PROGRAM_KEYS)
 
 LinearFn = Callable[[BatchShape], float]
+Derived = Mapping[str, LinearFn]
 
 
 def zero(shape: BatchShape) -> float:
@@ -33,24 +44,64 @@ def add_linear(*models: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def compile_linear(model: Mapping[str, float]) -> LinearFn:
-    """A function `shape -> float` evaluating `model`; terms with a zero coefficient are dropped.
-
-    The source is built only from names in LINEAR_TERMS and float reprs, never from free text.
-    """
+def _source(model: Mapping[str, float], derived: Derived) -> str:
+    """`model` as a Python expression in `s` ("0.0" if empty); derived term i calls `_d{i}`.
+    Built only from names in LINEAR_TERMS / `derived` and float reprs, never from free text."""
+    known = (*LINEAR_TERMS, *derived)
+    unknown = sorted(set(model) - set(known))
+    if unknown:
+        raise ValueError(f"unknown linear term {unknown[0]!r}, expected one of {known}")
     parts: list[str] = []
-    for term in LINEAR_TERMS:  # fixed order: same model, same float result
+    for term in known:  # fixed order: same model, same float result
         coef = float(model.get(term, 0.0))
         if coef == 0.0:
             continue
-        parts.append(repr(coef) if term == INTERCEPT else f"{coef!r} * s.{term}")
-    unknown = sorted(set(model) - set(LINEAR_TERMS))
-    if unknown:
-        raise ValueError(f"unknown linear term {unknown[0]!r}, expected one of {LINEAR_TERMS}")
-    if not parts:
-        return zero
-    fn: LinearFn = eval(f"lambda s: {' + '.join(parts)}", {"__builtins__": {}})  # noqa: S307
+        if term == INTERCEPT:
+            parts.append(repr(coef))
+        elif term in derived:
+            parts.append(f"{coef!r} * _d{list(derived).index(term)}(s)")
+        else:
+            parts.append(f"{coef!r} * s.{term}")
+    return " + ".join(parts) or "0.0"
+
+
+def _compile(expr: str, derived: Derived) -> LinearFn:
+    env: dict[str, Any] = {"__builtins__": {}, "max": max}
+    env.update({f"_d{i}": fn for i, fn in enumerate(derived.values())})
+    fn: LinearFn = eval(f"lambda s: {expr}", env)  # noqa: S307
     return fn
+
+
+def compile_linear(model: Mapping[str, float], derived: Derived | None = None) -> LinearFn:
+    """A function `shape -> float` evaluating `model`; terms with a zero coefficient are dropped.
+    `derived`: extra term name -> function of the shape (e.g. `program_keys`)."""
+    expr = _source(model, derived or {})
+    return zero if expr == "0.0" else _compile(expr, derived or {})
+
+
+def is_max_model(model: Mapping[str, Any]) -> bool:
+    return MAX_KEY in model
+
+
+def branches(model: Mapping[str, Any]) -> list[Mapping[str, float]]:
+    """The linear models of a GPU pass model: the branches of a max form, else itself."""
+    return list(model[MAX_KEY]) if is_max_model(model) else [model]
+
+
+def add_to_model(model: Mapping[str, Any], extra: Mapping[str, float]) -> dict[str, Any]:
+    """`model + extra` for a linear model or a max form (added to every branch: max(a, b) + e
+    = max(a + e, b + e))."""
+    if is_max_model(model):
+        return {MAX_KEY: [add_linear(b, extra) for b in model[MAX_KEY]]}
+    return add_linear(model, extra)
+
+
+def compile_model(model: Mapping[str, Any], derived: Derived | None = None) -> LinearFn:
+    """`compile_linear`, or for `{"max": [m1, m2, ...]}` one function `max(m1(s), m2(s), ...)`."""
+    if not is_max_model(model):
+        return compile_linear(model, derived)
+    exprs = [_source(b, derived or {}) for b in model[MAX_KEY]]
+    return _compile(f"max({', '.join(exprs)})", derived or {})
 
 
 def design_row(shape: BatchShape, terms: Iterable[str]) -> list[float]:

@@ -28,9 +28,19 @@ from core.models import get_model, with_context
 from core.phases import CPU_PHASES
 from core.shape import BatchShape
 
-from .linear import LinearFn, add_linear, compile_linear
+from .linear import (
+    PROGRAM_KEYS,
+    Derived,
+    LinearFn,
+    add_linear,
+    add_to_model,
+    branches,
+    compile_linear,
+    compile_model,
+)
 from .profile import ProfileError, load_profile, resolve_profile, validate_profile
 from .roofline import Roofline
+from .splits import num_sms, program_keys_fn
 from .terms import GPU_TARGET, active_terms, term_target
 
 
@@ -49,10 +59,13 @@ class CostModel:
         terms = active_terms(config)
         self.active_terms = terms
 
-        # GPU pass: a fitted linear model per batch kind if the profile has one, else roofline.
+        # GPU pass: a fitted model per batch kind if the profile has one (decode: linear or the
+        # larger of linear branches, docs/cost-model.md), else the roofline.
         self.roofline = Roofline(self.model, self.gpu, config.dtype, prof["gpu_pass"]["roofline"])
         gpu_extra = add_linear(*(prof["terms"][t] for t in terms if term_target(t) == GPU_TARGET))
-        self._gpu_decode = self._gpu_fn(prof["gpu_pass"].get("decode"), gpu_extra)
+        decode = prof["gpu_pass"].get("decode")
+        derived = self._decode_derived(decode, where) if decode is not None else {}
+        self._gpu_decode = self._gpu_fn(decode, gpu_extra, derived)
         self._gpu_mixed = self._gpu_fn(prof["gpu_pass"].get("mixed"), gpu_extra)
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
 
@@ -142,13 +155,32 @@ class CostModel:
         return self._gc_a[generation] + self._gc_b[generation] * objects_scanned
 
     # ---- construction helpers ----------------------------------------------------------------
-    def _gpu_fn(self, fit: Mapping[str, float] | None, extra: Mapping[str, float]) -> LinearFn:
+    def _gpu_fn(
+        self,
+        fit: Mapping[str, Any] | None,
+        extra: Mapping[str, float],
+        derived: Derived | None = None,
+    ) -> LinearFn:
         if fit is not None:
-            return compile_linear(add_linear(fit, extra))
+            return compile_model(add_to_model(fit, extra), derived)
         if not extra:
             return self.roofline
         roof, add = self.roofline, compile_linear(extra)
         return lambda s: roof(s) + add(s)
+
+    def _decode_derived(self, decode: Mapping[str, Any], where: str | None) -> Derived:
+        """`program_keys` (sim.cost.splits) if the decode model uses it: needs the GPU's SMs."""
+        if not any(b.get(PROGRAM_KEYS) for b in branches(decode)):
+            return {}
+        sms = num_sms(self.gpu.name)
+        if sms is None:
+            name = f" '{where}'" if where else ""
+            raise ProfileError(
+                f"cost profile{name}: key 'gpu_pass.decode': term '{PROGRAM_KEYS}' needs the "
+                f"GPU's SM count, unknown for {self.gpu.name!r} (sim.cost.splits.NUM_SMS)"
+            )
+        keys = program_keys_fn(self.model.num_kv_heads, sms)
+        return {PROGRAM_KEYS: lambda s: keys(s.num_reqs, s.max_kv_tokens)}
 
     def _ngram_gpu_model(self, params: Mapping[str, Any]) -> dict[str, float]:
         """Linear in num_reqs: max_model_len and the number of n values are config constants."""

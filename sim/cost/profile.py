@@ -4,7 +4,8 @@ A profile holds any subset of `defaults.DEFAULTS` (docs/cost-model.md describes 
 bad profile gets one `ProfileError` naming the key. Merging rules: parameter tables
 (`gpu_pass.roofline`, `launch`, `ngram_gpu`, `gc`) merge key by key; a linear model (a phase,
 a term, `sync`, `gpu_pass.decode`/`mixed`) is replaced whole, since a fit's coefficients only
-make sense together.
+make sense together. `gpu_pass.decode` may also be `{"max": [LINEAR, LINEAR, ...]}` (the larger
+of its branches) and its models may use the derived term `program_keys` (sim.cost.splits).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from core.config import ConfigError
 from core.phases import CPU_PHASES
 
 from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
-from .linear import LINEAR_TERMS
+from .linear import DECODE_TERMS, LINEAR_TERMS, MAX_KEY
 from .terms import TERM_NAMES
 
 
@@ -71,11 +72,28 @@ def _known(where: str, prefix: str, table: Mapping[str, Any], allowed: tuple[str
             raise _fail(where, f"{prefix}{k}", f"unknown key, expected one of {list(allowed)}")
 
 
-def _check_linear(where: str, key: str, value: Any) -> None:
+def _check_linear(where: str, key: str, value: Any, terms: tuple[str, ...] = LINEAR_TERMS) -> None:
     model = _table(where, key, value)
-    _known(where, f"{key}.", model, LINEAR_TERMS)
+    _known(where, f"{key}.", model, terms)
     for term, coef in model.items():
         _number(where, f"{key}.{term}", coef)
+
+
+def _check_decode(where: str, key: str, value: Any) -> None:
+    """A linear model over DECODE_TERMS, or `{"max": [model, model, ...]}` (2 or more)."""
+    model = _table(where, key, value)
+    if MAX_KEY not in model:
+        _check_linear(where, key, model, DECODE_TERMS)
+        return
+    if len(model) > 1:
+        other = next(k for k in model if k != MAX_KEY)
+        raise _fail(where, f"{key}.{other}", "a max form holds only the key 'max'")
+    parts = model[MAX_KEY]
+    if not isinstance(parts, list) or len(parts) < 2:
+        raise _fail(where, f"{key}.{MAX_KEY}", f"expected a list of 2 or more linear models, "
+                    f"got {parts!r}")  # fmt: skip
+    for i, part in enumerate(parts):
+        _check_linear(where, f"{key}.{MAX_KEY}[{i}]", part, DECODE_TERMS)
 
 
 def _check_params(where: str, key: str, value: Any) -> None:
@@ -136,9 +154,10 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
         _known(where, "gpu_pass.", gp, ("roofline", *GPU_FIT_KINDS))
         if "roofline" in gp:
             _check_params(where, "gpu_pass.roofline", gp["roofline"])
-        for kind in GPU_FIT_KINDS:
-            if kind in gp:
-                _check_linear(where, f"gpu_pass.{kind}", gp[kind])
+        if "decode" in gp:
+            _check_decode(where, "gpu_pass.decode", gp["decode"])
+        if "mixed" in gp:
+            _check_linear(where, "gpu_pass.mixed", gp["mixed"])
     for key in ("launch", "ngram_gpu"):
         if key in prof:
             _check_params(where, key, prof[key])
@@ -164,7 +183,8 @@ def merge_profile(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str,
         if key == "gpu_pass":
             gp = out.setdefault("gpu_pass", {})
             for sub, v in value.items():
-                gp[sub] = {**gp.get(sub, {}), **v} if sub == "roofline" else dict(v)
+                fit = json.loads(json.dumps(v))  # a max form holds a list: copy it too
+                gp[sub] = {**gp.get(sub, {}), **v} if sub == "roofline" else fit
         elif key in ("launch", "ngram_gpu", "gc"):
             out[key] = {**out.get(key, {}), **value}
         elif key in ("cpu_phases", "alloc_objects", "terms", "alloc_terms"):

@@ -1,0 +1,60 @@
+"""`program_keys`: the keys the longest program of this engine's decode attention kernel walks.
+
+An engine-specific derived term (docs/cost-model.md, "Decode: the larger of the KV stream and the
+longest program"). engine/kernels/decode_attention.py gives each (sequence, kv head) one program
+or a few splits of whole key tiles (`decode_num_splits`, the kernel's `min_tiles`):
+- a batch whose (sequence, kv head) programs fill the GPU (num_reqs x kv heads >=
+  TARGET_PROGRAMS_PER_SM x SMs) splits only sequences longer than LONG_SPLIT_KEYS, into runs of at
+  least LONG_SPLIT_KEYS keys, at most MAX_LONG_SPLITS of them;
+- a smaller batch splits every sequence into the next power of two of ceil(fill / programs)
+  (at most MAX_SPLITS) runs, with 32-key tiles from 16 splits on.
+The longest program belongs to the longest sequence (`max_kv_tokens`): its keys per program are
+what this returns. The constants mirror the engine's (tests/test_decode_max_model.py checks them
+against `decode_num_splits`); the SM counts are the presets' datasheet values. The CUDA-graph
+bucket padding of the batch size changes no split count (its powers of two absorb it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+TARGET_PROGRAMS_PER_SM = 2
+MAX_SPLITS = 32
+LONG_SPLIT_KEYS = 4096
+MAX_LONG_SPLITS = 8
+TILE_KEYS = 64  # BLOCK_N; 32 when a small batch splits 16 or more ways
+SMALL_TILE_KEYS = 32
+NUM_SMS: dict[str, int] = {"h100": 132, "h200": 132, "a100": 108, "l40s": 142}
+
+ProgramKeysFn = Callable[[int, int], int]  # (num_reqs, max_kv_tokens) -> keys
+
+
+def num_sms(gpu: str) -> int | None:
+    """SMs of a GPU preset, or of a device name holding one ('NVIDIA H200'); None if unknown."""
+    low = gpu.lower()
+    return next((n for name, n in NUM_SMS.items() if name in low), None)
+
+
+def _pow2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
+
+
+def program_keys_fn(num_kv_heads: int, sms: int) -> ProgramKeysFn:
+    """`(num_reqs, max_kv_tokens) -> keys of the longest program` for a model and a GPU."""
+    fill = TARGET_PROGRAMS_PER_SM * sms
+    long_tiles = LONG_SPLIT_KEYS // TILE_KEYS
+
+    def program_keys(num_reqs: int, max_kv: int) -> int:
+        if num_reqs <= 0 or max_kv <= 0:
+            return 0
+        programs = num_reqs * num_kv_heads
+        if programs >= fill:  # only long sequences split, per LONG_SPLIT_KEYS, <= 8 ways
+            tiles = -(-max_kv // TILE_KEYS)
+            per = max(-(-tiles // MAX_LONG_SPLITS), long_tiles)
+            return min(tiles, per) * TILE_KEYS
+        splits = min(-(-fill // programs), MAX_SPLITS)
+        tile = SMALL_TILE_KEYS if splits >= 16 else TILE_KEYS
+        tiles = -(-max_kv // tile)
+        return -(-tiles // _pow2(splits)) * tile
+
+    return program_keys
