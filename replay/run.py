@@ -74,6 +74,19 @@ def gpu_name(cfg: Config) -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
+def as_run(cfg: Config) -> Config:
+    """The config a measured run records: on CUDA its `gpu` is the preset the device is (the
+    preset's name in the device name, e.g. 'h200' in 'NVIDIA H200'), so a run says what it ran
+    on; the default preset ('h100') otherwise stood in the summaries of H200 runs."""
+    if cfg.device != "cuda":
+        return cfg
+    from core.gpus import GPUS
+
+    name = gpu_name(cfg).lower()
+    preset = next((g for g in sorted(GPUS, key=len, reverse=True) if g in name), None)
+    return cfg.replace(gpu=preset) if preset and preset != cfg.gpu else cfg
+
+
 def check_trace(cfg: Config, trace_path: str | Path) -> Trace:
     model = with_context(get_model(cfg.model), cfg.max_model_len)
     return read_trace(trace_path, model)
@@ -413,7 +426,7 @@ def _write(
     return write_run(
         out,
         m.recorder,
-        config=cfg,
+        config=as_run(cfg),
         trace=trace_info(trace_path),
         source={"kind": "replay", "gpu": gpu_name(cfg)},
         complete=m.complete,

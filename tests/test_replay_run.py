@@ -208,3 +208,17 @@ def test_gpu_replay_and_calibrate(few: Path, tmp_path: Path):
     assert (s["gpu_start_s"] >= s["launch_start_s"]).all()
     assert (np.diff(s["gpu_start_s"]) > 0).all()
     validate_profile(calibrate([tmp_path / "run"]).profile)
+
+
+def test_a_cuda_run_records_the_gpu_preset_it_ran_on(monkeypatch):
+    import replay.run as rr
+    from core.config import Config
+
+    cfg = Config(device="cuda", gpu="h100")
+    monkeypatch.setattr(rr, "gpu_name", lambda c: "NVIDIA H200")
+    assert rr.as_run(cfg).gpu == "h200"
+    monkeypatch.setattr(rr, "gpu_name", lambda c: "NVIDIA H100 80GB HBM3")
+    assert rr.as_run(cfg) is cfg
+    monkeypatch.setattr(rr, "gpu_name", lambda c: "NVIDIA GeForce RTX 4090")  # no preset
+    assert rr.as_run(cfg).gpu == "h100"
+    assert rr.as_run(Config(device="cpu", gpu="a100")).gpu == "a100"
