@@ -4,22 +4,20 @@ validation, the engine's split rule, calibration from a sweep, and fast-forward 
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import sim.run as simrun
 from core.config import Config, load_config
 from core.shape import BatchShape
 from replay.calibrate import calibrate
 from sim.cost import CostModel, ProfileError, save_profile, validate_profile
 from sim.cost.splits import program_keys_fn
-from sim.loop import SimLoop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
 from test_replay_shapes import DECODE, H100, MIXED, _lin, eager_run  # noqa: E402
 from test_sim_max_kv import _mixed_trace  # noqa: E402
 
@@ -148,20 +146,6 @@ def test_fast_forward_equals_the_step_loop_with_the_max_form(tmp_path: Path) -> 
             tmp_path / f"{name}.json", {"version": 1, "gpu_pass": {"decode": decode}}
         )
         sets = ["model=llama3-8b", "gpu=h200", f"profile={path}"]
-        for ff in (False, True):
-            orig = simrun.SimLoop
-            simrun.SimLoop = functools.partial(SimLoop, fast_forward=ff)  # type: ignore[misc]
-            try:
-                res = simrun.simulate(load_config(None, sets), trace)
-            finally:
-                simrun.SimLoop = orig  # type: ignore[misc]
-            outs[name, ff] = res.recorder.freeze()
-    for name in ("max", "lin"):
-        a, b = outs[name, False], outs[name, True]
-        for field in a.__dataclass_fields__:
-            x, y = getattr(a, field), getattr(b, field)
-            if isinstance(x, np.ndarray):
-                np.testing.assert_array_equal(x, y, err_msg=f"{name} {field}")
-            else:
-                assert x == y, f"{name} {field}"
-    assert not np.array_equal(outs["max", True].gpu_end, outs["lin", True].gpu_end)
+        outs[name] = records_without_and_with_fast_forward(sets, trace)
+        assert_same_records(*outs[name], name)
+    assert not np.array_equal(outs["max"][1].gpu_end, outs["lin"][1].gpu_end)

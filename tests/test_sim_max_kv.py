@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,9 @@ from replay.compare import compare_runs
 from replay.steps import load_steps
 from sim.cost import LINEAR_TERMS, compile_linear, design_row, save_profile, validate_profile
 from sim.loop import SimLoop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
 
 MAX_KV = SHAPE_FIELDS.index("max_kv_tokens")
 
@@ -157,23 +161,9 @@ def test_costs_read_the_fast_forwards_longest_context(tmp_path: Path, spec: str)
     for name, p in (("term", prof), ("base", base)):
         path = save_profile(tmp_path / f"{name}.json", p)
         sets = ["model=llama3-8b", f"spec.method={spec}", f"profile={path}"]
-        for ff in (False, True):
-            orig = simrun.SimLoop
-            simrun.SimLoop = functools.partial(SimLoop, fast_forward=ff)  # type: ignore[misc]
-            try:
-                res = simrun.simulate(load_config(None, sets), trace)
-            finally:
-                simrun.SimLoop = orig  # type: ignore[misc]
-            outs[name, ff] = res.recorder.freeze()
-    for name in ("term", "base"):
-        a, b = outs[name, False], outs[name, True]
-        for field in a.__dataclass_fields__:
-            x, y = getattr(a, field), getattr(b, field)
-            if isinstance(x, np.ndarray):
-                np.testing.assert_array_equal(x, y, err_msg=f"{name} {field}")
-            else:
-                assert x == y, f"{name} {field}"
-    assert not np.array_equal(outs["term", True].gpu_end, outs["base", True].gpu_end)
+        outs[name] = records_without_and_with_fast_forward(sets, trace)
+        assert_same_records(*outs[name], name)
+    assert not np.array_equal(outs["term"][1].gpu_end, outs["base"][1].gpu_end)
 
 
 # ---- run folders written before the field -------------------------------------------------------

@@ -1,0 +1,38 @@
+"""Run one simulation with the fast-forward off and on, and compare the two records field by
+field (the fast-forwards must reproduce the step loop to the bit). Shared by the tests."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+import sim.run as simrun
+from core.config import load_config
+from core.runfmt import RunRecorder
+from sim.loop import SimLoop
+
+
+def records_without_and_with_fast_forward(
+    sets: list[str], trace: Path
+) -> tuple[RunRecorder, RunRecorder]:
+    """The frozen records of `sim run trace --set ...` with fast_forward False, then True."""
+    recs = []
+    for ff in (False, True):
+        orig = simrun.SimLoop
+        simrun.SimLoop = functools.partial(SimLoop, fast_forward=ff)  # type: ignore[misc]
+        try:
+            recs.append(simrun.simulate(load_config(None, sets), trace).recorder.freeze())
+        finally:
+            simrun.SimLoop = orig  # type: ignore[misc]
+    return recs[0], recs[1]
+
+
+def assert_same_records(a: RunRecorder, b: RunRecorder, label: str) -> None:
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y, err_msg=f"{name} {label}")
+        else:
+            assert x == y, f"{name} {label}"
