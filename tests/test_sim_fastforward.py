@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,9 @@ from core.shape import SHAPE_FIELDS, BatchShape
 from core.trace import TokenLists, make_trace, write_trace
 from sim.loop import SimLoop
 from sim.plan.fleet import FleetSpec, simulate_fleet
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ffcheck import assert_same_records  # noqa: E402
 
 
 def _trace(tmp: Path, name: str, n: int, span_s: float, prompt: tuple[int, int],
@@ -387,13 +391,7 @@ def test_fast_forward_is_exact_on_random_configs(tmp_path: Path, seed: int) -> N
             return
         finally:
             simrun.SimLoop = orig  # type: ignore[misc]
-    a, b = recs
-    for name in a.__dataclass_fields__:
-        x, y = getattr(a, name), getattr(b, name)
-        if isinstance(x, np.ndarray):
-            np.testing.assert_array_equal(x, y, err_msg=f"{name} {sets}")
-        else:
-            assert x == y, f"{name} {sets}"
+    assert_same_records(*recs, str(sets))
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -444,13 +442,7 @@ def test_spec_fast_forward_is_exact_on_random_configs(tmp_path: Path, seed: int)
             return
         finally:
             simrun.SimLoop = orig  # type: ignore[misc]
-    a, b = recs
-    for name in a.__dataclass_fields__:
-        x, y = getattr(a, name), getattr(b, name)
-        if isinstance(x, np.ndarray):
-            np.testing.assert_array_equal(x, y, err_msg=f"{name} {sets}")
-        else:
-            assert x == y, f"{name} {sets}"
+    assert_same_records(*recs, str(sets))
     assert blocks_state(loops[0]) == blocks_state(loops[1]), sets
 
 
