@@ -3,7 +3,8 @@
 #   bash reports/fidelity/gpu_runs.sh PART OUTDIR [PACKDIR]
 # PART: 1b, 1bx (llama3.2-1b on the fidelity windows, and depth 1/3), 8b (llama3-8b),
 # c1b, c8b (set C: every workload of a model in one call, plus the clean-GPU shape sweep),
-# h100-1b, h100-8b (H100 profiles; depth 2 and 1 alternated on one host),
+# h100-1b, h100-8b (H100 profiles; depth 2 and 1 alternated on one host), gaps (profiler
+# timelines at depth 2 and 1),
 # seeds (measured ablations of the five switches), seeds5-8b (seed 5 on llama3-8b).
 # PACKDIR: each run's or ablation's folder (without timeline.json, which the calibration does
 # not read) is packed into PACKDIR/<name>.tgz as soon as it is done (shape sweeps copied), so
@@ -80,6 +81,20 @@ case $part in
     replay "8b-azure45x4" "$W/azure45x4.parquet" llama3-8b 20000 1
     shapes 8b llama3-8b 20000
     replay "8b-azure45" "$W/azure45.parquet" llama3-8b 20000 1
+    ;;
+  gaps)  # kernel timelines at depth 2 and 1 (torch.profiler, the first 6 s of azure45x4 in
+    # traces/fidelity/azure6.parquet) and their idle gaps; tables to PACKDIR (~2 minutes)
+    for d in 2 1; do
+      log "profile depth $d"
+      python3 -c "
+from pathlib import Path
+from core.config import load_config
+from replay.kernels import profile_kernels
+cfg = load_config(None, ['model=llama3.2-1b', 'num_kv_blocks=40000', 'batches_in_flight=$d'])
+profile_kernels(cfg, '$W/azure6.parquet', Path('$out/kernels-d$d'))" 2>&1 | tail -2
+      python3 reports/fidelity/kernel_gaps.py "$out/kernels-d$d/trace.json" "depth $d"
+      [ -z "$pack" ] || cp "$out/kernels-d$d/kernels.txt" "$pack/kernels-d$d.txt"
+    done
     ;;
   c8b)  # set C, llama3-8b (~7 minutes)
     replay "8b-azure45x4" "$W/azure45x4.parquet" llama3-8b 20000 2
