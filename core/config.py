@@ -93,6 +93,9 @@ class Config:
     chunked_prefill: bool = True
     prefix_caching: bool = True
     cuda_graphs: bool = True
+    # simulator what-if, not in the engine (replay refuses it): prefill/mixed steps replayed as
+    # CUDA graphs captured per token bucket (sim.cost.model.mixed_graph_tokens)
+    cuda_graphs_mixed: bool = False
     gc_freeze: bool = True
     batches_in_flight: int = 2  # 1 = synchronous; 2, 3 = async scheduling depth
     optimistic_spec_decode: bool = True  # seed 5 (PR 32951)
@@ -123,6 +126,9 @@ class Config:
         _check(0 < self.kv_memory_fraction <= 1, "kv_memory_fraction", "must be in (0, 1]")
         _check(self.num_kv_blocks >= 0, "num_kv_blocks", "must be >= 0")
         _check(self.batches_in_flight in (1, 2, 3), "batches_in_flight", "must be 1, 2 or 3")
+        _check(
+            self.cuda_graphs or not self.cuda_graphs_mixed, "cuda_graphs_mixed", "needs cuda_graphs"
+        )
         _check(self.arrival in ("realtime", "asap"), "arrival", "must be realtime or asap")
         _check(
             self.chunked_prefill or self.max_num_batched_tokens >= 1,

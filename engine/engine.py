@@ -89,6 +89,11 @@ class Engine:
     def __init__(self, cfg: Config, model: LlamaModel | None = None) -> None:
         self.cfg = cfg
         self.device = torch.device(cfg.device)
+        if cfg.cuda_graphs_mixed:
+            raise ValueError(
+                "config key 'cuda_graphs_mixed': a simulator what-if; this engine runs prefill "
+                "and mixed steps eagerly (only the simulator can predict the switch)"
+            )
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("config key 'device': cuda, but no CUDA device is available")
         self.max_model_len = cfg.max_model_len or get_model(cfg.model).max_context

@@ -164,7 +164,10 @@ def _graph_steps(run: Run, s: dict[str, np.ndarray]) -> np.ndarray:
         limit = resolve_profile(own)["launch"]["graph_max_tokens"]
         k = cfg.spec.k if cfg.spec.enabled else 0  # sim.cost.CostModel.graphed
         uniform = s["draft_tokens"] == k * s["num_reqs"]
-        return cfg.cuda_graphs & decode & (s["decode_tokens"] <= limit) & uniform
+        graphed = decode & (s["decode_tokens"] <= limit) & uniform
+        if cfg.cuda_graphs_mixed:  # the what-if: every step with a prefill replays a graph
+            graphed |= ~decode
+        return cfg.cuda_graphs & graphed
     if not cfg.cuda_graphs or cfg.device != "cuda":
         return np.zeros(len(decode), bool)
     # engine.engine._prepare: pure decode with k drafts per request (none without spec), at

@@ -77,6 +77,10 @@ def _needs_history(c: Config, history: bool) -> str | None:
     return None if history else "the trace has no needs_history requests (no placeholder scan)"
 
 
+def _needs_graphs(c: Config, history: bool) -> str | None:
+    return None if c.cuda_graphs else "cuda_graphs is off: there are no graphs to extend"
+
+
 def _needs_gc(c: Config, history: bool) -> str | None:
     return None if c.gc.model else "the GC model is off (gc.model=false)"
 
@@ -116,6 +120,12 @@ VARIANTS: tuple[Variant, ...] = (
     *(
         Variant(f"spec.method={m}", f"speculative decoding: {m}", _set("spec.method", m), _always)
         for m in SPEC_METHODS
+    ),
+    Variant(
+        "cuda_graphs_mixed",
+        "prefill/mixed steps as CUDA graphs (a what-if: not in the engine)",
+        _flip("cuda_graphs_mixed"),
+        _needs_graphs,
     ),
     Variant("gc_freeze", "gc.freeze() after start-up flipped", _flip("gc_freeze"), _needs_gc),
     Variant("gc.model", "GC pauses modelled at all, flipped", _flip("gc.model"), _always),

@@ -32,6 +32,7 @@ from sim.cost import (
 )
 from sim.cost.__main__ import decode_shape, prefill_shape
 from sim.cost.linear import evaluate
+from sim.cost.model import mixed_graph_tokens
 
 ROOF = DEFAULTS["gpu_pass"]["roofline"]
 PHASES_NO_LAUNCH = tuple(p for p in CPU_PHASES if p != "launch")
@@ -142,6 +143,39 @@ def test_launch_graph_vs_eager():
     assert cm8.launch_ms(decode_shape(1024, 100), True) == eager  # beyond captured sizes
     assert cm1.launch_ms(dec, False) < eager  # eager cost scales with layers
     assert cm8.cpu_phase_ms("launch", dec) == 0.0  # the phase's residual (launch_ms is apart)
+
+
+def test_mixed_graphs_what_if_launches_a_graph_and_pays_the_padding():
+    """`cuda_graphs_mixed` (a simulator what-if): steps with a prefill replay a graph captured
+    for a token bucket; the padding costs the fitted per-token GPU time."""
+    fit = {"intercept": 1.0, "num_tokens": 0.003, "kv_read_tokens": 1e-5}
+    prof = {"version": 1, "gpu_pass": {"mixed": fit}}
+    eager = CostModel(Config(model="llama3.2-1b"), prof)
+    graphs = CostModel(Config(model="llama3.2-1b", cuda_graphs_mixed=True), prof)
+    mixed, dec = prefill_shape(1000), decode_shape(8, 100)
+    assert not eager.graphed(mixed, True) and graphs.graphed(mixed, True)
+    assert (
+        graphs.launch_ms(mixed, True) == graphs.launch_ms(dec, True) < eager.launch_ms(mixed, True)
+    )
+    assert graphs.gpu_pass_ms(mixed) == pytest.approx(eager.gpu_pass_ms(mixed) + 24 * 0.003)
+    assert graphs.gpu_pass_ms(prefill_shape(1024)) == eager.gpu_pass_ms(prefill_shape(1024))
+    big = prefill_shape(5000)  # past 512 tokens: multiples of 256 (5120), not 8192
+    assert graphs.gpu_pass_ms(big) == pytest.approx(eager.gpu_pass_ms(big) + 120 * 0.003)
+    assert [mixed_graph_tokens(n) for n in (1, 3, 300, 512, 513, 767, 769)] == [
+        1,
+        4,
+        512,
+        512,
+        768,
+        768,
+        1024,
+    ]
+    assert graphs.gpu_pass_ms(dec) == eager.gpu_pass_ms(dec)  # decode untouched
+    assert not graphs.graphed(mixed, False)  # cuda_graphs off at run time: nothing is graphed
+    roof = CostModel(Config(model="llama3.2-1b", cuda_graphs_mixed=True))  # no mixed fit
+    assert roof.gpu_pass_ms(mixed) > CostModel(Config(model="llama3.2-1b")).gpu_pass_ms(mixed)
+    with pytest.raises(ConfigError, match="cuda_graphs_mixed"):
+        Config(cuda_graphs=False, cuda_graphs_mixed=True)
 
 
 # ---- seed terms ------------------------------------------------------------------------------

@@ -67,6 +67,11 @@ class CostModel:
         derived = self._decode_derived(decode, where) if decode is not None else {}
         self._gpu_decode = self._gpu_fn(decode, gpu_extra, derived)
         self._gpu_mixed = self._gpu_fn(prof["gpu_pass"].get("mixed"), gpu_extra)
+        # what-if `cuda_graphs_mixed` (not in the engine): mixed steps replay a graph captured
+        # for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
+        # per-token time (no attention: they belong to no sequence)
+        self._mixed_graphs = config.cuda_graphs and config.cuda_graphs_mixed
+        self._mixed_ms_per_token = self._per_token_ms(prof["gpu_pass"].get("mixed"))
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
 
         # Launch: constant per mode; graphs only for pure decode of <= graph_max_tokens.
@@ -100,6 +105,9 @@ class CostModel:
     # ---- GPU ---------------------------------------------------------------------------------
     def gpu_pass_ms(self, shape: BatchShape) -> float:
         if shape.num_prefill_reqs:
+            if self._mixed_graphs:  # the graph's padding tokens run the GEMMs too
+                pad = mixed_graph_tokens(shape.num_tokens) - shape.num_tokens
+                return self._gpu_mixed(shape) + self._mixed_ms_per_token * pad
             return self._gpu_mixed(shape)
         return self._gpu_decode(shape)
 
@@ -117,8 +125,11 @@ class CostModel:
     def graphed(self, shape: BatchShape, cuda_graphs: bool) -> bool:
         """The forward is one CUDA graph replay: pure decode within the captured sizes, every
         request with k drafts under speculative decoding (a CPU proposer that finds fewer for
-        some request makes the step eager)."""
-        graphable = not shape.num_prefill_reqs and shape.decode_tokens <= self._graph_max_tokens
+        some request makes the step eager); with the what-if `cuda_graphs_mixed`, every step
+        with a prefill too."""
+        if shape.num_prefill_reqs:
+            return cuda_graphs and self._mixed_graphs
+        graphable = shape.decode_tokens <= self._graph_max_tokens
         uniform = shape.draft_tokens == self._graph_drafts * shape.num_reqs
         return cuda_graphs and graphable and uniform
 
@@ -182,6 +193,15 @@ class CostModel:
         keys = program_keys_fn(self.model.num_kv_heads, sms)
         return {PROGRAM_KEYS: lambda s: keys(s.num_reqs, s.max_kv_tokens)}
 
+    def _per_token_ms(self, fit: Mapping[str, Any] | None) -> float:
+        """GPU ms per query token of a mixed step: the fitted num_tokens (+ prefill_tokens)
+        coefficient, else the roofline's marginal cost of one more prefill token."""
+        if fit is not None:
+            return float(fit.get("num_tokens", 0.0)) + float(fit.get("prefill_tokens", 0.0))
+        one = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=512, kv_read_tokens=512)
+        two = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=1024, kv_read_tokens=512)
+        return (self.roofline(two) - self.roofline(one)) / 512
+
     def _ngram_gpu_model(self, params: Mapping[str, Any]) -> dict[str, float]:
         """Linear in num_reqs: max_model_len and the number of n values are config constants."""
         spec = self.config.spec
@@ -192,6 +212,19 @@ class CostModel:
         ms_per_byte = 1e3 / (self.gpu.hbm_gb_per_s * 1e9 * mem_eff)
         per_req_bytes = self.model.max_context * n_values * params["bytes_per_position"]
         return {"intercept": n_values * params["ms_per_n"], "num_reqs": per_req_bytes * ms_per_byte}
+
+
+MIXED_GRAPH_POW2_MAX = 512  # mixed-graph buckets: powers of two up to here ...
+MIXED_GRAPH_STEP = 256  # ... then every multiple of this
+
+
+def mixed_graph_tokens(num_tokens: int) -> int:
+    """The token bucket a mixed step's graph would be captured for (the what-if
+    `cuda_graphs_mixed`): the next power of two up to 512, then the next multiple of 256, so
+    padding stays under 256 tokens where the GEMMs dominate."""
+    if num_tokens <= MIXED_GRAPH_POW2_MAX:
+        return 1 if num_tokens <= 1 else 1 << (num_tokens - 1).bit_length()
+    return -(-num_tokens // MIXED_GRAPH_STEP) * MIXED_GRAPH_STEP
 
 
 def _check_identity(
