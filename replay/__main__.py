@@ -215,6 +215,7 @@ def cmd_ablate(args: argparse.Namespace) -> int:
             Path(args.measured) if args.measured else None,
             args.calibrate_on,
             [Path(d) for d in args.calibrate_also],
+            not args.no_interleave,
         )
     finally:
         bar.close()
@@ -306,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, help="limit per measured run")
     p.add_argument("--no-measure", action="store_true", help="predictions only (no engine)")
     p.add_argument("--no-predict", action="store_true", help="measurements only (no sim)")
+    p.add_argument(
+        "--no-interleave",
+        action="store_true",
+        help="measure all off repeats, then all on (default: the sides take turns, so host "
+        "drift over the call hits both)",
+    )
     p.add_argument(
         "--measured",
         metavar="DIR",

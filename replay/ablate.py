@@ -101,8 +101,10 @@ def ablate(
     measured_dir: Path | None = None,
     calibrate_on: str | None = None,
     calibrate_also: list[Path] | None = None,
+    interleave: bool = True,
 ) -> dict[str, Any]:
-    """Run every switch off/on; run folders go to out/<switch>-<off|on>[.sim]."""
+    """Run every switch off/on; run folders go to out/<switch>-<off|on>[.sim]. Measured sides
+    take turns, repeat by repeat (`interleave`; else all off repeats, then all on)."""
     if calibrate_on is not None and calibrate_on not in SIDES:
         raise ValueError(f"calibrate_on must be one of {SIDES}, not {calibrate_on!r}")
     result: dict[str, Any] = {}
@@ -121,6 +123,10 @@ def ablate(
                 lambda side, c, sw=sw: _load_measured(
                     Path(measured_dir) / f"{_slug(sw)}-{side}", c, sw, trace_path
                 ),
+            )
+        elif measure and interleave:
+            entry["measured"] = _measure_interleaved(
+                variants, trace_path, stem, repeat, max_seconds, progress
             )
         elif measure:
             entry["measured"] = _side_by_side(
@@ -331,6 +337,26 @@ def _measure(
 
     res = replay(c, trace_path, out, repeat=repeat, max_seconds=max_seconds, progress=progress)
     return _measured_side(res.summary, out)
+
+
+def _measure_interleaved(
+    variants: dict[str, Config],
+    trace_path: str | Path,
+    stem: Path,
+    repeat: int,
+    max_seconds: float | None,
+    progress: Callable[[str], None] | None,
+) -> dict:
+    """Both sides measured in turns (off, on, off, on, ...): host drift over the call moves
+    both alike (replay.run.replay_interleaved); a side the engine refuses is recorded."""
+    from replay.run import replay_interleaved
+
+    outs = {side: stem.with_name(f"{stem.name}-{side}") for side in variants}
+    try:
+        res = replay_interleaved(variants, trace_path, outs, repeat, max_seconds, True, progress)
+    except Exception as e:  # noqa: BLE001 - recorded, like a refused config
+        return {"error": f"{type(e).__name__}: {e}"}
+    return _side_by_side(variants, lambda side, c: _measured_side(res[side].summary, outs[side]))
 
 
 def _measured_side(summary: dict[str, Any], path: Path) -> dict:

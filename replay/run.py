@@ -141,31 +141,94 @@ def _replay(
     model = None
     done: list[Measured] = []
     for k in range(repeat):
-        engine, model = _new_engine(cfg, model)
-        _check_fits(engine, trace, trace_path)
-        warm = CompileCounter.for_engine(engine)
-        warm_info = None
-        if warmup:
-            with warm:
-                warm_info = _warm_up(engine)
-        ring = event_ring(cfg, trace)
-        _fresh_hooks(engine, ring, step_bound(cfg, trace))
-        m = _measure(engine, cfg, trace, deadline, progress, fail_after_steps)
-        m.event_ring = ring
-        if warm_info is not None:
-            m.extra["warmup"] = {**warm_info, "jit_compiles": warm.summary()}
-        del engine
-        if not m.complete:
-            _write(m, cfg, trace_path, out, _repeat_extra(done, None) if done else None)
-            err = m.error or RuntimeError("the run ended with requests unfinished")
-            with contextlib.suppress(AttributeError):  # for the CLI's message
-                err.partial_run = out  # type: ignore[attr-defined]
-            raise err
+        m, model = _one_repeat(
+            cfg, trace, trace_path, out, model, done, deadline, warmup, progress, fail_after_steps
+        )
         done.append(m)
         if progress is not None and k < repeat - 1:
             progress(f"repeat {k + 1}/{repeat}: {m.summary['output_tok_per_s'] or 0:.1f} tok/s")
+    return _finish(done, cfg, trace_path, out, t_start)
+
+
+def replay_interleaved(
+    cfgs: dict[str, Config],
+    trace_path: str | Path,
+    outs: dict[str, Path],
+    repeat: int,
+    max_seconds: float | None = None,
+    warmup: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, ReplayResult]:
+    """Each config `repeat` times, the configs taking turns (a, b, a, b, ...), so a host that
+    drifts over the call (CPU phases 20 % slower within one device call were seen) moves every
+    side alike instead of entering a before/after difference. Each side's folder is written as
+    `replay` writes it (its median repeat, with the spread over its repeats); an interrupted
+    repeat writes that side's partial folder and re-raises."""
+    trace = check_trace(next(iter(cfgs.values())), trace_path)
+    deadline = time.monotonic() + max_seconds if max_seconds else None
+    t_start = time.monotonic()
+    model = None
+    done: dict[str, list[Measured]] = {side: [] for side in cfgs}
+    try:
+        for k in range(repeat):
+            for side, cfg in cfgs.items():
+                m, model = _one_repeat(
+                    cfg, trace, trace_path, outs[side], model, done[side], deadline, warmup,
+                    progress, None,
+                )  # fmt: skip
+                done[side].append(m)
+                if progress is not None:
+                    tok_s = m.summary["output_tok_per_s"] or 0.0
+                    progress(f"round {k + 1}/{repeat} {side}: {tok_s:.1f} tok/s")
+        return {s: _finish(done[s], cfgs[s], trace_path, outs[s], t_start) for s in cfgs}
+    finally:
+        gc.unfreeze()  # as `replay`
+
+
+def _one_repeat(
+    cfg: Config,
+    trace: Trace,
+    trace_path: str | Path,
+    out: Path,
+    model: Any,
+    done: list[Measured],
+    deadline: float | None,
+    warmup: bool,
+    progress: Callable[[str], None] | None,
+    fail_after_steps: int | None,
+) -> tuple[Measured, Any]:
+    """One measured run on a fresh engine (the model's weights reused). An incomplete run
+    writes its folder (with the spread of the repeats `done` before it) and raises."""
+    engine, model = _new_engine(cfg, model)
+    _check_fits(engine, trace, trace_path)
+    warm = CompileCounter.for_engine(engine)
+    warm_info = None
+    if warmup:
+        with warm:
+            warm_info = _warm_up(engine)
+    ring = event_ring(cfg, trace)
+    _fresh_hooks(engine, ring, step_bound(cfg, trace))
+    m = _measure(engine, cfg, trace, deadline, progress, fail_after_steps)
+    m.event_ring = ring
+    if warm_info is not None:
+        m.extra["warmup"] = {**warm_info, "jit_compiles": warm.summary()}
+    del engine
+    if not m.complete:
+        _write(m, cfg, trace_path, out, _repeat_extra(done, None) if done else None)
+        err = m.error or RuntimeError("the run ended with requests unfinished")
+        with contextlib.suppress(AttributeError):  # for the CLI's message
+            err.partial_run = out  # type: ignore[attr-defined]
+        raise err
+    return m, model
+
+
+def _finish(
+    done: list[Measured], cfg: Config, trace_path: str | Path, out: Path, t_start: float
+) -> ReplayResult:
+    """Write the run folder of the median repeat (by output tokens/s), with the spread of every
+    metric over the repeats when there are several."""
     best = _median_index(done)
-    extra = _repeat_extra(done, best) if repeat > 1 else None
+    extra = _repeat_extra(done, best) if len(done) > 1 else None
     summary = _write(done[best], cfg, trace_path, out, extra)
     return ReplayResult(
         summary, out, time.monotonic() - t_start, [flat_metrics(m.summary) for m in done]

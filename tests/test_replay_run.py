@@ -131,6 +131,27 @@ def test_ablate_measures_beside_the_prediction(few: Path, tmp_path: Path):
     assert json.loads((out / "ablate.json").read_text()) == json.loads(json.dumps(res))
 
 
+def test_interleaved_sides_take_turns_and_keep_their_repeats(few: Path, tmp_path: Path):
+    """replay_interleaved: off, on, off, on (host drift hits both sides alike); each side's
+    folder is the median of its own repeats, with their spread."""
+    from replay.run import replay_interleaved
+
+    cfg = CPU_TINY.replace(arrival="asap", num_kv_blocks=4096)
+    cfgs = {"off": cfg.replace(reverse_placeholder_scan=False), "on": cfg}
+    outs = {side: tmp_path / side for side in cfgs}
+    said: list[str] = []
+    res = replay_interleaved(cfgs, few, outs, 2, progress=said.append)
+    rounds = [m for m in said if m.startswith("round")]
+    assert [m.split(":")[0] for m in rounds] == [
+        "round 1/2 off", "round 1/2 on", "round 2/2 off", "round 2/2 on"
+    ]  # fmt: skip
+    for side in cfgs:
+        run = load_run(outs[side])
+        assert run.complete and run.summary["repeats"]["count"] == 2
+        assert run.summary["config"]["reverse_placeholder_scan"] == (side == "on")
+        assert len(res[side].repeats) == 2
+
+
 def test_to_recorder_conventions():
     """Hand-made hook record: the GPU start moves to the launch, token stamps to the end of
     their process_outputs phase, GC pauses keep their phase; a GPU interval with no end event
