@@ -4,6 +4,7 @@ field (the fast-forwards must reproduce the step loop to the bit). Shared by the
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,13 +16,14 @@ from sim.loop import SimLoop
 
 
 def records_without_and_with_fast_forward(
-    sets: list[str], trace: Path
+    sets: list[str], trace: Path, make_loop: Callable[..., SimLoop] = SimLoop
 ) -> tuple[RunRecorder, RunRecorder]:
-    """The frozen records of `sim run trace --set ...` with fast_forward False, then True."""
+    """The frozen records of `sim run trace --set ...` with fast_forward False, then True
+    (`make_loop`: what builds the SimLoop, e.g. a wrapper that keeps it for inspection)."""
     recs = []
     for ff in (False, True):
         orig = simrun.SimLoop
-        simrun.SimLoop = functools.partial(SimLoop, fast_forward=ff)  # type: ignore[misc]
+        simrun.SimLoop = functools.partial(make_loop, fast_forward=ff)  # type: ignore[misc]
         try:
             recs.append(simrun.simulate(load_config(None, sets), trace).recorder.freeze())
         finally:

@@ -30,7 +30,7 @@ from sim.loop import SimLoop
 from sim.plan.fleet import FleetSpec, simulate_fleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ffcheck import assert_same_records  # noqa: E402
+from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
 
 
 def _trace(tmp: Path, name: str, n: int, span_s: float, prompt: tuple[int, int],
@@ -380,17 +380,11 @@ def test_fast_forward_is_exact_on_random_configs(tmp_path: Path, seed: int) -> N
         f"gc_freeze={rng.choice(['true', 'false'])}",
         f"reverse_placeholder_scan={rng.choice(['true', 'false'])}",
     ]
-    recs = []
-    for ff in (False, True):
-        orig = simrun.SimLoop
-        simrun.SimLoop = functools.partial(SimLoop, fast_forward=ff)  # type: ignore[misc]
-        try:
-            recs.append(simrun.simulate(load_config(None, sets), trace).recorder.freeze())
-        except Exception as e:  # a request that cannot fit this config: nothing to compare
-            assert "TraceError" in type(e).__name__, e
-            return
-        finally:
-            simrun.SimLoop = orig  # type: ignore[misc]
+    try:
+        recs = records_without_and_with_fast_forward(sets, trace)
+    except Exception as e:  # a request that cannot fit this config: nothing to compare
+        assert "TraceError" in type(e).__name__, e
+        return
     assert_same_records(*recs, str(sets))
 
 
@@ -431,17 +425,12 @@ def test_spec_fast_forward_is_exact_on_random_configs(tmp_path: Path, seed: int)
         f"preallocated_backup_tokens={rng.choice(['true', 'false'])}",
         f"cuda_graphs={rng.choice(['true', 'false'])}",
     ]
-    recs, loops = [], []
-    for ff in (False, True):
-        orig = simrun.SimLoop
-        simrun.SimLoop = functools.partial(_keep, loops, fast_forward=ff)  # type: ignore[misc]
-        try:
-            recs.append(simrun.simulate(load_config(None, sets), trace).recorder.freeze())
-        except Exception as e:  # a request that cannot fit this config: nothing to compare
-            assert "TraceError" in type(e).__name__, e
-            return
-        finally:
-            simrun.SimLoop = orig  # type: ignore[misc]
+    loops: list[SimLoop] = []
+    try:
+        recs = records_without_and_with_fast_forward(sets, trace, functools.partial(_keep, loops))
+    except Exception as e:  # a request that cannot fit this config: nothing to compare
+        assert "TraceError" in type(e).__name__, e
+        return
     assert_same_records(*recs, str(sets))
     assert blocks_state(loops[0]) == blocks_state(loops[1]), sets
 
