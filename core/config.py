@@ -103,7 +103,7 @@ class Config:
     accepted_count_by_sum: bool = True  # seed 2 (PR 38372)
     reverse_placeholder_scan: bool = True  # seed 3 (PR 42938)
     profile: str = ""  # sim: a cost profile file written by `replay calibrate`
-    arrival: str = "realtime"  # replay: realtime (open loop) | asap
+    arrival: str = "realtime"  # realtime (open loop) | asap (all queued at time 0)
     spec: SpecConfig = field(default_factory=SpecConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     gc: GCConfig = field(default_factory=GCConfig)

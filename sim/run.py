@@ -34,13 +34,18 @@ class SimResult:
     num_blocks: int
 
 
-def build_requests(trace: Trace) -> list[Request]:
-    """Requests in arrival order; `Request.index` is the recorder row (arrival rank)."""
+def build_requests(trace: Trace, arrival_mode: str = "realtime") -> list[Request]:
+    """Requests in arrival order; `Request.index` is the recorder row (arrival rank).
+    `arrival_mode` 'asap' queues every request at time 0, in the trace's arrival order, as
+    `replay run --set arrival=asap` does: throughput is then the engine's, not the trace's."""
     order = trace.arrival_order()
     rows = order.tolist()
     rids = trace.request_id[order]
     request_ids = rids.tolist() if rids.dtype != object else [_scalar(x) for x in rids]
-    arrival = trace.arrival_s[order].tolist()
+    if arrival_mode == "asap":
+        arrival = [0.0] * len(rows)
+    else:
+        arrival = trace.arrival_s[order].tolist()
     prompt = trace.prompt_len[order].tolist()
     output = trace.output_len[order].tolist()
     hist = trace.needs_history[order].tolist() if trace.needs_history is not None else None
@@ -102,7 +107,7 @@ def simulate(
             f"model '{cfg.model}' does not fit on one {gpu.name}: no memory left for KV cache"
         )
     sched = Scheduler(scheduler_config(cfg, model, num_blocks))
-    requests = build_requests(trace)
+    requests = build_requests(trace, cfg.arrival)
     for r in requests:
         why = sched.check_fits(r)
         if why is not None:

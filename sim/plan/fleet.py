@@ -93,7 +93,7 @@ class _Fleet:
         model = with_context(get_model(cfg.model), cfg.max_model_len)
         self.num_blocks = kv_blocks(cfg)
         self.env = simpy.Environment()
-        self.requests = build_requests(trace)
+        self.requests = build_requests(trace, cfg.arrival)
         self.accept = acceptance_for(cfg, trace)
         n, total = spec.replicas, len(self.requests)
         self.owner = np.full(total, -1, dtype=np.int64)
