@@ -38,7 +38,7 @@ from core.request import Status
 from core.trace import Trace
 from engine.attention import AttentionMetadata
 from engine.graphs import DecodeGraphs
-from engine.hooks import StepHooks, StepTrace
+from engine.hooks import DRAFT_BEGIN, FORWARD_BEGIN, FORWARD_END, StepHooks, StepTrace
 from engine.inputs import InputBuffers, StepInputs
 from engine.model import LlamaModel, allocate_kv_cache, kv_cache_bytes_per_block
 from engine.outputs import OutputRing, first_placeholder, update_async_output_token_ids
@@ -167,7 +167,10 @@ class Engine:
         step = self._prepare(batch, row, shift)
         h.end(row)
         h.begin(P.LAUNCH)
+        h.graphed[row] = 1 if step.bucket else 0
+        h.mark(row, FORWARD_BEGIN)
         logits = self._forward(step)
+        h.mark(row, FORWARD_END)
         h.end(row)
         h.begin(P.SAMPLE)
         flight = self._sample(batch, row, step, logits)
@@ -295,6 +298,7 @@ class Engine:
         if sd is not None:
             if sd.gpu_proposer is not None:
                 ids = self.outputs.device_tokens[flight.ring, : flight.num_gen * self.q]
+                h.mark(flight.row, DRAFT_BEGIN)
                 sd.draft_gpu(flight.batch, step, ids)
                 h.gpu_end(flight.row)
             else:

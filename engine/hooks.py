@@ -5,6 +5,12 @@ One row per launched batch (in launch order; row == the batch's `ScheduledBatch.
   `process_outputs` lands in its own row, possibly several loop iterations after its launch.
 - `gpu_ns[row]` = (start, end) of the batch's GPU work on the compute stream, from two CUDA events
   (before the first and after the last kernel of the step); on CPU, host times around the work.
+- `mark_ns[row, m]` = GPU time of mark m (`MARKS`: before the forward, after it, before the GPU
+  drafter's kernels) and `mark_host_ns[row, m]` = when the host enqueued it, -1 where absent:
+  what lets replay tell the step's kernel time from GPU waits for the host inside its interval
+  (`replay.measure.kernel_busy`). A CUDA graph runs without the host, so the forward's span is
+  kernels only; the time between the start event and the forward is the input copies plus any
+  wait for the host to issue the forward.
 - sync waits (`sync_ns`, `sync_row`) and GC pauses (`gc_ns`, generation, the activity that was
   running as an index into `ALL_CPU_ACTIVITIES` or -1, the newest row) are append-only columns.
 All times are `time.perf_counter_ns()`; GPU event times are put on that clock through a base
@@ -40,6 +46,9 @@ PHASE = {name: i for i, name in enumerate(CPU_PHASES)}  # CPU phase -> column of
 ACTIVITY = {name: i for i, name in enumerate(ALL_CPU_ACTIVITIES)}  # gc_activity codes
 _SYNC = ACTIVITY[SYNC]
 _NP = len(CPU_PHASES)
+MARKS = ("forward_begin", "forward_end", "draft_begin")  # mark_ns columns
+FORWARD_BEGIN, FORWARD_END, DRAFT_BEGIN = range(len(MARKS))
+_NM = len(MARKS)
 _now = time.perf_counter_ns
 
 
@@ -51,7 +60,10 @@ class StepTrace:
     phase_ns: np.ndarray  # int64 [n, len(CPU_PHASES), 2]
     gpu_ns: np.ndarray  # int64 [n, 2]
     shapes: list[BatchShape]  # [n]
+    mark_ns: np.ndarray  # int64 [n, len(MARKS)]: GPU time of each mark, -1 = absent
+    mark_host_ns: np.ndarray  # int64 [n, len(MARKS)]: when the host enqueued it
     finished: np.ndarray  # int32 [n]: requests finished by the row's results
+    graphed: np.ndarray  # int8 [n]: 1 where the row's forward was a CUDA graph replay
     sync_ns: np.ndarray  # int64 [s, 2]
     sync_row: np.ndarray  # int64 [s]
     gc_ns: np.ndarray  # int64 [g, 2]
@@ -84,7 +96,8 @@ def _filled(code: str, value: int, n: int) -> array[int]:
 
 class StepHooks:
     """Row-major flat columns (row r, phase p, edge e at `_phase[(r * _NP + p) * 2 + e]`, GPU
-    edge e at `_gpu[2 * r + e]`) of `_cap` rows; `finished[row]` is stored by the engine."""
+    edge e at `_gpu[2 * r + e]`) of `_cap` rows; `finished[row]` and `graphed[row]` are stored
+    by the engine."""
 
     def __init__(self, device: torch.device, capacity: int = 1024, ring: int = 256) -> None:
         """`capacity`: rows before the first doubling; `ring`: CUDA event pairs (steps whose
@@ -102,13 +115,18 @@ class StepHooks:
             self._base = torch.cuda.Event(enable_timing=True)
             self._ev_start = [torch.cuda.Event(enable_timing=True) for _ in range(self._ring)]
             self._ev_end = [torch.cuda.Event(enable_timing=True) for _ in range(self._ring)]
+            self._ev_mark = [
+                torch.cuda.Event(enable_timing=True) for _ in range(_NM * self._ring)
+            ]  # ring slot k, mark m at k * _NM + m
             # the C methods behind Event.record(stream) / Event.elapsed_time (one Python frame
             # and, for record, a current_stream() lookup less per call)
             base = torch._C._CudaEventBase
             self._record = getattr(base, "record", torch.cuda.Event.record)
             self._elapsed = getattr(base, "elapsed_time", torch.cuda.Event.elapsed_time)
             self._stream = torch.cuda.current_stream()  # until start() takes it again
-            for ev in self._ev_start + self._ev_end:  # CUDA creates an event on its first
+            for ev in (
+                self._ev_start + self._ev_end + self._ev_mark
+            ):  # CUDA creates an event on its first
                 self._record(ev, self._stream)  # record: here, not in a step
 
     def reset(self) -> None:
@@ -117,7 +135,10 @@ class StepHooks:
         cap = self._cap = self._capacity
         self._phase = _filled("q", -1, 2 * _NP * cap)
         self._gpu = _filled("q", -1, 2 * cap)
+        self._mark = _filled("q", -1, _NM * cap)
+        self._mark_host = _filled("q", -1, _NM * cap)
         self.finished = _filled("i", 0, cap)
+        self.graphed = _filled("b", 0, cap)
         self.shapes: list[BatchShape] = []
         self.sync_ns = array("q")  # start, end, start, end, ...
         self.sync_row = array("q")
@@ -127,6 +148,7 @@ class StepHooks:
         self.gc_row = array("q")
         self._ring_row = _filled("q", -1, self._ring)  # row whose events a slot holds
         self._ring_ended = _filled("b", 0, self._ring)  # 1: the row's end event is recorded
+        self._ring_marks = _filled("b", 0, _NM * self._ring)  # 1: mark recorded in this use
         self.t0_ns = _now()
 
     def _grow(self) -> None:
@@ -134,7 +156,10 @@ class StepHooks:
         cap = self._cap
         self._phase.extend(_filled("q", -1, 2 * _NP * cap))
         self._gpu.extend(_filled("q", -1, 2 * cap))
+        self._mark.extend(_filled("q", -1, _NM * cap))
+        self._mark_host.extend(_filled("q", -1, _NM * cap))
         self.finished.extend(_filled("i", 0, cap))
+        self.graphed.extend(_filled("b", 0, cap))
         self._cap = 2 * cap
 
     # ---- run boundaries ----------------------------------------------------------------------
@@ -166,7 +191,10 @@ class StepHooks:
             phase_ns=_col(self._phase, 2 * _NP * n).reshape(n, _NP, 2),
             gpu_ns=_col(self._gpu, 2 * n).reshape(n, 2),
             shapes=list(self.shapes),
+            mark_ns=_col(self._mark, _NM * n).reshape(n, _NM),
+            mark_host_ns=_col(self._mark_host, _NM * n).reshape(n, _NM),
             finished=np.frombuffer(self.finished, np.int32, n).copy(),
+            graphed=np.frombuffer(self.graphed, np.int8, n).copy(),
             sync_ns=_col(self.sync_ns).reshape(-1, 2),
             sync_row=_col(self.sync_row),
             gc_ns=_col(self.gc_ns).reshape(-1, 2),
@@ -222,7 +250,21 @@ class StepHooks:
             self._harvest(k)  # recorded `ring` steps ago: long done
         self._ring_row[k] = row
         self._ring_ended[k] = 0
+        for m in range(k * _NM, k * _NM + _NM):
+            self._ring_marks[m] = 0
         self._record(self._ev_start[k], self._stream)
+
+    def mark(self, row: int, m: int) -> None:
+        """Mark m (`MARKS`) of `row`'s GPU work, between its `gpu_begin` and `gpu_end`: call
+        on the host right where the work it separates is enqueued."""
+        i = _NM * row + m
+        if not self.cuda:
+            self._mark[i] = self._mark_host[i] = _now()
+            return
+        j = (row % self._ring) * _NM + m
+        self._record(self._ev_mark[j], self._stream)
+        self._mark_host[i] = _now()
+        self._ring_marks[j] = 1
 
     def gpu_end(self, row: int) -> None:
         """Call right after the step's last GPU work on the compute stream is enqueued."""
@@ -249,6 +291,14 @@ class StepHooks:
             return
         self._gpu[2 * row] = self._base_ns + int(t0 * 1e6)
         self._gpu[2 * row + 1] = self._base_ns + int(t1 * 1e6)
+        for m in range(_NM):
+            j = k * _NM + m
+            if self._ring_marks[j]:
+                try:
+                    t = self._elapsed(self._base, self._ev_mark[j])
+                except RuntimeError:
+                    continue
+                self._mark[_NM * row + m] = self._base_ns + int(t * 1e6)
 
     # ---- GC pauses ---------------------------------------------------------------------------
     def install_gc(self) -> None:
@@ -270,4 +320,4 @@ class StepHooks:
         self.gc_row.append(self.num_steps - 1)
 
 
-__all__ = ["ACTIVITY", "PHASE", "StepHooks", "StepTrace"]
+__all__ = ["ACTIVITY", "MARKS", "PHASE", "StepHooks", "StepTrace"]

@@ -5,6 +5,9 @@
 - steps in launch order (hooks row == recorder step), each with its `BatchShape`, its CPU
   phases, its GPU interval (CUDA events on the compute stream, put on the host clock by the
   hooks' base event; its start no earlier than the launch phase, see `_kernel_intervals`),
+  narrowed to the step's kernel time where the hooks' marks show the GPU waiting for the host
+  inside it (`kernel_busy`): the simulator's GPU pass is kernels only, so both sides count the
+  same idle time as bubbles,
   the sync waits and GC pauses (gc.callbacks) as recorded;
 - token emission at the END of the `process_outputs` phase of the step whose results carry it,
   the sim's convention: the engine stamps a token when it applies it, inside that phase, so
@@ -40,6 +43,7 @@ class Converted:
     dropped_gpu_rows: int  # GPU intervals left out: never completed (an interrupted step)
     unfinished: int  # requests that had arrived but not finished
     gpu_start_moved_ns: np.ndarray  # per step: how far the GPU start was moved to the launch
+    waits: dict[str, Any] | None = None  # kernel_busy's account of GPU waits inside intervals
 
 
 def _kernel_intervals(gpu_ns: np.ndarray, launch_start_ns: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -70,6 +74,10 @@ def to_recorder(trace: Any, outputs: Sequence[Any]) -> Converted:
         for row in np.flatnonzero((ph[:n, j, 0] >= 0) & (ph[:n, j, 1] >= ph[:n, j, 0])).tolist():
             rec.phase(row, name, (ph[row, j, 0] - t0) / 1e9, (ph[row, j, 1] - t0) / 1e9)
     g, moved_ns = _kernel_intervals(trace.gpu_ns[:n], ph[:n, _LAUNCH, 0])
+    waits = None
+    marks = getattr(trace, "mark_ns", None)
+    if marks is not None and len(marks) == n and n:
+        g, waits = kernel_busy(trace.gpu_ns[:n], g, marks, trace.mark_host_ns, ph[:n], trace)
     ok = (g[:, 0] >= 0) & (g[:, 1] >= g[:, 0])
     for row in np.flatnonzero(ok).tolist():
         rec.gpu(row, (g[row, 0] - t0) / 1e9, (g[row, 1] - t0) / 1e9)
@@ -100,7 +108,90 @@ def to_recorder(trace: Any, outputs: Sequence[Any]) -> Converted:
             rec.finish(r, emit.at([out.finish_ns])[0][0])
         else:
             unfinished += 1
-    return Converted(rec, int(n - ok.sum()), unfinished, moved_ns)
+    return Converted(rec, int(n - ok.sum()), unfinished, moved_ns, waits)
+
+
+# ---- GPU waits for the host inside a step's interval --------------------------------------------
+CLEAN_MARGIN_NS = 20_000  # > the base event's host/GPU clock alignment error (~5-15 us)
+_SAMPLE = CPU_PHASES.index(P.SAMPLE)
+_DRAFT = CPU_PHASES.index(P.DRAFT)
+SEGMENTS = ("lead", "tail", "draft")
+
+
+def kernel_busy(
+    raw_ns: np.ndarray, g: np.ndarray, mark_ns: np.ndarray, mark_host_ns: np.ndarray,
+    phase_ns: np.ndarray, trace: Any,
+) -> tuple[np.ndarray, dict[str, Any]]:  # fmt: skip
+    """Narrow each step's GPU interval `g` to its kernel time. A step's events split its GPU
+    work into segments: lead (start event -> forward: the input copies), forward (a CUDA graph
+    replay runs without the host: kernels only; an eager forward is issued kernel by kernel
+    and counts whole, as the simulator counts it), tail (forward end -> end event: the token
+    copy, or sampling kernels) and, with the GPU drafter, draft (forward end -> drafter start)
+    whose kernels follow the host's draft phase. A segment the host had fully enqueued before
+    the GPU reached its first event ran back to back ("clean": its span is kernel time). The
+    median clean span of a segment (per graph/eager kind) is its kernel time; a segment that is
+    not clean holds idle = its span - that median (>= 0): the GPU waited for the host there.
+    Lead idle moves the start later, tail and draft idle move the end earlier, so the idle
+    becomes a gap between steps and the bubble accounting names what the CPU was doing then.
+    Returns the new intervals and the account (totals per segment, steps, clean counts)."""
+    n = len(g)
+    s_raw = raw_ns[:, 0]
+    f0 = mark_ns[:, 0]
+    f1 = mark_ns[:, 1]
+    d0 = mark_ns[:, 2]
+    h_f0 = mark_host_ns[:, 0]
+    h_d0 = mark_host_ns[:, 2]
+    drafted = d0 >= 0
+    h_end = np.where(drafted, phase_ns[:, _DRAFT, 1], phase_ns[:, _SAMPLE, 1])
+    graph = np.array([_graphed(trace, i) for i in range(n)], bool)
+    have = (g[:, 0] >= 0) & (g[:, 1] >= g[:, 0]) & (f0 >= 0) & (f1 >= f0)
+    # (span, clean) per segment; the tail ends at the drafter's start when there is one
+    tail_end = np.where(drafted, d0, g[:, 1])
+    tail_end_host = np.where(drafted, h_d0, h_end)
+    segs = {
+        "lead": (f0 - s_raw, s_raw >= h_f0 + CLEAN_MARGIN_NS),
+        "tail": (tail_end - f1, f1 >= tail_end_host + CLEAN_MARGIN_NS),
+        "draft": (g[:, 1] - d0, drafted & (d0 >= h_end + CLEAN_MARGIN_NS)),
+    }
+    idle = {}
+    account: dict[str, Any] = {"steps": int(have.sum()), "margin_us": CLEAN_MARGIN_NS / 1e3}
+    for name, (span, clean) in segs.items():
+        valid = have & (span >= 0) & (drafted if name == "draft" else True)
+        wait = np.zeros(n, np.int64)
+        kernel_us = {}
+        for kind, sel in (("graph", graph), ("eager", ~graph)):
+            ref = span[valid & clean & sel]
+            if ref.size == 0:  # no clean step of this kind: the other kind's, else no estimate
+                ref = span[valid & clean]
+            if ref.size == 0:
+                continue
+            est = int(np.median(ref))
+            kernel_us[kind] = est / 1e3
+            mine = valid & ~clean & sel
+            wait[mine] = np.maximum(span[mine] - est, 0)
+        idle[name] = wait
+        account[name] = {
+            "steps": int(valid.sum()),
+            "clean": int((valid & clean).sum()),
+            "kernel_us": kernel_us,
+            "wait_s": float(wait.sum() / 1e9),
+        }
+    out = g.copy()
+    start = np.where(have, np.maximum(g[:, 0], s_raw + idle["lead"]), g[:, 0])
+    end = np.where(have, g[:, 1] - idle["tail"] - idle["draft"], g[:, 1])
+    out[:, 0] = np.where(have, np.minimum(start, end), g[:, 0])
+    out[:, 1] = np.where(have, np.maximum(start, end), g[:, 1])
+    account["removed_s"] = float(((g[:, 1] - g[:, 0]) - (out[:, 1] - out[:, 0]))[have].sum() / 1e9)
+    return out, account
+
+
+def _graphed(trace: Any, row: int) -> bool:
+    """Was row's forward a CUDA graph replay? The hooks do not say; a pure-decode step of a
+    run with graphs is (engine.graphs captures every decode batch size up to max_num_seqs)."""
+    graphs = getattr(trace, "graphed", None)
+    if graphs is not None:
+        return bool(graphs[row])
+    return bool(trace.shapes[row].is_pure_decode)
 
 
 class _EmissionClock:
@@ -139,7 +230,7 @@ def _runs(items: list[tuple[float, int]]) -> list[tuple[tuple[float, int], int]]
 
 
 # ---- instrumentation overhead --------------------------------------------------------------------
-HOOK_CALLS_PER_STEP = 2 * len(CPU_PHASES) + 5  # begin/end pairs, new_row, 2 GPU marks, a sync
+HOOK_CALLS_PER_STEP = 2 * len(CPU_PHASES) + 7  # begin/end pairs, new_row, 4 GPU marks, a sync
 
 
 def step_hook_calls(h: Any, shape: Any) -> None:
@@ -152,6 +243,9 @@ def step_hook_calls(h: Any, shape: Any) -> None:
     h.gpu_begin(row)
     h.end(row)
     h.begin(P.LAUNCH)
+    h.graphed[row] = 1
+    h.mark(row, 0)  # before and after the forward
+    h.mark(row, 1)
     h.end(row)
     h.begin(P.SAMPLE)
     h.gpu_end(row)

@@ -448,6 +448,9 @@ def _extra(
             "steps": int((conv.gpu_start_moved_ns > 0).sum()),
             "total_s": float(conv.gpu_start_moved_ns.sum() / 1e9),
         },
+        # GPU waits for the host inside step intervals, taken out of the busy time
+        # (replay.measure.kernel_busy): the simulator's passes are kernels only
+        "gpu_waits_in_steps": conv.waits,
         "interrupted": None if error is None else f"{type(error).__name__}: {error}",
         "device": cfg.device,
     }

@@ -1,0 +1,122 @@
+"""Measured GPU busy time is kernel time: the hooks' marks around the forward (and the GPU
+drafter) let replay take GPU waits for the host out of a step's interval, so a measured and a
+predicted run count the same idle time (replay.measure.kernel_busy)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from core.phases import CPU_PHASES, DRAFT, SAMPLE
+from core.shape import BatchShape
+from replay.measure import CLEAN_MARGIN_NS, kernel_busy
+
+US = 1_000
+_S, _D = CPU_PHASES.index(SAMPLE), CPU_PHASES.index(DRAFT)
+
+
+def _steps(rows: list[dict]) -> tuple[np.ndarray, ...]:
+    n = len(rows)
+    raw = np.array([[r["s"], r["e"]] for r in rows], np.int64)
+    marks = np.full((n, 3), -1, np.int64)
+    host = np.full((n, 3), -1, np.int64)
+    ph = np.full((n, len(CPU_PHASES), 2), -1, np.int64)
+    for i, r in enumerate(rows):
+        marks[i, :2] = r["f0"], r["f1"]
+        host[i, :2] = r["hf0"], r["hf1"]
+        ph[i, _S] = (r["hf1"], r["h_end"])
+        if "d0" in r:
+            marks[i, 2], host[i, 2] = r["d0"], r["hd0"]
+            ph[i, _D] = (r["hd0"] - 5 * US, r["h_end"])
+    return raw, marks, host, ph
+
+
+def _graph_trace(n: int) -> SimpleNamespace:
+    return SimpleNamespace(graphed=np.ones(n, np.int8), shapes=[BatchShape()] * n)
+
+
+def test_clean_steps_keep_their_interval_and_waits_are_cut() -> None:
+    # step 0 and 1: the host enqueued everything long before the GPU got there (clean):
+    # lead (input copies) 30 us, forward 1000 us, tail 10 us
+    clean = [
+        dict(s=t, f0=t + 30 * US, f1=t + 1030 * US, e=t + 1040 * US,
+             hf0=t - 500 * US, hf1=t - 450 * US, h_end=t - 400 * US)
+        for t in (10_000 * US, 20_000 * US)
+    ]  # fmt: skip
+    # step 2: the GPU reached the start event, then waited 300 us for the host to launch the
+    # graph (lead 330 us), and 200 us after the graph for the host's token copy (tail 210 us)
+    t = 30_000 * US
+    late = dict(s=t, f0=t + 330 * US, f1=t + 1330 * US, e=t + 1540 * US,
+                hf0=t + 320 * US, hf1=t + 330 * US, h_end=t + 1530 * US)  # fmt: skip
+    raw, marks, host, ph = _steps([*clean, late])
+    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, _graph_trace(3))
+    assert (out[:2] == raw[:2]).all()  # clean steps unchanged
+    assert out[2, 0] == t + 300 * US  # start moved past the 300 us wait: copies stay 30 us
+    assert out[2, 1] == t + 1540 * US - 200 * US  # the tail's 200 us wait taken off the end
+    busy = out[2, 1] - out[2, 0]
+    assert busy == 30 * US + 1000 * US + 10 * US  # the clean steps' kernel time
+    assert acc["lead"]["clean"] == 2 and acc["lead"]["kernel_us"]["graph"] == 30
+    assert acc["removed_s"] == (300 + 200) * 1e-6
+
+
+def test_a_gpu_drafter_waiting_for_the_draft_phase_is_idle_not_busy() -> None:
+    t0, t1 = 10_000 * US, 20_000 * US
+    # clean: draft segment (rejection sampling -> drafter start) 20 us, drafter 50 us
+    a = dict(
+        s=t0,
+        f0=t0 + 30 * US,
+        f1=t0 + 1030 * US,
+        d0=t0 + 1050 * US,
+        e=t0 + 1100 * US,
+        hf0=t0 - 900 * US,
+        hf1=t0 - 850 * US,
+        hd0=t0 - 800 * US,
+        h_end=t0 - 700 * US,
+    )
+    # the drafter's kernels were issued 400 us after the verify pass ended
+    b = dict(
+        s=t1,
+        f0=t1 + 30 * US,
+        f1=t1 + 1030 * US,
+        d0=t1 + 1450 * US,
+        e=t1 + 1500 * US,
+        hf0=t1 - 900 * US,
+        hf1=t1 - 850 * US,
+        hd0=t1 + 1440 * US,
+        h_end=t1 + 1495 * US,
+    )
+    # fmt: skip
+    raw, marks, host, ph = _steps([a, b])
+    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, _graph_trace(2))
+    assert (out[0] == raw[0]).all()
+    assert out[1, 1] - out[1, 0] == out[0, 1] - out[0, 0]  # same kernels, same busy time
+    assert acc["tail"]["wait_s"] == 400e-6
+
+
+def test_no_clean_reference_means_no_estimate_and_nothing_cut() -> None:
+    t = 10_000 * US
+    late = dict(s=t, f0=t + 330 * US, f1=t + 1330 * US, e=t + 1540 * US,
+                hf0=t + 320 * US, hf1=t + 330 * US, h_end=t + 1530 * US)  # fmt: skip
+    raw, marks, host, ph = _steps([late])
+    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, _graph_trace(1))
+    assert (out == raw).all() and acc["lead"]["kernel_us"] == {}
+    assert CLEAN_MARGIN_NS > 0
+
+
+def test_cpu_engine_records_forward_marks_inside_each_step() -> None:
+    from core.config import load_config
+    from core.trace import make_trace
+    from engine.engine import Engine
+
+    cfg = load_config(None, ["model=tiny", "device=cpu", "max_num_seqs=4"])
+    eng = Engine(cfg)
+    n = 3
+    tr = make_trace(np.zeros(n), np.full(n, 12), np.full(n, 5))
+    eng.run(tr, arrival="asap")
+    st = eng.trace
+    assert st.mark_ns.shape == (st.num_steps, 3)
+    g, m = st.gpu_ns, st.mark_ns
+    assert (g[:, 0] <= m[:, 0]).all() and (m[:, 0] <= m[:, 1]).all() and (m[:, 1] <= g[:, 1]).all()
+    assert (m[:, 2] == -1).all()  # no drafter
+    assert (st.graphed == 0).all()  # no CUDA graphs on CPU
