@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Measured runs of the generalization protocol (reports/fidelity/README.md), on a GPU host:
+#   bash reports/fidelity/gpu_checks.sh PART MODEL OUTDIR PACKDIR
+# PART: calib (the one short calibration run: traces/fidelity/azure45x4, depth 2),
+# checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
+# never used in a fit), sweep (the clean-GPU envelope sweep, `python -m replay shapes`).
+# Each run folder is packed into PACKDIR/<model>-<name>.tgz (without timeline.json) as soon as
+# it is done, so a cut call still brings back what finished. Every run fixes num_kv_blocks so
+# the simulator can be given the same KV budget.
+set -uo pipefail
+part=$1; model=$2; out=$3; pack=$4; mkdir -p "$out" "$pack"
+export PYTHONUNBUFFERED=1
+case $model in
+  llama3.2-1b) tag=1b; blocks=40000 ;;
+  llama3-8b) tag=8b; blocks=20000 ;;
+  *) echo "unknown model $model"; exit 2 ;;
+esac
+C=traces/checks
+log() { echo "[$(date +%T)] $*"; }
+replay() {  # name trace [extra --set ...]
+  local name=$tag-$1 trace=$2; shift 2
+  log "replay $name"
+  python3 -m replay run "$trace" --set model="$model" --set num_kv_blocks="$blocks" \
+    --repeat 1 -q -o "$out/$name" "$@" 2>&1 | tail -4
+  find "$out/$name" -name timeline.json -delete
+  tar czf "$pack/$name.tgz" -C "$out" "$name" && log "packed $name"
+}
+case $part in
+  calib) replay calib traces/fidelity/azure45x4.parquet ;;
+  checks-a)
+    replay longout $C/longout.parquet
+    replay longprompt $C/longprompt.parquet
+    replay burst $C/burst.parquet
+    replay reasoning $C/reasoning.parquet
+    ;;
+  checks-b)
+    replay specdec $C/specdec.parquet --set spec.method=ngram-gpu --set spec.k=3
+    replay azure_late-d1 $C/azure_late.parquet --set batches_in_flight=1
+    replay azure_late-d3 $C/azure_late.parquet --set batches_in_flight=3
+    replay asap $C/asap.parquet --set arrival=asap
+    ;;
+  sweep)
+    log "shapes $tag"
+    python3 -m replay shapes --set model="$model" --set num_kv_blocks="$blocks" \
+      -o "$out/shapes-$tag.parquet" 2>&1 | tail -8
+    cp "$out/shapes-$tag.parquet" "$pack/"
+    ;;
+  *) echo "unknown part $part"; exit 2 ;;
+esac
+log done
