@@ -31,7 +31,13 @@ def add_config_args(p: argparse.ArgumentParser, output: bool = True) -> None:
         help="override a config key, e.g. --set spec.k=4 (repeatable)",
     )
     if output:
-        p.add_argument("-o", "--output", metavar="DIR", help="output folder")
+        p.add_argument(
+            "-o",
+            "--output",
+            metavar="DIR",
+            help="where to write (created if missing): an earlier output of this command "
+            "there is replaced; anything else is refused unless --force",
+        )
         add_force_arg(p)
 
 
@@ -39,8 +45,8 @@ def add_force_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="replace an existing -o that is not an earlier output of this command (an "
-        "earlier one is replaced without it; see core/outplace.py)",
+        help="replace an existing -o even if it is not an earlier output of this command "
+        "(never the current or home folder; the rule: core/outplace.py)",
     )
 
 

@@ -28,8 +28,6 @@ from pathlib import Path
 from core.atomic import swap_in, temp_dir
 from core.cli import UsageError
 
-FORCE_HELP = "replace an existing -o that is not an earlier output of this command"
-
 
 @dataclass(frozen=True)
 class OutKind:
