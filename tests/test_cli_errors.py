@@ -221,6 +221,18 @@ def test_importers_on_empty_input(
     assert listing(tmp_path) == ["src.txt"]
 
 
+@pytest.mark.parametrize("text", ["", "ContextTokens,GeneratedTokens\n"])
+def test_synth_lengths_from_an_empty_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str
+) -> None:
+    src = tmp_path / "lengths.csv"
+    src.write_text(text)
+    argv = ["trace", "synth", "--num-requests", "3", "--lengths-from", str(src)]
+    err = one_line_error(capsys, "sim", *argv, "-o", str(tmp_path / "o.parquet"))
+    assert str(src) in err and ("no rows" in err or "empty" in err)
+    assert listing(tmp_path) == ["lengths.csv"]
+
+
 def test_replay_outputs_follow_the_same_rule(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, trace: Path
 ) -> None:
