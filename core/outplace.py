@@ -144,16 +144,31 @@ def output_place(path: str | Path, kind: OutKind, force: bool = False) -> Iterat
             aside = temp_dir(target, "old")
             os.rename(target, aside / "previous")
         yield target
-    except BaseException:
+    except BaseException as e:
         if aside is not None:
             if not os.path.lexists(target):
                 os.rename(aside / "previous", target)
             shutil.rmtree(aside, ignore_errors=True)
         _remove_empty([target] if not existed and target.is_dir() else [])
         _remove_empty(created)
+        if isinstance(e, OSError) and _writing(e, target):  # disk full, quota, ...
+            raise UsageError(f"-o '{target}': cannot write ({e.strerror or e})") from None
         raise
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def _writing(e: OSError, target: Path) -> bool:
+    """The error is about the output, a path in it, or one of its temps (`.<name>.*` beside
+    it), not about an input."""
+    if not e.filename:
+        return False
+    f = Path(os.fsdecode(e.filename)).absolute()
+    t = target.absolute()
+    return any(
+        p == t or (p.parent == t.parent and p.name.startswith(f".{t.name}."))
+        for p in (f, *f.parents)
+    )
 
 
 @contextlib.contextmanager

@@ -452,3 +452,20 @@ def test_sigterm_stops_the_workers_too(tmp_path: Path, trace: Path) -> None:
     assert listing(tmp_path) == ["pids", "t.parquet"]
     workers = [int(p.name.split("-")[1]) for p in pids.iterdir()]
     assert workers and not any(atomic.pid_alive(w) for w in workers)
+
+
+def test_disk_full_while_writing_is_one_line_naming_the_output(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, trace: Path
+) -> None:
+    import errno
+
+    import core.runfmt.io as io
+
+    def full(table: object, where: object, **kw: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(where))
+
+    monkeypatch.setattr(io.pq, "write_table", full)
+    out = tmp_path / "runs" / "r"
+    err = one_line_error(capsys, "sim", "run", str(trace), *TINY, "-q", "-o", str(out))
+    assert err == f"error: -o '{out}': cannot write (No space left on device)"
+    assert listing(tmp_path) == ["t.parquet"]
