@@ -469,3 +469,13 @@ def test_disk_full_while_writing_is_one_line_naming_the_output(
     err = one_line_error(capsys, "sim", "run", str(trace), *TINY, "-q", "-o", str(out))
     assert err == f"error: -o '{out}': cannot write (No space left on device)"
     assert listing(tmp_path) == ["t.parquet"]
+
+
+def test_plan_ray_without_ray_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, trace: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as if not installed
+    argv = ["plan", str(trace), "--slo", "ttft_p99_s=1", *TINY, "--ray", "auto"]
+    err = one_line_error(capsys, "sim", *argv, "-o", str(tmp_path / "p"))
+    assert "--ray needs the 'ray' package" in err
+    assert listing(tmp_path) == ["t.parquet"]
