@@ -1,12 +1,111 @@
-"""Replace a folder whole or not at all."""
+"""Write a file or folder whole or not at all: build it under a hidden temp name beside the
+target, then rename it into place.
+
+Temp names are `.<target name>.<tmp|old>-<host>-<pid>-<random>`: a process killed before it
+could clean up (SIGKILL, power loss) leaves its temp behind, and the next write into the same
+folder removes the temps of dead processes of this host (`sweep_stale`). Temps follow the
+umask, like any file the user creates (mkdtemp/mkstemp would make them 0700/0600).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import shutil
+import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+_HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+# .<name>.<tmp|old>-<host>-<pid>-<random>
+_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-")
+
+
+def _prefix(target: Path, kind: str) -> str:
+    return f".{target.name}.{kind}-{_HOST}-{os.getpid()}-"
+
+
+def umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (one of another user counts as alive)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(parent: Path) -> list[Path]:
+    """Remove the temps in `parent` that a dead process of this host left; returns them. A
+    `.old` temp (swap_in's previous target) goes back in place if its target is missing (the
+    process died between the two renames), else it is deleted. Temps of live processes, of other
+    hosts (a shared file system) and names of any other form are left alone."""
+    removed: list[Path] = []
+    try:
+        entries = sorted(os.listdir(parent))
+    except OSError:
+        return removed
+    for name in entries:
+        m = _TEMP_RE.match(name)
+        if m is None or m["host"] != _HOST or pid_alive(int(m["pid"])):
+            continue
+        p = Path(parent) / name
+        target = Path(parent) / m["name"]
+        with contextlib.suppress(OSError):
+            if m["kind"] == "old" and (p / "previous").exists() and not target.exists():
+                os.rename(p / "previous", target)
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(p)
+    return removed
+
+
+def temp_dir(target: Path, kind: str = "tmp") -> Path:
+    """A new empty folder beside `target` (same file system: a rename moves it in place),
+    mode 0o777 & ~umask. Sweeps dead processes' temps from that folder first."""
+    sweep_stale(target.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=_prefix(target, kind), dir=target.parent))
+    os.chmod(tmp, 0o777 & ~umask())
+    return tmp
+
+
+@contextlib.contextmanager
+def temp_file(target: Path) -> Iterator[Path]:
+    """A temp file path beside `target` (created empty, mode 0o666 & ~umask), removed if the
+    block fails; the block writes it and renames it onto `target` (os.replace)."""
+    sweep_stale(target.parent)
+    fd, name = tempfile.mkstemp(prefix=_prefix(target, "tmp"), dir=target.parent)
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, 0o666 & ~umask())
+        os.close(fd)
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)  # after os.replace it is gone already
+
+
+def atomic_file(path: str | Path, text: str) -> Path:
+    """Write a text file whole or not at all (temp file in the same folder, then rename)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with temp_file(p) as tmp:
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    return p
 
 
 def swap_in(tmp: Path, target: Path) -> None:
@@ -16,7 +115,7 @@ def swap_in(tmp: Path, target: Path) -> None:
     if not target.exists():
         os.rename(tmp, target)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    old = temp_dir(target, "old")
     os.rename(target, old / "previous")
     try:
         os.rename(tmp, target)

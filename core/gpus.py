@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.config import ConfigError
+
 
 @dataclass(frozen=True)
 class GPUSpec:
@@ -35,6 +37,6 @@ def get_gpu(name: str) -> GPUSpec:
     try:
         return GPUS[name.lower()]
     except KeyError:
-        raise ValueError(
+        raise ConfigError(
             f"config key 'gpu': unknown GPU '{name}', expected one of {sorted(GPUS)}"
         ) from None

@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from core.config import ConfigError
+
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -196,7 +198,7 @@ def get_model(name_or_path: str) -> ModelSpec:
     p = Path(name_or_path)
     if (p / "config.json").is_file():
         return ModelSpec.from_hf_config(p / "config.json", name=p.name)
-    raise ValueError(
+    raise ConfigError(
         f"config key 'model': '{name_or_path}' is neither a preset {sorted(PRESETS)} "
         "nor a folder with config.json"
     )

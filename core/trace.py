@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.atomic import temp_file
+
 if TYPE_CHECKING:
     from core.models import ModelSpec
 
@@ -533,12 +535,9 @@ def write_trace(trace: Trace, path: str | Path, model: ModelSpec | None = None) 
     p = Path(path)
     table = validate(trace.to_table(), model, name=str(p))
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    try:
+    with temp_file(p) as tmp:
         pq.write_table(table, tmp, compression="zstd", compression_level=9)
         os.replace(tmp, p)
-    finally:
-        tmp.unlink(missing_ok=True)
     return p
 
 

@@ -37,7 +37,9 @@ def _partial(e: BaseException, out: Path) -> str:
 
 # ---- run ----------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
+    from core.cli import Terminated
     from core.config import ConfigError
+    from core.outplace import RUN_FOLDER, output_place
     from core.trace import TraceError
     from replay.report import print_run_summary
     from replay.run import ReplayTimeout, replay
@@ -49,9 +51,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar = _Progress(not args.quiet)
     try:
         try:
-            res = replay(
-                cfg, args.trace, out, args.repeat, args.max_seconds, not args.no_warmup, bar
-            )
+            with output_place(out, RUN_FOLDER, args.force):
+                res = replay(
+                    cfg, args.trace, out, args.repeat, args.max_seconds, not args.no_warmup, bar
+                )
         finally:
             bar.close()
     except (ConfigError, TraceError, UsageError, FileNotFoundError):
@@ -62,8 +65,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         return 3
     except KeyboardInterrupt as e:
-        print(f"interrupted{_partial(e, out)}", file=sys.stderr)
-        return 130
+        term = isinstance(e, Terminated)
+        print(
+            f"{'terminated (SIGTERM)' if term else 'interrupted'}{_partial(e, out)}",
+            file=sys.stderr,
+        )
+        return 143 if term else 130
     except Exception as e:
         print(f"error: engine failed: {type(e).__name__}: {e}{_partial(e, out)}", file=sys.stderr)
         return 1
@@ -86,19 +93,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # ---- compare ------------------------------------------------------------------------------------
 def cmd_compare(args: argparse.Namespace) -> int:
+    from core.outplace import atomic_dir, check_place, output_place
     from core.runfmt import RunFormatError, load_run
     from replay.compare import CompareError, compare_runs
-    from replay.outdir import atomic_dir
+    from replay.outdir import FIDELITY_FOLDER
     from replay.report import print_targets, write_report
 
+    m = Path(args.measured)
+    out = Path(args.output or m.with_name(f"fidelity-{m.name}"))
+    check_place(out, FIDELITY_FOLDER, args.force)
     try:
         pred, meas = load_run(args.predicted), load_run(args.measured)
         fid = compare_runs(pred, meas, allow_other_trace=args.allow_other_trace)
     except (RunFormatError, CompareError) as e:
         raise UsageError(str(e)) from None
-    m = Path(args.measured)
-    out = Path(args.output or m.with_name(f"fidelity-{m.name}"))
-    with atomic_dir(out, "fidelity.json") as tmp:
+    if fid["sides_warning"]:
+        print(f"warning: {fid['sides_warning']}", file=sys.stderr)
+    with output_place(out, FIDELITY_FOLDER, args.force), atomic_dir(out, FIDELITY_FOLDER) as tmp:
         (tmp / "fidelity.json").write_text(json.dumps(fid, indent=2, allow_nan=False) + "\n")
         write_report(fid, pred, meas, tmp)
     print_targets(fid, out)
@@ -119,6 +130,7 @@ def _gpu_terms(items: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from core.outplace import check_place, output_place
     from core.runfmt import RunFormatError, load_run
     from replay.calibrate import (
         CalibrationError,
@@ -127,9 +139,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print_quality,
         write_calibration,
     )
+    from replay.outdir import PROFILE_FILE
 
     if not args.output:
         raise UsageError("calibrate: -o PROFILE is required")
+    check_place(Path(args.output), PROFILE_FILE, args.force)
     gpu = next((s.partition("=")[2] for s in args.sets if s.partition("=")[0] == "gpu"), None)
     try:
         kinds = tuple(k.strip() for k in args.shapes_kinds.split(",") if k.strip())
@@ -141,7 +155,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             checks = evaluate(cal.profile, [load_run(d) for d in args.check])
     except (RunFormatError, CalibrationError, ValueError) as e:
         raise UsageError(str(e)) from None
-    side = write_calibration(cal, args.output, checks)
+    with output_place(args.output, PROFILE_FILE, args.force):
+        side = write_calibration(cal, args.output, checks)
     sweeps = f" + {len(args.shapes)} shape sweep(s)" if args.shapes else ""
     print_quality(f"fit on {len(args.runs)} run(s){sweeps}:", cal.quality)
     if checks:
@@ -155,6 +170,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 # ---- shapes -------------------------------------------------------------------------------------
 def cmd_shapes(args: argparse.Namespace) -> int:
     from core.config import ConfigError
+    from core.outplace import output_place
+    from replay.outdir import SHAPES_FILE
     from replay.shapes import KINDS, sweep
 
     cfg = config_from_args(args)
@@ -169,7 +186,8 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     bar = _Progress(not args.quiet)
     try:
         try:
-            res = sweep(cfg, out, args.repeats, kinds, args.quick, args.max_seconds, bar)
+            with output_place(out, SHAPES_FILE, args.force):
+                res = sweep(cfg, out, args.repeats, kinds, args.quick, args.max_seconds, bar)
         finally:
             bar.close()
     except NotImplementedError as e:
@@ -195,28 +213,31 @@ def cmd_shapes(args: argparse.Namespace) -> int:
 
 # ---- ablate -------------------------------------------------------------------------------------
 def cmd_ablate(args: argparse.Namespace) -> int:
+    from core.outplace import output_place
     from replay.ablate import ablate, parse_switches, print_table
+    from replay.outdir import ABLATE_FOLDER
 
     cfg = config_from_args(args)
     switches = parse_switches(args.switches)
     out = Path(args.output or Path("runs") / f"ablate-{Path(args.trace).stem}")
     bar = _Progress(not args.quiet)
     try:
-        result = ablate(
-            cfg,
-            args.trace,
-            out,
-            switches,
-            args.repeat,
-            not args.no_measure,
-            not args.no_predict,
-            args.max_seconds,
-            bar,
-            Path(args.measured) if args.measured else None,
-            args.calibrate_on,
-            [Path(d) for d in args.calibrate_also],
-            not args.no_interleave,
-        )
+        with output_place(out, ABLATE_FOLDER, args.force):
+            result = ablate(
+                cfg,
+                args.trace,
+                out,
+                switches,
+                args.repeat,
+                not args.no_measure,
+                not args.no_predict,
+                args.max_seconds,
+                bar,
+                Path(args.measured) if args.measured else None,
+                args.calibrate_on,
+                [Path(d) for d in args.calibrate_also],
+                not args.no_interleave,
+            )
     finally:
         bar.close()
     print_table(result)

@@ -51,6 +51,7 @@ def compare_runs(pred: Run, meas: Run, allow_other_trace: bool = False) -> dict[
     return {
         "predicted": _describe(pred),
         "measured": _describe(meas),
+        "sides_warning": sides_warning(pred.summary, meas.summary),
         "config_differences": config_differences(pred.summary, meas.summary),
         "notes": caveats(pred.summary, meas.summary),
         "metrics": metrics,
@@ -59,6 +60,26 @@ def compare_runs(pred: Run, meas: Run, allow_other_trace: bool = False) -> dict[
         "requests": request_alignment(pred, meas),
         "steps": step_alignment(pred, meas),
     }
+
+
+def sides_warning(pred: dict[str, Any], meas: dict[str, Any]) -> str | None:
+    """Why this is no fidelity check (summary.json `source.kind` of each side), or None when
+    a predicted (sim) run is compared with a measured (replay) one."""
+    pk = (pred.get("source") or {}).get("kind")
+    mk = (meas.get("source") or {}).get("kind")
+    if mk == "replay" and pk == "sim":
+        return None
+    if mk == "replay":
+        return "both runs were measured (replay): this compares two measurements"
+    if pk == "replay":
+        return (
+            "the runs look swapped: MEASURED is a sim run and PREDICTED a replay run "
+            "(give the sim run first)"
+        )
+    return (
+        "neither run was measured (both are sim runs): this compares two predictions, "
+        "it is no fidelity check"
+    )
 
 
 def _describe(run: Run) -> dict[str, Any]:

@@ -1,47 +1,68 @@
 """Write a whole output folder or none of it: build it in a temp folder beside the target, then
 rename it into place. A previous folder of the same kind (it holds `marker`) is replaced; any
-other non-empty folder is refused, never overwritten."""
+other non-empty folder is refused, never overwritten (the rule of core.outplace)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import tempfile
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from core.atomic import swap_in
-from core.cli import UsageError
+from core import outplace
+from core.atomic import atomic_file
+from core.outplace import OutKind
+
+__all__ = [
+    "ABLATE_FOLDER",
+    "FIDELITY_FOLDER",
+    "PROFILE_FILE",
+    "SHAPES_FILE",
+    "atomic_dir",
+    "atomic_file",
+    "folder_kind",
+]
+
+
+def folder_kind(marker: str, what: str | None = None) -> OutKind:
+    return OutKind(what or f"{marker} folder", folder=True, markers=(marker,))
 
 
 @contextlib.contextmanager
 def atomic_dir(out: str | Path, marker: str) -> Iterator[Path]:
-    target = Path(out)
-    if target.exists() and not target.is_dir():
-        raise UsageError(f"'{target}' exists and is not a folder")
-    if target.is_dir() and any(target.iterdir()) and not (target / marker).exists():
-        raise UsageError(f"'{target}' exists and holds no {marker}; not replacing it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    with outplace.atomic_dir(out, folder_kind(marker)) as tmp:
         yield tmp
-        swap_in(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
-def atomic_file(path: str | Path, text: str) -> Path:
-    """Write a text file whole or not at all (temp file in the same folder, then rename)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+def _is_profile(p: Path) -> bool:
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "version" in data and "source_runs" in data
+
+
+def _is_shapes(p: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    from replay.shapes import META_KEY
+
+    try:
+        meta = pq.read_schema(p).metadata or {}
+    except Exception:  # noqa: BLE001 - not parquet at all
+        return False
+    return META_KEY in meta
+
+
+def _is_ablation(p: Path) -> bool:
+    """ablate.json, or (an interrupted ablation) a `<switch>-off`/`-on` run folder."""
+    if (p / "ablate.json").exists():
+        return True
+    return any(c.is_dir() and c.name.endswith(ABLATE_SIDES) for c in p.iterdir())
+
+
+ABLATE_SIDES = ("-off", "-on", "-off.sim", "-on.sim")
+FIDELITY_FOLDER = folder_kind("fidelity.json", "fidelity folder")
+ABLATE_FOLDER = OutKind("ablation folder", folder=True, recognise=_is_ablation)
+PROFILE_FILE = OutKind("cost profile", folder=False, recognise=_is_profile)
+SHAPES_FILE = OutKind("shape sweep", folder=False, recognise=_is_shapes)

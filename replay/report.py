@@ -59,6 +59,8 @@ def print_targets(fid: dict[str, Any], out: Path | None = None) -> None:
     for note in fid.get("notes", []):
         print(f"note: {note}")
     verdict = "PASS" if fid["passed"] else "FAIL"
+    if fid.get("sides_warning"):
+        verdict += " (not a fidelity check: see the warning)"
     print(f"fidelity: {verdict}" + (f"  -> {out}" if out else ""))
 
 

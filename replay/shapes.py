@@ -44,7 +44,6 @@ pyarrow only; torch is imported by the sweep alone).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import gc
 import json
@@ -52,7 +51,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +61,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.atomic import temp_file
 from core.config import Config
 from core.shape import SHAPE_FIELDS, BatchShape
 from replay.steps import CalibrationError
@@ -772,14 +771,9 @@ def write_sweep(path: str | Path, rows: Sequence[dict[str, Any]], meta: dict[str
     p = Path(path)
     table = _table(rows, meta)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
-    try:
+    with temp_file(p) as tmp:  # follows the umask; removed on failure
         pq.write_table(table, tmp, compression="zstd")
         os.replace(tmp, p)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
     return p
 
 

@@ -55,6 +55,7 @@ class Progress:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from core.outplace import RUN_FOLDER, output_place
     from sim.report import print_summary
     from sim.run import simulate
 
@@ -62,7 +63,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.output or Path("runs") / f"sim-{Path(args.trace).stem}")
     bar = Progress(f"simulating {Path(args.trace).name}", not args.quiet)
     try:
-        res = simulate(cfg, args.trace, out, progress=bar)
+        with output_place(out, RUN_FOLDER, args.force):
+            res = simulate(cfg, args.trace, out, progress=bar)
     finally:
         bar.close()
     print_summary(res.summary, out, res.wall_s)

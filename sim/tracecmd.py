@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from core.cli import UsageError, add_config_args, config_from_args, run_main
+from core.cli import UsageError, add_config_args, add_force_arg, config_from_args, run_main
 from core.models import ModelSpec, get_model, with_context
+from core.outplace import TRACE_FILE, check_place, output_place
 from core.trace import Trace, read_trace, trace_sha256, write_trace
 from sim.workloads.arrivals import ARRIVALS
 from sim.workloads.stats import format_stats, trace_stats
@@ -116,7 +117,14 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _output_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--output", metavar="FILE", required=True, help="trace parquet to write")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        required=True,
+        help="trace parquet to write (an existing file is replaced only with --force)",
+    )
+    add_force_arg(p)
 
 
 def _arrival_args(p: argparse.ArgumentParser, rate_default: float | None) -> None:
@@ -155,12 +163,11 @@ def _summary_line(trace: Trace) -> str:
 
 def _write(trace: Trace, args: argparse.Namespace, extra: str = "") -> int:
     out = Path(args.output)
-    if out.is_dir():
-        raise UsageError(f"-o {out}: is a folder; give a file name")
-    try:
-        write_trace(trace, out, _model(args))
-    except OSError as e:  # unwritable folder, a file where a folder should be, ...
-        raise UsageError(f"-o {out}: cannot write ({e.strerror or e})") from None
+    with output_place(out, TRACE_FILE, args.force):
+        try:
+            write_trace(trace, out, _model(args))
+        except OSError as e:  # disk full, ...
+            raise UsageError(f"-o {out}: cannot write ({e.strerror or e})") from None
     size_kib = out.stat().st_size / 1024
     print(f"wrote {out} ({size_kib:,.0f} KiB): {_summary_line(trace)}{extra}")
     return 0
@@ -190,6 +197,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from sim.workloads.importers import import_azure, import_lengths_csv
     from sim.workloads.mooncake import import_mooncake
 
+    check_place(Path(args.output), TRACE_FILE, args.force)  # before the import's work
     dropped = 0
     if args.format == "mooncake":
         trace, dropped = import_mooncake(args.src, args.max_total_len)
@@ -216,6 +224,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
     from sim.workloads.servegen import servegen_trace
     from sim.workloads.synth import SynthSpec, synthesize
 
+    check_place(Path(args.output), TRACE_FILE, args.force)  # before the generator's work
     if args.servegen:
         for opt in ("num_requests", "lengths_from", "prompt_len", "output_len"):
             if getattr(args, opt) is not None:

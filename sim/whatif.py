@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -29,6 +28,7 @@ from typing import Any
 
 from core.cli import UsageError, add_config_args, config_from_args, run_main
 from core.config import SPEC_METHODS, Config
+from core.outplace import OutKind, atomic_dir, output_place
 from core.runfmt import CAUSES, trace_info
 
 BASELINE = "baseline"
@@ -276,7 +276,8 @@ def run_plan(
         }
         pending = set(futs)
         while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            # a timeout: the main thread wakes to run a signal handler (SIGTERM) promptly
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             for f in sorted(done, key=lambda f: names.index(futs[f])):
                 if f.exception() is not None:
                     pool.shutdown(cancel_futures=True)  # runs already started still finish
@@ -440,43 +441,39 @@ def add_whatif_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_whatif)
 
 
+WHATIF_FOLDER = OutKind("what-if folder", folder=True, markers=("whatif.json", "whatif-info.json"))
+
+
 def cmd_whatif(args: argparse.Namespace) -> int:
     variants = select_variants(args.variants)
     if args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
     base = config_from_args(args)
     out = Path(args.output or Path("runs") / f"whatif-{Path(args.trace).stem}")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"-o '{out}' exists and is not a folder")
-    history = preflight(base, args.trace)
-    plan = make_plan(base, variants, history)
-    for cfg in plan.runs.values():
-        check_config(cfg)
+    with output_place(out, WHATIF_FOLDER, args.force):
+        history = preflight(base, args.trace)
+        plan = make_plan(base, variants, history)
+        for cfg in plan.runs.values():
+            check_config(cfg)
 
-    def log(msg: str) -> None:
-        if not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
+        def log(msg: str) -> None:
+            if not args.quiet:
+                print(msg, file=sys.stderr, flush=True)
 
-    log(
-        f"whatif {args.trace}: {len(plan.variants)} variants, {len(plan.runs)} runs "
-        f"on {min(args.jobs, len(plan.runs))} workers"
-    )
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".whatif-runs-", dir=out))
-    try:
-        results = run_plan(plan, args.trace, tmp, args.jobs, log)
-        result, inf = assemble(plan, results), info(plan, args.trace)
-        if args.keep_runs:
-            keep_runs(plan, tmp, out)
-        write_json(out / "whatif-info.json", inf)
-        write_json(out / "whatif.json", result)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        raise
-    shutil.rmtree(tmp, ignore_errors=True)
+        log(
+            f"whatif {args.trace}: {len(plan.variants)} variants, {len(plan.runs)} runs "
+            f"on {min(args.jobs, len(plan.runs))} workers"
+        )
+        with atomic_dir(out, WHATIF_FOLDER) as tmp:  # the folder is replaced whole, or not
+            work = tmp / ".runs"
+            work.mkdir()
+            results = run_plan(plan, args.trace, work, args.jobs, log)
+            result, inf = assemble(plan, results), info(plan, args.trace)
+            if args.keep_runs:
+                keep_runs(plan, work, tmp)
+            shutil.rmtree(work)
+            write_json(tmp / "whatif-info.json", inf)
+            write_json(tmp / "whatif.json", result)
     print("\n".join(table(result, inf)))
     print()
     print("\n".join(summary_lines(result, inf)))

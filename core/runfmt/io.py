@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.atomic import swap_in
+from core.atomic import swap_in, temp_dir
 from core.runfmt.bubbles import account_bubbles
 from core.runfmt.recording import Recording, validate
 from core.runfmt.records import RunRecorder
@@ -137,7 +136,7 @@ def write_run(
     summary_text = json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n"
     timeline_text = json.dumps(timeline, separators=(",", ":"), allow_nan=False)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temp_dir(out)  # follows the umask; sweeps dead processes' temps
     try:
         pq.write_table(requests_table(frozen), tmp / REQUESTS, compression=_COMPRESSION)
         pq.write_table(steps_table(frozen, bub), tmp / STEPS, compression=_COMPRESSION)

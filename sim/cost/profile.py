@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.atomic import temp_file
 from core.config import ConfigError
 from core.phases import CPU_PHASES
 
@@ -216,13 +216,7 @@ def save_profile(path: str | Path, profile: Mapping[str, Any]) -> Path:
     validate_profile(profile, path)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(profile, f, indent=2)
-            f.write("\n")
+    with temp_file(p) as tmp:  # follows the umask; removed on failure
+        tmp.write_text(json.dumps(profile, indent=2) + "\n")
         os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return p

@@ -10,10 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from core.cli import add_config_args, config_from_args
+from core.outplace import OutKind, output_place
 from sim.plan.spec import ROUTERS, SLO_KEYS, PlanError, load_plan_spec
 from sim.plan.sweep import SweepStats
 
-_OURS = ("points.jsonl", "plan.json", "report.html")
+# an earlier plan folder (resumed, not replaced: its points are reused unless --fresh)
+PLAN_FOLDER = OutKind(
+    "plan folder", folder=True, markers=("points.jsonl", "plan.json", "report.html")
+)
 
 
 def add_plan_parser(sub: argparse._SubParsersAction) -> None:
@@ -87,17 +91,6 @@ def _search_over(args: argparse.Namespace) -> dict[str, Any]:
     return over
 
 
-def _check_out_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise PlanError(f"output '{out}' exists and is not a folder")
-    if out.is_dir():
-        others = sorted(p.name for p in out.iterdir() if p.name not in _OURS)
-        if others and not any((out / n).exists() for n in _OURS):
-            raise PlanError(
-                f"output '{out}' holds other files ({others[0]}, ...); not a plan folder"
-            )
-
-
 class _Progress:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled and sys.stderr.isatty()
@@ -130,16 +123,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise PlanError("--jobs must be >= 1")
     out = Path(args.output or Path("runs") / f"plan-{Path(args.trace).stem}")
-    _check_out_dir(out)
     if not Path(args.trace).is_file():
         raise PlanError(f"trace '{args.trace}': no such file")
-    executor = make_executor(args.jobs, args.ray, args.trace)
-    bar = _Progress(not args.quiet)
-    try:
-        plan = run_plan(args.trace, spec, out, executor, not args.fresh, bar)
-    finally:
-        bar.close()
-    write_report(plan, out / "report.html")
+    with output_place(out, PLAN_FOLDER, args.force):
+        executor = make_executor(args.jobs, args.ray, args.trace)
+        bar = _Progress(not args.quiet)
+        try:
+            plan = run_plan(args.trace, spec, out, executor, not args.fresh, bar)
+        finally:
+            bar.close()
+        write_report(plan, out / "report.html")
     print_plan(plan, out)
     return 0
 

@@ -10,7 +10,6 @@ fleet served) x 1e6, at the load the fleet was sized for.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from core.atomic import atomic_file
 from core.runfmt import trace_info
 from core.trace import Trace, TraceError, read_trace, trace_sha256
 from sim.cost import load_cost_model
@@ -102,12 +102,7 @@ def run_plan(
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(jsonable(data), indent=1, allow_nan=False) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_file(path, json.dumps(jsonable(data), indent=1, allow_nan=False) + "\n")
 
 
 # ---- assembling plan.json ---------------------------------------------------------------------

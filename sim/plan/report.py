@@ -10,11 +10,11 @@ tests/test_plan_report.py reads them from headless Chromium's DOM.
 from __future__ import annotations
 
 import math
-import os
 from html import escape
 from pathlib import Path
 from typing import Any
 
+from core.atomic import atomic_file
 from core.runfmt import CAUSES
 from sim.plan.merge import UNATTRIBUTED
 from sim.plan.svg import Chart, Series, bar_chart, color, line_chart, stacked_bars
@@ -373,11 +373,4 @@ def render(plan: dict[str, Any]) -> str:
 
 
 def write_report(plan: dict[str, Any], path: str | Path) -> Path:
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(render(plan))
-        os.replace(tmp, p)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return p
+    return atomic_file(path, render(plan))

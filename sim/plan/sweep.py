@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sim.plan.points import Point, PointStore, point_key, serves
-from sim.plan.spec import SLO
+from sim.plan.spec import SLO, PlanError
 from sim.plan.worker import make_task, run_task
 
 Search = Generator[list[Point], list[dict[str, Any]], Any]
@@ -72,10 +72,15 @@ class PoolExecutor:
         self.pending.add(self.pool.submit(run_task, task))
 
     def next_done(self) -> dict[str, Any]:
-        if not self.done:
-            finished, self.pending = cf.wait(self.pending, return_when=cf.FIRST_COMPLETED)
-            # several may finish together: hand them out in submission-independent key order
-            self.done.extend(sorted(finished, key=lambda f: f.result()["key"]))
+        finished: set[cf.Future[dict[str, Any]]] = set()
+        while not self.done and not finished and self.pending:
+            # woken twice a second: a signal handler (SIGTERM) runs only in the main thread,
+            # and only once it wakes up
+            finished, self.pending = cf.wait(
+                self.pending, timeout=0.5, return_when=cf.FIRST_COMPLETED
+            )
+        # several may finish together: hand them out in submission-independent key order
+        self.done.extend(sorted(finished, key=lambda f: f.result()["key"]))
         return self.done.popleft().result()
 
     def close(self) -> None:
@@ -94,20 +99,23 @@ class RayExecutor:
         try:
             import ray
         except ModuleNotFoundError:
-            raise RuntimeError("--ray needs the 'ray' package: pip install 'ray>=2.9'") from None
+            raise PlanError("--ray needs the 'ray' package: pip install 'ray>=2.9'") from None
         self.ray = ray
         root = Path(__file__).resolve().parents[2]
         env = {"py_modules": [str(root / "core"), str(root / "sim")]}
         if not ray.is_initialized():
-            if address == "local":
-                ray.init(
-                    num_cpus=os.cpu_count(),
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    runtime_env=env,
-                )
-            else:
-                ray.init(address=address, log_to_driver=False, runtime_env=env)
+            try:
+                if address == "local":
+                    ray.init(
+                        num_cpus=os.cpu_count(),
+                        include_dashboard=False,
+                        log_to_driver=False,
+                        runtime_env=env,
+                    )
+                else:
+                    ray.init(address=address, log_to_driver=False, runtime_env=env)
+            except (ValueError, ConnectionError, RuntimeError) as e:
+                raise PlanError(_ray_refusal(address, e)) from None
         self.trace_ref = ray.put(Path(trace_path).read_bytes())
         self.remote = ray.remote(run_task)
         self.pending: list[Any] = []
@@ -124,6 +132,17 @@ class RayExecutor:
         for ref in self.pending:
             self.ray.cancel(ref)
         self.pending = []
+
+
+def _ray_refusal(address: str, e: Exception) -> str:
+    """One line for a failed ray.init: Ray's first line, and the way out."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if address == "local" and "existing cluster" in str(e):
+        return (
+            f"--ray local: a Ray cluster already runs here ({first}); join it with --ray auto, "
+            "or stop it with `ray stop`"
+        )
+    return f"--ray {address}: Ray could not start or connect: {first}"
 
 
 def make_executor(jobs: int, ray_address: str | None, trace_path: str) -> Executor:

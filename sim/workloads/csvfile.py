@@ -18,6 +18,8 @@ def read_csv_strings(path: str | Path, what: str) -> pa.Table:
     p = Path(path)
     if not p.is_file():
         raise TraceError(f"{what} '{p}': no such file")
+    if p.stat().st_size == 0:
+        raise TraceError(f"{what} '{p}': the file is empty")
     with open(p, newline="", encoding="utf-8", errors="replace") as f:
         names = next(csv.reader(f), [])
     try:

@@ -37,6 +37,8 @@ def import_azure(path: str | Path) -> Trace:
     what = f"azure CSV '{path}'"
     table = read_csv_strings(path, "azure CSV")
     _need_columns(table, AZURE_COLUMNS, what)
+    if table.num_rows == 0:
+        raise TraceError(f"{what}: has no rows")
     stamps = np.asarray(table.column("TIMESTAMP").to_numpy(zero_copy_only=False), dtype=str)
     try:
         ns = stamps.astype("datetime64[ns]").astype(np.int64)
