@@ -376,6 +376,7 @@ class FastForward:
         old_step = [p.step for p in old]
         next_arrival_s = loop.next_arrival_s()
         cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
+        idle_scale, idle_min_s = loop.cost.idle_start_scale, loop.cost.idle_start_min_s
         stop_after = False
         reload = True
         k = 0
@@ -527,7 +528,12 @@ class FastForward:
                 launch1.append(cpu)
                 gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
                 if c_graph:
-                    start = cpu if cpu > gpu_free else gpu_free
+                    if cpu > gpu_free:
+                        start = cpu
+                        if cpu - gpu_free > idle_min_s:
+                            gs *= idle_scale
+                    else:
+                        start = gpu_free
                     counts = start + gs
                 else:
                     start = launch0 if launch0 > gpu_free else gpu_free
@@ -574,7 +580,12 @@ class FastForward:
                 # sim.stream.gpu_pass, inlined
                 gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
                 if c_graph if c_graph is not None else f_graph(cur):
-                    start = cpu if cpu > gpu_free else gpu_free
+                    if cpu > gpu_free:
+                        start = cpu
+                        if cpu - gpu_free > idle_min_s:
+                            gs *= idle_scale
+                    else:
+                        start = gpu_free
                     counts = start + gs
                 else:
                     start = launch0 if launch0 > gpu_free else gpu_free

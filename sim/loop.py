@@ -183,9 +183,10 @@ class SimLoop:
             self._sync(step, self.inflight[-1].counts_s)
         launch_s = self._run_phase(step, P.PREPARE_INPUTS, shape)
         ready = self._run_phase(step, P.LAUNCH, shape)
+        cost = self.cost
         start, counts = gpu_pass(
-            launch_s, ready, self.gpu_free_s, self.cost.gpu_pass_ms(shape) / 1e3,
-            self.cost.graphed(shape, self._graphs),
+            launch_s, ready, self.gpu_free_s, cost.gpu_pass_ms(shape) / 1e3,
+            cost.graphed(shape, self._graphs), cost.idle_start_scale, cost.idle_start_min_s,
         )  # fmt: skip
         draft_s = self.cost.draft_gpu_ms(shape) / 1e3
         end = counts + draft_s if draft_s > 0 else counts

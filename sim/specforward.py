@@ -422,6 +422,7 @@ class _Segment:
         no_members: list[_Member] = []
         next_arrival_s = loop.next_arrival_s()
         cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
+        idle_scale, idle_min_s = loop.cost.idle_start_scale, loop.cost.idle_start_min_s
         no_entries: list[Entry] = []  # never appended to
         reload = True
         last_b = last_dec = last_drafts = -1
@@ -604,7 +605,12 @@ class _Segment:
                 launch1.append(cpu)
                 gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
                 if c_graph:
-                    start = cpu if cpu > gpu_free else gpu_free
+                    if cpu > gpu_free:
+                        start = cpu
+                        if cpu - gpu_free > idle_min_s:
+                            gs *= idle_scale
+                    else:
+                        start = gpu_free
                     counts = start + gs
                 else:
                     start = launch0 if launch0 > gpu_free else gpu_free
@@ -667,7 +673,12 @@ class _Segment:
                 # sim.stream.gpu_pass, inlined
                 gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
                 if c_graph if c_graph is not None else f_graph(cur):
-                    start = cpu if cpu > gpu_free else gpu_free
+                    if cpu > gpu_free:
+                        start = cpu
+                        if cpu - gpu_free > idle_min_s:
+                            gs *= idle_scale
+                    else:
+                        start = gpu_free
                     counts = start + gs
                 else:
                     start = launch0 if launch0 > gpu_free else gpu_free

@@ -20,6 +20,11 @@ DEFAULTS: dict[str, Any] = {
     "version": PROFILE_VERSION,
     "notes": "built-in defaults (public data points and estimates), not a calibration",
     "gpu_pass": {
+        # A decode CUDA graph that starts on an idle GPU (idle >= min_idle_ms before its
+        # launch) runs `scale` x the time of one queued behind other work: measured on an H100
+        # (2026-11-26, llama3.2-1b, 20-40 % faster at batches under 32, in one run and across
+        # depths 1-3; the mechanism is not known). 1.0 = no effect; `replay calibrate` fits it.
+        "idle_start": {"scale": 1.0, "min_idle_ms": 0.05},
         # Analytic roofline over core/models.py shapes and core/gpus.py datasheet ceilings.
         "roofline": {
             # Decode at batch 1 reaches ~70-85% of HBM bandwidth (vLLM/TRT-LLM Llama-8B H100

@@ -73,6 +73,11 @@ class CostModel:
         self._mixed_graphs = config.cuda_graphs and config.cuda_graphs_mixed
         self._mixed_ms_per_token = self._per_token_ms(prof["gpu_pass"].get("mixed"))
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
+        # a graphed pass that starts on a GPU idle for >= idle_start_min_s runs
+        # idle_start_scale x its time (sim.stream.gpu_pass; the default 1.0 changes nothing)
+        idle = prof["gpu_pass"]["idle_start"]
+        self.idle_start_scale = float(idle["scale"])
+        self.idle_start_min_s = float(idle["min_idle_ms"]) / 1e3
 
         # Launch: constant per mode; graphs only for pure decode of <= graph_max_tokens.
         la = prof["launch"]

@@ -31,9 +31,9 @@ class ProfileError(ConfigError):
 
 
 META_STR_KEYS = ("gpu", "model", "dtype", "date", "notes")
-PARAM_TABLES = ("gpu_pass.roofline", "launch", "ngram_gpu")
+PARAM_TABLES = ("gpu_pass.roofline", "gpu_pass.idle_start", "launch", "ngram_gpu")
 GPU_FIT_KINDS = ("decode", "mixed")
-EFFICIENCY_KEYS = ("mem_efficiency", "matmul_efficiency", "attn_efficiency")
+EFFICIENCY_KEYS = ("mem_efficiency", "matmul_efficiency", "attn_efficiency", "scale")
 TOP_KEYS = (
     "version",
     *META_STR_KEYS,
@@ -151,9 +151,10 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
         raise _fail(where, "source_runs", f"expected a list of strings, got {runs!r}")
     if "gpu_pass" in prof:
         gp = _table(where, "gpu_pass", prof["gpu_pass"])
-        _known(where, "gpu_pass.", gp, ("roofline", *GPU_FIT_KINDS))
-        if "roofline" in gp:
-            _check_params(where, "gpu_pass.roofline", gp["roofline"])
+        _known(where, "gpu_pass.", gp, ("roofline", "idle_start", *GPU_FIT_KINDS))
+        for table in ("roofline", "idle_start"):
+            if table in gp:
+                _check_params(where, f"gpu_pass.{table}", gp[table])
         if "decode" in gp:
             _check_decode(where, "gpu_pass.decode", gp["decode"])
         if "mixed" in gp:
@@ -184,7 +185,8 @@ def merge_profile(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str,
             gp = out.setdefault("gpu_pass", {})
             for sub, v in value.items():
                 fit = json.loads(json.dumps(v))  # a max form holds a list: copy it too
-                gp[sub] = {**gp.get(sub, {}), **v} if sub == "roofline" else fit
+                params = sub in ("roofline", "idle_start")  # parameter tables: key by key
+                gp[sub] = {**gp.get(sub, {}), **v} if params else fit
         elif key in ("launch", "ngram_gpu", "gc"):
             out[key] = {**out.get(key, {}), **value}
         elif key in ("cpu_phases", "alloc_objects", "terms", "alloc_terms"):
