@@ -282,11 +282,17 @@ def run_plan(
                     pool.shutdown(cancel_futures=True)  # runs already started still finish
                 metrics, wall_s = f.result()  # re-raises a run's error
                 out[futs[f]] = metrics
-                log(
-                    f"[{len(out)}/{len(names)}] {futs[f]}: {wall_s:.1f} s "
-                    f"({time.monotonic() - t0:.0f} s elapsed)"
-                )
+                log(_progress_line(futs[f], wall_s, len(out), len(names), time.monotonic() - t0))
     return out
+
+
+def _progress_line(name: str, wall_s: float, done: int, total: int, elapsed_s: float) -> str:
+    """One line per finished run; time left assumes the runs left take as long as those done."""
+    left = f", ~{elapsed_s * (total - done) / done:.0f} s left" if done < total else ""
+    return (
+        f"[{done}/{total}] {name}: {wall_s:.1f} s ({100 * done / total:.0f} %, "
+        f"{elapsed_s:.0f} s elapsed{left})"
+    )
 
 
 def assemble(plan: Plan, results: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -279,3 +279,39 @@ def test_capped_load_search_says_at_least(
     assert "the load search stopped at its cap (4x" in out
     html = render(plan)
     assert "sustains at least 4x the trace" in html and "stopped at its cap (4x" in html
+
+
+# ---- whatif and plan progress -------------------------------------------------------------------
+def test_whatif_lines_say_percent_and_time_left() -> None:
+    from sim.whatif import _progress_line
+
+    assert _progress_line("baseline", 2.0, 1, 4, 3.0) == (
+        "[1/4] baseline: 2.0 s (25 %, 3 s elapsed, ~9 s left)"
+    )
+    assert _progress_line("gc_freeze", 1.0, 4, 4, 12.0).endswith("(100 %, 12 s elapsed)")
+
+
+def test_plan_progress_logs_now_and_then_off_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sim.plan.cli as plan_cli
+    from sim.plan.sweep import SweepStats
+
+    clock = Clock()
+    monkeypatch.setattr(plan_cli.time, "monotonic", clock)
+    bar = plan_cli._Progress(enabled=True)
+    st = SweepStats()
+    for t in (1.0, 5.0, 10.5, 12.0, 21.0):
+        clock.t = t
+        st.run += 1
+        bar(st, 2)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "plan: 3 points run, 0 reused, 2 running, 10 s",
+        "plan: 5 points run, 0 reused, 2 running, 21 s",
+    ]
+    quiet = plan_cli._Progress(enabled=False)
+    clock.t = 100.0
+    quiet(st, 1)
+    assert capsys.readouterr().err == ""

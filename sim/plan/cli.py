@@ -107,24 +107,31 @@ def _check_out_dir(out: Path) -> None:
 
 
 class _Progress:
+    """Points run so far (a search does not know its total in advance): a redrawn line on a
+    terminal, elsewhere a plain line every LOG_EVERY_S seconds; nothing with -q."""
+
+    LOG_EVERY_S = 10.0
+
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
         self.t0 = time.monotonic()
-        self._last = 0.0
+        self._last = self.t0 if not self.tty else 0.0
 
     def __call__(self, st: SweepStats, running: int) -> None:
         now = time.monotonic()
-        if not self.enabled or now - self._last < 0.2:
+        if not self.enabled or now - self._last < (0.2 if self.tty else self.LOG_EVERY_S):
             return
         self._last = now
-        sys.stderr.write(
-            f"\rplan: {st.run} points run, {st.cached} reused, {running} running, "
+        text = (
+            f"plan: {st.run} points run, {st.cached} reused, {running} running, "
             f"{now - self.t0:.0f} s"
         )
+        sys.stderr.write(f"\r{text}" if self.tty else f"{text}\n")
         sys.stderr.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.tty:
             sys.stderr.write("\r\033[K")
 
 
