@@ -110,8 +110,8 @@ class Progress:
             return self._eta_s
         f = self.fraction()
         elapsed = now - self.t0
-        if f <= 0 or f >= 1 or elapsed <= 0:
-            return None  # nothing to go on, or past the counted work (the owner knows more)
+        if f < 0.01 or f >= 1 or elapsed < 1.0:
+            return None  # too little to go on, or past the counted work (the owner knows more)
         return elapsed * (1 - f) / f
 
     def text(self, now: float) -> str:
