@@ -235,8 +235,8 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m replay", description=__doc__)
+def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -353,14 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m replay") -> int:
+    args = build_parser(prog).parse_args(argv)
     return int(args.func(args) or 0)
 
 
 def console() -> int:
     """The `bubblesim-replay` console script (pyproject.toml [project.scripts])."""
-    return run_main(main)
+    return run_main(lambda argv: main(argv, prog="bubblesim-replay"))
 
 
 if __name__ == "__main__":

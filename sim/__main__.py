@@ -10,21 +10,21 @@ from core.cli import run_main
 from sim import cli
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
+def build_parser(prog: str = "python -m sim") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     cli.add_commands(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m sim") -> int:
+    args = build_parser(prog).parse_args(argv)
     return int(args.func(args) or 0)
 
 
 def console() -> int:
     """The `bubblesim` console script (pyproject.toml [project.scripts])."""
-    return run_main(main)
+    return run_main(lambda argv: main(argv, prog="bubblesim"))
 
 
 if __name__ == "__main__":

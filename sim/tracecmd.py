@@ -25,7 +25,7 @@ IMPORT_FORMATS = ("azure", "mooncake", "lengths-csv")
 
 
 def add_trace_parser(sub: argparse._SubParsersAction) -> None:
-    trace = sub.add_parser("trace", help="validate, describe, import or synthesise a trace")
+    trace = sub.add_parser("trace", help="validate, describe, import, cut or synthesise a trace")
     tsub = trace.add_subparsers(dest="trace_command", required=True)
 
     p = tsub.add_parser(

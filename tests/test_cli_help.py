@@ -87,3 +87,15 @@ def test_console_script_runs_a_command(capsys: pytest.CaptureFixture[str]) -> No
     finally:
         sys.argv = argv
     assert "requests" in capsys.readouterr().out
+    for console, name in (
+        (sim_main.console, "bubblesim"),
+        (replay_main.console, "bubblesim-replay"),
+    ):
+        sys.argv = [name, "--help"]
+        try:
+            with pytest.raises(SystemExit) as done:
+                console()
+        finally:
+            sys.argv = argv
+        assert done.value.code == 0
+        assert capsys.readouterr().out.startswith(f"usage: {name} ")
