@@ -58,7 +58,8 @@ def timeline_line(window: dict[str, Any]) -> str | None:
         return None
     n = window.get("steps_exported", 0)
     if not n:
-        return f"timeline: no step at or after {window.get('from_s', 0):g} s of {total:,} steps"
+        from_s = window.get("from_s", 0.0)
+        return f"timeline: empty, no step starts at or after {from_s:g} s ({total:,} steps)"
     first, last = window["first_step"], window["last_step"]
     return (
         f"timeline: steps {first:,}-{last:,} of {total:,}; "

@@ -315,3 +315,18 @@ def test_plan_progress_logs_now_and_then_off_a_terminal(
     clock.t = 100.0
     quiet(st, 1)
     assert capsys.readouterr().err == ""
+
+
+def test_a_window_past_the_end_is_empty_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = trace(tmp_path, "t", 4, 0.1, 32, 8)
+    run = tmp_path / "r"
+    rc, out, _ = cli(capsys, "run", str(path), "-o", str(run), "-q", "--timeline-from-s", "999")
+    assert rc == 0 and "timeline: empty, no step starts at or after 999 s" in out
+    tl, summary = _timeline(run)
+    assert summary["timeline"]["steps_exported"] == 0 and summary["timeline"]["last_step"] is None
+    assert not [e for e in tl["traceEvents"] if e["ph"] == "X"]
+    # the request counter only says its level at the window's start: nothing left running
+    counter = [e for e in tl["traceEvents"] if e["ph"] == "C"]
+    assert [(e["ts"], e["args"]["requests"]) for e in counter] == [(999e6, 0)]
