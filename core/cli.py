@@ -46,7 +46,7 @@ def add_force_arg(p: argparse.ArgumentParser) -> None:
         "--force",
         action="store_true",
         help="replace an existing -o even if it is not an earlier output of this command "
-        "(never the current or home folder; the rule: core/outplace.py)",
+        "(never the current or home folder)",
     )
 
 

@@ -1,4 +1,6 @@
-"""`python -m replay run|compare|calibrate|shapes|ablate ...` (DESIGN.md Contract 4)."""
+"""`python -m replay run|compare|calibrate|shapes|ablate ...`: run a trace through the real
+engine (a GPU, or a small model on the CPU), compare the measured run with a predicted one, and
+fit the simulator's cost profile from measured runs."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import time
 from pathlib import Path
 
 from core.cli import UsageError, add_config_args, config_from_args, run_main
+from core.cli_timeline import add_timeline_args, timeline_line
 
 
 class _Progress:
@@ -51,10 +54,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar = _Progress(not args.quiet)
     try:
         try:
+            timeline = {
+                "timeline_max_steps": args.timeline_steps,
+                "timeline_from_s": args.timeline_from_s,
+            }
             with output_place(out, RUN_FOLDER, args.force):
                 res = replay(
-                    cfg, args.trace, out, args.repeat, args.max_seconds, not args.no_warmup, bar
-                )
+                    cfg, args.trace, out, args.repeat, args.max_seconds, not args.no_warmup, bar,
+                    timeline=timeline,
+                )  # fmt: skip
         finally:
             bar.close()
     except (ConfigError, TraceError, UsageError, FileNotFoundError):
@@ -75,6 +83,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: engine failed: {type(e).__name__}: {e}{_partial(e, out)}", file=sys.stderr)
         return 1
     print_run_summary(res.summary, out, res.wall_s)
+    window = timeline_line(res.summary.get("timeline") or {})
+    if window:
+        print(f"  {window}")
     if args.repeat > 1:
         sp = res.summary["repeat_spread"]
         for name in ("output_tok_per_s", "tpot_s.p50", "tpot_s.p99", "ttft_s.p50"):
@@ -245,11 +256,13 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m replay", description=__doc__)
+def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="a measured run of a trace on the engine (Contract 3)")
+    p = sub.add_parser(
+        "run", help="a measured run of a trace on the engine: a run folder like `sim run`'s"
+    )
     p.add_argument("trace", help="trace parquet file")
     add_config_args(p)
     p.add_argument("--repeat", type=int, default=1, help="run N times; report the spread")
@@ -261,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up requests")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    add_timeline_args(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("compare", help="fidelity of a predicted run against a measured one")
@@ -290,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KIND=T1,T2",
-        help="GPU pass regressors for decode or mixed (default: see replay.calibrate)",
+        help="GPU pass regressors of one batch kind, e.g. decode=intercept,num_tokens (default "
+        "decode: intercept, num_tokens, kv_read_tokens, num_reqs; mixed: those and "
+        "max_kv_tokens, attn_pairs, num_prefill_reqs)",
     )
     p.add_argument(
         "--shapes",
@@ -355,9 +371,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=cmd_ablate)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None, prog: str = "python -m replay") -> int:
+    args = build_parser(prog).parse_args(argv)
     return int(args.func(args) or 0)
+
+
+def console() -> int:
+    """The `bubblesim-replay` console script (pyproject.toml [project.scripts])."""
+    return run_main(lambda argv: main(argv, prog="bubblesim-replay"))
 
 
 if __name__ == "__main__":

@@ -101,11 +101,13 @@ def replay(
     warmup: bool = True,
     progress: Callable[[str], None] | None = None,
     fail_after_steps: int | None = None,
+    timeline: dict[str, Any] | None = None,
 ) -> ReplayResult:
     """Run the trace `repeat` times; write the run folder of the median repeat (by output
     tokens/s) with the spread of every metric over the repeats in `repeat_spread`. On an
     interruption, write the interrupted repeat (complete: false) and re-raise.
-    `fail_after_steps` injects an engine error after that many steps (tests)."""
+    `fail_after_steps` injects an engine error after that many steps (tests); `timeline`:
+    write_run's timeline_max_steps / timeline_from_s (which steps timeline.json holds)."""
     trace = check_trace(cfg, trace_path)
     try:
         return _replay(
@@ -118,6 +120,7 @@ def replay(
             warmup,
             progress,
             fail_after_steps,
+            timeline,
         )
     finally:
         # the engine froze its start-up heap (gc_freeze); leave the process as we found it
@@ -135,6 +138,7 @@ def _replay(
     warmup: bool,
     progress: Callable[[str], None] | None,
     fail_after_steps: int | None,
+    timeline: dict[str, Any] | None,
 ) -> ReplayResult:
     deadline = time.monotonic() + max_seconds if max_seconds else None
     t_start = time.monotonic()
@@ -142,12 +146,13 @@ def _replay(
     done: list[Measured] = []
     for k in range(repeat):
         m, model = _one_repeat(
-            cfg, trace, trace_path, out, model, done, deadline, warmup, progress, fail_after_steps
-        )
+            cfg, trace, trace_path, out, model, done, deadline, warmup, progress, fail_after_steps,
+            timeline,
+        )  # fmt: skip
         done.append(m)
         if progress is not None and k < repeat - 1:
             progress(f"repeat {k + 1}/{repeat}: {m.summary['output_tok_per_s'] or 0:.1f} tok/s")
-    return _finish(done, cfg, trace_path, out, t_start)
+    return _finish(done, cfg, trace_path, out, t_start, timeline)
 
 
 def replay_interleaved(
@@ -196,6 +201,7 @@ def _one_repeat(
     warmup: bool,
     progress: Callable[[str], None] | None,
     fail_after_steps: int | None,
+    timeline: dict[str, Any] | None = None,
 ) -> tuple[Measured, Any]:
     """One measured run on a fresh engine (the model's weights reused). An incomplete run
     writes its folder (with the spread of the repeats `done` before it) and raises."""
@@ -214,7 +220,7 @@ def _one_repeat(
         m.extra["warmup"] = {**warm_info, "jit_compiles": warm.summary()}
     del engine
     if not m.complete:
-        _write(m, cfg, trace_path, out, _repeat_extra(done, None) if done else None)
+        _write(m, cfg, trace_path, out, _repeat_extra(done, None) if done else None, timeline)
         err = m.error or RuntimeError("the run ended with requests unfinished")
         with contextlib.suppress(AttributeError):  # for the CLI's message
             err.partial_run = out  # type: ignore[attr-defined]
@@ -223,13 +229,18 @@ def _one_repeat(
 
 
 def _finish(
-    done: list[Measured], cfg: Config, trace_path: str | Path, out: Path, t_start: float
+    done: list[Measured],
+    cfg: Config,
+    trace_path: str | Path,
+    out: Path,
+    t_start: float,
+    timeline: dict[str, Any] | None = None,
 ) -> ReplayResult:
     """Write the run folder of the median repeat (by output tokens/s), with the spread of every
     metric over the repeats when there are several."""
     best = _median_index(done)
     extra = _repeat_extra(done, best) if len(done) > 1 else None
-    summary = _write(done[best], cfg, trace_path, out, extra)
+    summary = _write(done[best], cfg, trace_path, out, extra, timeline)
     return ReplayResult(
         summary, out, time.monotonic() - t_start, [flat_metrics(m.summary) for m in done]
     )
@@ -482,7 +493,12 @@ def _summarize(rec: Any, cfg: Config) -> dict[str, Any]:
 
 
 def _write(
-    m: Measured, cfg: Config, trace_path: str | Path, out: Path, repeat_extra: dict[str, Any] | None
+    m: Measured,
+    cfg: Config,
+    trace_path: str | Path,
+    out: Path,
+    repeat_extra: dict[str, Any] | None,
+    timeline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     extra = dict(m.extra)
     harvests = (m.summary.get("num_steps") or 0) > m.event_ring  # rows read inside the run
@@ -497,6 +513,7 @@ def _write(
         source={"kind": "replay", "gpu": gpu_name(cfg)},
         complete=m.complete,
         extra=summary_extra,
+        **(timeline or {}),
     )
 
 

@@ -1,4 +1,5 @@
-"""`python -m sim run|whatif|plan|trace ...` (DESIGN.md Contract 4)."""
+"""`python -m sim run|whatif|plan|trace ...`: predict an LLM engine's GPU idle time (bubbles)
+from a request trace, what each engine change would buy, and the fleet a workload needs."""
 
 from __future__ import annotations
 
@@ -9,12 +10,21 @@ from core.cli import run_main
 from sim import cli
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
+def build_parser(prog: str = "python -m sim") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     cli.add_commands(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m sim") -> int:
+    args = build_parser(prog).parse_args(argv)
     return int(args.func(args) or 0)
+
+
+def console() -> int:
+    """The `bubblesim` console script (pyproject.toml [project.scripts])."""
+    return run_main(lambda argv: main(argv, prog="bubblesim"))
 
 
 if __name__ == "__main__":

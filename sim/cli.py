@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from pathlib import Path
 
 from core.cli import add_config_args, config_from_args
+from core.cli_timeline import add_timeline_args
+from sim.progress import Progress
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="a predicted run of a trace (Contract 3 run folder)")
+    p = sub.add_parser(
+        "run", help="a predicted run of a trace: a run folder (requests, steps, summary, timeline)"
+    )
     p.add_argument("trace", help="trace parquet file")
     add_config_args(p)
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or progress lines")
+    add_timeline_args(p)
     p.set_defaults(func=cmd_run)
     _optional(sub, "sim.tracecmd", "add_trace_parser")
     _optional(sub, "sim.whatif", "add_whatif_parser")
@@ -33,27 +36,6 @@ def _optional(sub: argparse._SubParsersAction, module: str, fn: str) -> None:
     getattr(mod, fn)(sub)
 
 
-class Progress:
-    """A one-line progress bar on stderr, redrawn at most 10 times a second."""
-
-    def __init__(self, label: str, enabled: bool = True) -> None:
-        self.label = label
-        self.enabled = enabled and sys.stderr.isatty()
-        self._last = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if not self.enabled or now - self._last < 0.1:
-            return
-        self._last = now
-        sys.stderr.write(f"\r{self.label}: step {done:,}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r\033[K")
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from core.outplace import RUN_FOLDER, output_place
     from sim.report import print_summary
@@ -61,10 +43,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     out = Path(args.output or Path("runs") / f"sim-{Path(args.trace).stem}")
-    bar = Progress(f"simulating {Path(args.trace).name}", not args.quiet)
+    bar = Progress(f"simulating {Path(args.trace).name}", 0.0, enabled=not args.quiet)
     try:
         with output_place(out, RUN_FOLDER, args.force):
-            res = simulate(cfg, args.trace, out, progress=bar)
+            res = simulate(
+                cfg,
+                args.trace,
+                out,
+                progress=bar,
+                timeline_steps=args.timeline_steps,
+                timeline_from_s=args.timeline_from_s,
+            )
     finally:
         bar.close()
     print_summary(res.summary, out, res.wall_s)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from core.cli_timeline import timeline_line
+from sim.overload import overload_line
+
 
 def _ms(d: dict[str, Any] | None, key: str) -> str:
     v = (d or {}).get(key)
@@ -26,3 +29,6 @@ def print_summary(summary: dict[str, Any], out: Path, wall_s: float | None = Non
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         d = summary.get(key)
         print(f"    {key[:-2]:<14} {_ms(d, 'p50')} {_ms(d, 'p90')} {_ms(d, 'p99')}")
+    for line in (overload_line(summary), timeline_line(summary.get("timeline") or {})):
+        if line:
+            print(f"  {line}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,11 +14,14 @@ from core.policy import Scheduler
 from core.policy.sizing import kv_blocks_for_gpu, scheduler_config
 from core.request import Request
 from core.runfmt import RunRecorder, trace_info, write_run
+from core.runfmt.timeline import DEFAULT_MAX_STEPS
 from core.trace import Trace, TraceError, read_trace
 from sim.acceptance import AcceptanceModel
 from sim.cost import CostModel, load_cost_model
 from sim.gcmodel import GCModel
 from sim.loop import SimLoop
+from sim.overload import overload_of
+from sim.progress import LoopProgress, Progress
 
 # Per-draft acceptance when a trace has neither token ids nor accept_rate: EAGLE-3 on
 # Llama-3.1-8B averages ~0.7 at the first position (ENGINE-NOTES §5); prompt lookup less.
@@ -93,10 +95,14 @@ def simulate(
     cfg: Config,
     trace_path: str | Path,
     out_dir: str | Path | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
     cost: CostModel | None = None,
+    timeline_steps: int | None = DEFAULT_MAX_STEPS,
+    timeline_from_s: float = 0.0,
 ) -> SimResult:
-    """Run the simulator; write the run folder when `out_dir` is given."""
+    """Run the simulator; write the run folder when `out_dir` is given (its timeline.json:
+    `timeline_steps` steps, None for all, from the first step at or after `timeline_from_s`).
+    `progress` counts simulated seconds out of the trace's arrival span."""
     model = with_context(get_model(cfg.model), cfg.max_model_len)
     trace = read_trace(trace_path, model)
     gpu = get_gpu(cfg.gpu)
@@ -117,15 +123,18 @@ def simulate(
         rec.add_request(r.request_id, r.arrival_s)
     gc = GCModel(cfg.gc, cfg.gc_freeze, cost.gc_pause_ms)
     accept = acceptance_for(cfg, trace)
-    cb = None
+    hook = None
     if progress is not None:
-        total = len(requests)
-        cb = lambda step: progress(step, total)  # noqa: E731
-    loop = SimLoop(cfg, sched, cost, rec, requests, accept, gc, cb)
+        progress.total = requests[-1].arrival_s if requests else 0.0
+        progress.unit = " s simulated"
+        hook = LoopProgress(progress)
+    loop = SimLoop(cfg, sched, cost, rec, requests, accept, gc, hook)
+    if hook is not None:
+        hook.attach(loop)
     t0 = time.perf_counter()
     loop.run()
     wall_s = time.perf_counter() - t0
-    extra = {
+    extra: dict[str, Any] = {
         "sim": {
             "wall_s": wall_s,
             "num_kv_blocks": num_blocks,
@@ -138,13 +147,19 @@ def simulate(
     }
     summary: dict[str, Any]
     if out_dir is not None:
+        if progress is not None:
+            progress.phase("writing run folder")
+        frozen = rec.freeze()
+        extra["overload"] = overload_of(frozen.arrival, frozen.first_token, frozen.finish)
         summary = write_run(
             out_dir,
-            rec,
+            frozen,
             config=cfg,
             trace=trace_info(trace_path),
             source={"kind": "sim"},
             extra=extra,
+            timeline_max_steps=timeline_steps,
+            timeline_from_s=timeline_from_s,
         )
     else:
         summary = {"extra": extra}

@@ -1,6 +1,6 @@
-"""`python -m sim trace validate|info|import|synth`: check, describe, import and generate traces
-(DESIGN.md Contract 1). Every command exits 2 with one line on bad input and writes only
-through `core.trace.write_trace` (validated, temp file + os.replace).
+"""`python -m sim trace validate|info|import|cut|synth`: check, describe, import, cut and
+generate traces (the trace format of core/trace.py). Every command exits 2 with one line on bad
+input and writes only through `core.trace.write_trace` (validated, temp file + os.replace).
 
 A model is checked (context length, vocab) only when a config is named (`--config`/`--set`).
 """
@@ -18,6 +18,7 @@ from core.cli import UsageError, add_config_args, add_force_arg, config_from_arg
 from core.models import ModelSpec, get_model, with_context
 from core.outplace import TRACE_FILE, check_place, output_place
 from core.trace import Trace, read_trace, trace_sha256, write_trace
+from core.tracecut import cut_trace
 from sim.workloads.arrivals import ARRIVALS
 from sim.workloads.stats import format_stats, trace_stats
 
@@ -25,10 +26,14 @@ IMPORT_FORMATS = ("azure", "mooncake", "lengths-csv")
 
 
 def add_trace_parser(sub: argparse._SubParsersAction) -> None:
-    trace = sub.add_parser("trace", help="validate, describe, import or synthesise a trace")
+    trace = sub.add_parser("trace", help="validate, describe, import, cut or synthesise a trace")
     tsub = trace.add_subparsers(dest="trace_command", required=True)
 
-    p = tsub.add_parser("validate", help="check a trace against Contract 1 (and a model)")
+    p = tsub.add_parser(
+        "validate",
+        help="check a trace's columns, types and values (and, with --config or --set, that "
+        "every request fits the model's context)",
+    )
     p.add_argument("file", help="trace parquet file")
     add_config_args(p, output=False)
     p.set_defaults(func=cmd_validate)
@@ -39,8 +44,14 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:
     add_config_args(p, output=False)
     p.set_defaults(func=cmd_info)
 
-    p = tsub.add_parser("import", help="convert a public trace into a Contract 1 trace")
-    p.add_argument("format", choices=IMPORT_FORMATS)
+    p = tsub.add_parser("import", help="convert a public trace into this tool's trace format")
+    p.add_argument(
+        "format",
+        choices=IMPORT_FORMATS,
+        help="azure: Azure LLM inference CSV (timestamps, token counts); mooncake: Mooncake "
+        "JSONL (timestamps, lengths, prompt hash blocks); lengths-csv: a CSV of prompt and "
+        "output token counts, with arrivals drawn at --rate",
+    )
     p.add_argument("src", help="source file (CSV or JSONL)")
     _output_arg(p)
     p.add_argument(
@@ -54,12 +65,46 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:
     add_config_args(p, output=False)
     p.set_defaults(func=cmd_import)
 
+    p = tsub.add_parser(
+        "cut",
+        help="a window of a trace: requests arriving in [--from-s, --to-s), moved to start at 0",
+        description="Keep the requests that arrive in [FROM, TO) seconds, shift their arrivals "
+        "so the window starts at 0 and divide them by --speedup (every inter-arrival time "
+        "shrinks by that factor): arrival' = (arrival - FROM) / SPEEDUP. Requests with prompts "
+        "longer than --max-prompt-len are dropped and counted. The trace's metadata is kept; "
+        "its description names the window and a 'cut' key records what was cut.",
+    )
+    p.add_argument("file", help="trace parquet file to cut from")
+    p.add_argument("--from-s", type=float, default=0.0, metavar="A", help="window start (s)")
+    p.add_argument("--to-s", type=float, required=True, metavar="B", help="window end (s)")
+    p.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="divide arrival times in the window by X (default 1: as recorded)",
+    )
+    p.add_argument(
+        "--max-prompt-len",
+        type=int,
+        metavar="N",
+        help="drop requests whose prompt is longer than N tokens (their count is printed)",
+    )
+    _output_arg(p)
+    add_config_args(p, output=False)
+    p.set_defaults(func=cmd_cut)
+
     p = tsub.add_parser("synth", help="generate a synthetic trace")
     _output_arg(p)
     _arrival_args(p, rate_default=1.0)
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--num-requests", type=int, metavar="N")
-    size.add_argument("--duration-s", type=float, metavar="S")
+    size.add_argument("--num-requests", type=int, metavar="N", help="generate N requests")
+    size.add_argument(
+        "--duration-s",
+        type=float,
+        metavar="S",
+        help="generate arrivals for S seconds (servegen: the window length, default 600)",
+    )
     p.add_argument(
         "--prompt-len", metavar="DIST", help="N | uniform:LO:HI | lognormal:MED:SIGMA[:MAX]"
     )
@@ -217,6 +262,17 @@ def cmd_import(args: argparse.Namespace) -> int:
             trace = trace.take(np.flatnonzero(keep))
     extra = f"; dropped {dropped} over {args.max_total_len} tokens" if dropped else ""
     return _write(trace, args, extra)
+
+
+def cmd_cut(args: argparse.Namespace) -> int:
+    src = read_trace(args.file)
+    cut = cut_trace(
+        src, args.from_s, args.to_s, args.speedup, args.max_prompt_len, source=str(args.file)
+    )
+    extra = f"; {cut.in_window:,} of {len(src):,} requests in [{args.from_s:g}, {args.to_s:g}) s"
+    if cut.dropped_long_prompt:
+        extra += f", dropped {cut.dropped_long_prompt:,} with prompts over {args.max_prompt_len}"
+    return _write(cut.trace, args, extra)
 
 
 def cmd_synth(args: argparse.Namespace) -> int:

@@ -1,15 +1,15 @@
 """`python -m sim whatif TRACE`: each seed switch, the async depth, the spec method and the GC
-settings flipped alone against one baseline config (DESIGN.md Contract 4).
+settings flipped alone against one baseline config.
 
 Every variant is one predicted run of the same trace. Runs go to a local process pool; results
-are keyed by variant and written in the fixed order of `VARIANTS`, so `whatif.json` is the same
+are keyed by variant and written in a fixed variant order, so `whatif.json` is the same
 bytes whatever the pool size or completion order. Variants whose config equals the baseline's
 (or an earlier variant's) reuse that run. Output, in `-o DIR`:
 
-  whatif.json       {variant: {metric: {"baseline": x, "variant": y}}}   (METRICS, None = n/a)
+  whatif.json       {variant: {metric: {"baseline": x, "variant": y}}}   (None = n/a)
   whatif-info.json  trace, baseline config, and per variant: its overrides, the run it shares,
                     and a note when the switch cannot act under this baseline
-  runs/<variant>/   each run folder (Contract 3), with --keep-runs only
+  runs/<variant>/   each variant's run folder (as `sim run` writes it), with --keep-runs only
 """
 
 from __future__ import annotations
@@ -283,11 +283,17 @@ def run_plan(
                     pool.shutdown(cancel_futures=True)  # runs already started still finish
                 metrics, wall_s = f.result()  # re-raises a run's error
                 out[futs[f]] = metrics
-                log(
-                    f"[{len(out)}/{len(names)}] {futs[f]}: {wall_s:.1f} s "
-                    f"({time.monotonic() - t0:.0f} s elapsed)"
-                )
+                log(_progress_line(futs[f], wall_s, len(out), len(names), time.monotonic() - t0))
     return out
+
+
+def _progress_line(name: str, wall_s: float, done: int, total: int, elapsed_s: float) -> str:
+    """One line per finished run; time left assumes the runs left take as long as those done."""
+    left = f", ~{elapsed_s * (total - done) / done:.0f} s left" if done < total else ""
+    return (
+        f"[{done}/{total}] {name}: {wall_s:.1f} s ({100 * done / total:.0f} %, "
+        f"{elapsed_s:.0f} s elapsed{left})"
+    )
 
 
 def assemble(plan: Plan, results: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from core.runfmt.tables import (
     requests_table,
     steps_table,
 )
-from core.runfmt.timeline import DEFAULT_MAX_STEPS, build_timeline, cut_time
+from core.runfmt.timeline import DEFAULT_MAX_STEPS, build_timeline, window
 
 SUMMARY, REQUESTS, STEPS, GC_PAUSES, TIMELINE = (
     "summary.json",
@@ -105,11 +105,14 @@ def write_run(
     source: dict[str, Any],
     complete: bool = True,
     extra: dict[str, Any] | None = None,
-    timeline_max_steps: int = DEFAULT_MAX_STEPS,
+    timeline_max_steps: int | None = DEFAULT_MAX_STEPS,
+    timeline_from_s: float = 0.0,
 ) -> dict[str, Any]:
     """Write the run folder `out_dir`; returns the summary. `config` is a core.config.Config
     or its dict; `trace` is {path, sha256, rows}; `source` {"kind": "sim"} or
-    {"kind": "replay", "gpu": name, ...}; `extra` keys are added to summary.json."""
+    {"kind": "replay", "gpu": name, ...}; `extra` keys are added to summary.json.
+    timeline.json holds `timeline_max_steps` steps (None: all) from the first step that starts
+    at or after `timeline_from_s` (core.runfmt.timeline.window)."""
     out = Path(out_dir)
     _check_source(source)
     _check_trace(trace)
@@ -120,8 +123,9 @@ def write_run(
     else:
         frozen = rec
         validate(frozen)
-    bub = account_bubbles(frozen, pieces_until_s=cut_time(frozen, timeline_max_steps))
-    timeline = build_timeline(frozen, bub, source["kind"], timeline_max_steps)
+    pieces_until_s = window(frozen, timeline_max_steps, timeline_from_s).to_s
+    bub = account_bubbles(frozen, pieces_until_s=pieces_until_s)
+    timeline = build_timeline(frozen, bub, source["kind"], timeline_max_steps, timeline_from_s)
     summary = build_summary(
         frozen,
         bub,

@@ -4,15 +4,16 @@ The same tracks for sim and replay, named by metadata events:
   pid 1 "CPU":      tid 1 "engine thread" (CPU phases and sync waits), tid 2 "gc pauses"
   pid 2 "GPU":      tid 1 "gpu stream" (one event per step), tid 2 "bubbles" (named by cause)
   pid 3 "requests": counter "requests in engine" (arrived, unfinished)
-Complete events ("X") carry ts and dur in microseconds since the trace start. A long run is cut
-to its first `max_steps` steps: every track stops at the last time those steps recorded, and
-`otherData` says how many steps were exported.
+Complete events ("X") carry ts and dur in microseconds since the trace start. A long run is
+exported as a window of `max_steps` steps (all of them with None) from the first step that
+starts at or after `from_s`: every track keeps what starts in [from_s, the last time those steps
+recorded), and `otherData` says which steps and times were exported.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -97,28 +98,52 @@ def _spans(
     ]
 
 
-def cut_time(rec: Recording, max_steps: int) -> float:
-    """The last time the first `max_steps` steps recorded (inf when nothing is cut)."""
-    if rec.num_steps <= max_steps:
-        return math.inf
-    k = max_steps
-    ends = np.concatenate((rec.phase_end[:k].ravel(), rec.gpu_end[:k]))
+class Window(NamedTuple):
+    """The steps [first_step, end_step) and the times [from_s, to_s) a timeline exports."""
+
+    first_step: int
+    end_step: int
+    from_s: float
+    to_s: float  # inf: to the end of the run
+
+
+def step_starts(rec: Recording) -> np.ndarray:
+    """Each step's earliest recorded time (NaN for a step with none)."""
+    if rec.num_steps == 0:
+        return np.zeros(0)
+    return np.fmin.reduce(np.column_stack((rec.phase_start, rec.gpu_start)), axis=1)
+
+
+def window(rec: Recording, max_steps: int | None, from_s: float = 0.0) -> Window:
+    """`max_steps` steps (None: all) from the first step starting at or after `from_s`."""
+    n = rec.num_steps
+    later = np.flatnonzero(step_starts(rec) >= from_s) if from_s > 0 else np.arange(min(n, 1))
+    k0 = int(later[0]) if later.size else n
+    k1 = n if max_steps is None else min(n, k0 + max_steps)
+    if k1 >= n:
+        return Window(k0, k1, from_s, math.inf)
+    ends = np.concatenate((rec.phase_end[:k1].ravel(), rec.gpu_end[:k1]))
     ends = ends[np.isfinite(ends)]
-    return float(ends.max()) if ends.size else -math.inf
+    return Window(k0, k1, from_s, float(ends.max()) if ends.size else -math.inf)
 
 
 def build_timeline(
-    rec: Recording, bub: Bubbles, source_kind: str, max_steps: int = DEFAULT_MAX_STEPS
+    rec: Recording,
+    bub: Bubbles,
+    source_kind: str,
+    max_steps: int | None = DEFAULT_MAX_STEPS,
+    from_s: float = 0.0,
 ) -> dict[str, Any]:
-    cut = cut_time(rec, max_steps)
+    w = window(rec, max_steps, from_s)
+    lo, cut = w.from_s, w.to_s
     ev = _metadata()
     for j, p in enumerate(CPU_PHASES):
         s, e = rec.phase_start[:, j], rec.phase_end[:, j]
-        steps = np.flatnonzero(np.isfinite(s) & (s < cut))
+        steps = np.flatnonzero(np.isfinite(s) & (s >= lo) & (s < cut))
         ev += _spans(
             p, "cpu", PID_CPU, TID_CPU, s[steps], e[steps], [{"step": i} for i in steps.tolist()]
         )
-    ok = rec.sync_start < cut
+    ok = (rec.sync_start >= lo) & (rec.sync_start < cut)
     ev += _spans(
         "sync",
         "sync",
@@ -128,7 +153,7 @@ def build_timeline(
         rec.sync_end[ok],
         [{"step": i} for i in rec.sync_step[ok].tolist()],
     )
-    ok = rec.gc_start < cut
+    ok = (rec.gc_start >= lo) & (rec.gc_start < cut)
     gc_args = [
         {"step": st, "generation": g, "phase": ph}
         for st, g, ph in zip(
@@ -138,8 +163,8 @@ def build_timeline(
     ev += _spans(
         "gc", "gc", PID_CPU, TID_GC, rec.gc_start[ok], rec.gc_start[ok] + rec.gc_dur[ok], gc_args
     )
-    ev += _gpu_events(rec, cut)
-    ok = bub.piece_start < cut
+    ev += _gpu_events(rec, lo, cut)
+    ok = (bub.piece_start >= lo) & (bub.piece_start < cut)
     names = [CAUSES[c] for c in bub.piece_cause[ok].tolist()]
     ev += _spans(
         names,
@@ -150,8 +175,8 @@ def build_timeline(
         bub.piece_end[ok],
         [{}] * len(names),
     )
-    ev += _request_counter(rec, bub.end_s, cut)
-    exported = min(rec.num_steps, max_steps)
+    ev += _request_counter(rec, bub.end_s, lo, cut)
+    exported = w.end_step - w.first_step
     return {
         "traceEvents": ev,
         "displayTimeUnit": "ms",
@@ -160,13 +185,18 @@ def build_timeline(
             "time_unit": "microseconds since trace start",
             "steps_total": rec.num_steps,
             "steps_exported": exported,
+            "first_step": w.first_step,
+            "last_step": w.end_step - 1 if exported else None,
+            "from_s": lo,
+            "to_s": cut if math.isfinite(cut) else None,  # None: to the end of the run
             "truncated": exported < rec.num_steps,
         },
     }
 
 
-def _gpu_events(rec: Recording, cut: float) -> list[dict[str, Any]]:
-    steps = np.flatnonzero(np.isfinite(rec.gpu_start) & (rec.gpu_start < cut))
+def _gpu_events(rec: Recording, lo: float, cut: float) -> list[dict[str, Any]]:
+    g = rec.gpu_start
+    steps = np.flatnonzero(np.isfinite(g) & (g >= lo) & (g < cut))
     cols = [SHAPE_FIELDS.index(f) for f in _GPU_ARGS]
     shape = rec.shape[steps][:, cols].tolist()
     prefill = rec.shape[steps, SHAPE_FIELDS.index("num_prefill_reqs")] > 0
@@ -175,15 +205,20 @@ def _gpu_events(rec: Recording, cut: float) -> list[dict[str, Any]]:
     return _spans(names, "gpu", PID_GPU, TID_GPU, rec.gpu_start[steps], rec.gpu_end[steps], args)
 
 
-def _request_counter(rec: Recording, end_s: float, cut: float) -> list[dict[str, Any]]:
-    """A counter sample at every arrival and finish: arrived, unfinished requests."""
+def _request_counter(rec: Recording, end_s: float, lo: float, cut: float) -> list[dict[str, Any]]:
+    """A counter sample at every arrival and finish: arrived, unfinished requests (and, for a
+    window that starts later, one at its start with the level then)."""
     finish = np.where(np.isnan(rec.finish), end_s, rec.finish)
     t = np.concatenate((rec.arrival, finish))
     delta = np.concatenate((np.ones(rec.arrival.size), -np.ones(finish.size)))
     order = np.lexsort((delta, t))  # at equal times, finishes before arrivals
     t, level = t[order], np.cumsum(delta[order])
     last = np.concatenate((t[1:] != t[:-1], [True])) if t.size else np.zeros(0, bool)
-    keep = last & (t < cut)  # one sample per distinct time: the level after all its events
+    keep = last & (t >= lo) & (t < cut)  # one sample per distinct time: the level after it
+    if lo > 0 and t.size and t[0] < lo and not np.any(t == lo):
+        before = np.flatnonzero(t < lo)[-1]  # the level at `lo`: after the last event before it
+        t, level = np.concatenate(([lo], t)), np.concatenate(([level[before]], level))
+        keep = np.concatenate(([True], keep))
     return [
         {
             "name": "requests in engine",

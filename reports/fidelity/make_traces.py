@@ -22,38 +22,39 @@ from pathlib import Path
 import numpy as np
 
 from core.trace import Trace, make_trace, read_trace, write_trace
+from core.tracecut import cut_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "traces" / "fidelity"
 
 
-def window(t: Trace, seconds: float, speedup: float = 1.0) -> Trace:
-    rows = np.flatnonzero(t.arrival_s < seconds * speedup)
-    w = t.take(rows)
-    return replace(w, arrival_s=w.arrival_s / speedup, metadata={
-        **t.metadata, "description": f"first {seconds * speedup:g} s of "
-        f"{t.metadata.get('description', 'a bundled trace')} at {speedup:g}x",
-    })  # fmt: skip
+def window(t: Trace, seconds: float, speedup: float = 1.0, max_prompt_len: int | None = None,
+           source: str | None = None) -> Trace:
+    """The first `seconds` x `speedup` s of `t`, compressed into `seconds` (the same operation
+    as `python -m sim trace cut --from-s 0 --to-s SECONDS*SPEEDUP --speedup SPEEDUP`)."""
+    return cut_trace(t, 0.0, seconds * speedup, speedup, max_prompt_len, source).trace
 
 
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def main(out: Path = OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     az = read_trace(ROOT / "traces" / "azure_conv.parquet")
-    write_trace(window(az, 45), OUT / "azure45.parquet")
-    write_trace(window(az, 45, 4.0), OUT / "azure45x4.parquet")
-    rs = window(read_trace(ROOT / "traces" / "reasoning.parquet"), 45, 4.0)
+    write_trace(window(az, 45, source="traces/azure_conv.parquet"), out / "azure45.parquet")
+    az4 = window(az, 45, 4.0, source="traces/azure_conv.parquet")
+    write_trace(az4, out / "azure45x4.parquet")
+    rs = read_trace(ROOT / "traces" / "reasoning.parquet")
+    rs = window(rs, 45, 4.0, source="traces/reasoning.parquet")
     rs = replace(rs, output_len=np.minimum(rs.output_len, 2048).astype(np.int32),
                  needs_history=np.ones(len(rs), dtype=bool))  # fmt: skip
-    write_trace(rs, OUT / "reasoning45.parquet")
-    mc = window(read_trace(ROOT / "traces" / "mooncake.parquet"), 45)
-    keep = np.flatnonzero(mc.prompt_len <= 16384)
-    write_trace(mc.take(keep), OUT / "mooncake45.parquet")
+    write_trace(rs, out / "reasoning45.parquet")
+    mc = read_trace(ROOT / "traces" / "mooncake.parquet")
+    mc = window(mc, 45, max_prompt_len=16384, source="traces/mooncake.parquet")
+    write_trace(mc, out / "mooncake45.parquet")
     n = 128
     s3 = make_trace(np.zeros(n), np.full(n, 4096), np.full(n, 6000),
                     needs_history=np.ones(n, dtype=bool))  # fmt: skip
     s3.metadata["description"] = "seed 3 scenario at 1/10 output length (128 x 4096 in / 6000 out)"
-    write_trace(s3, OUT / "seed3_scaled.parquet")
-    for p in sorted(OUT.glob("*.parquet")):
+    write_trace(s3, out / "seed3_scaled.parquet")
+    for p in sorted(out.glob("*.parquet")):
         t = read_trace(p)
         print(
             f"{p.name:24} {len(t):6d} req  span {t.arrival_s.max():6.1f} s  "

@@ -11,6 +11,7 @@ from typing import Any
 
 from core.cli import add_config_args, config_from_args
 from core.outplace import OutKind, output_place
+from sim.plan.report import sustains
 from sim.plan.spec import ROUTERS, SLO_KEYS, PlanError, load_plan_spec
 from sim.plan.sweep import SweepStats
 
@@ -39,7 +40,9 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--candidates",
         metavar="FILE.toml",
-        help="candidate grid, prices, search options (see sim/plan/spec.py)",
+        help="TOML file of candidates: [grid] lists values per config key (a product), each "
+        "[[config]] adds its own, [prices] gives USD per GPU-hour by GPU name, [search] sets "
+        "search options (max_replicas, loads, max_load_factor, ...)",
     )
     p.add_argument(
         "--vary",
@@ -63,7 +66,12 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         metavar="X,Y,...",
         help="trace-load multiples to size fleets for (1 is always included)",
     )
-    p.add_argument("--max-replicas", type=int, metavar="N")
+    p.add_argument(
+        "--max-replicas",
+        type=int,
+        metavar="N",
+        help="largest fleet tried per candidate and load (default 64)",
+    )
     p.add_argument("--router", choices=ROUTERS, help="router for candidates that name none")
     p.add_argument(
         "--no-early-stop",
@@ -92,24 +100,31 @@ def _search_over(args: argparse.Namespace) -> dict[str, Any]:
 
 
 class _Progress:
+    """Points run so far (a search does not know its total in advance): a redrawn line on a
+    terminal, elsewhere a plain line every LOG_EVERY_S seconds; nothing with -q."""
+
+    LOG_EVERY_S = 10.0
+
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
         self.t0 = time.monotonic()
-        self._last = 0.0
+        self._last = self.t0 if not self.tty else 0.0
 
     def __call__(self, st: SweepStats, running: int) -> None:
         now = time.monotonic()
-        if not self.enabled or now - self._last < 0.2:
+        if not self.enabled or now - self._last < (0.2 if self.tty else self.LOG_EVERY_S):
             return
         self._last = now
-        sys.stderr.write(
-            f"\rplan: {st.run} points run, {st.cached} reused, {running} running, "
+        text = (
+            f"plan: {st.run} points run, {st.cached} reused, {running} running, "
             f"{now - self.t0:.0f} s"
         )
+        sys.stderr.write(f"\r{text}" if self.tty else f"{text}\n")
         sys.stderr.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.enabled and self.tty:
             sys.stderr.write("\r\033[K")
 
 
@@ -170,11 +185,19 @@ def print_plan(plan: dict[str, Any], out: Path) -> None:
         )
     if len(rows) > 15:
         print(f"  ... {len(rows) - 15} more in plan.json")
+    if any(c["max_load_capped"] for c in rows):
+        cap = plan["search"]["max_load_factor"]
+        print(
+            f"  ≥: at least that: the load search stopped at its cap ({cap:g}x the trace's load) "
+            "still meeting the SLOs (raise max_load_factor in the candidates file's [search], or "
+            "use a longer or denser trace)"
+        )
     best = plan["best"]
     if best is None:
         print("  no candidate meets the SLOs at the trace's load (see report.html)")
     else:
         print(
             f"  best: {best['candidate']} x {best['replicas']} replica(s), "
-            f"${best['cost_per_mtok']:.3f} per million output tokens"
+            f"${best['cost_per_mtok']:.3f} per million output tokens; one replica sustains "
+            f"{sustains(best)} the trace's load"
         )

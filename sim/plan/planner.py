@@ -233,6 +233,9 @@ def _pick(entries: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -
         "candidate": e["name"],
         "candidate_index": e["index"],
         "max_load_factor": e["max_load_factor"],
+        # the load search stopped at its cap (search.max_load_factor) still passing: the
+        # replica sustains at least max_load_factor, how much more is unknown
+        "max_load_capped": e["max_load_capped"],
     }
 
 

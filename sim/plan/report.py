@@ -238,7 +238,7 @@ def cost_chart(shown: list[dict[str, Any]]) -> str | None:
                     c["cost_per_mtok_at_max_load"],
                     "#a0cbe8",
                     f"{short_name(c)}: ${c['cost_per_mtok_at_max_load']:.3f}/Mtok for one "
-                    f"replica at its highest sustained load ({c['max_load_factor']:g}x)",
+                    f"replica at its highest sustained load ({sustains(c)})",
                 )
             )
         rows.append((short_name(c)[:38], bars))
@@ -262,6 +262,11 @@ def cost_chart(shown: list[dict[str, Any]]) -> str | None:
 
 
 # ---- the page ----------------------------------------------------------------------------------
+def sustains(c: dict[str, Any]) -> str:
+    """'64x', or 'at least 64x' when the load search stopped at its cap still passing."""
+    return ("at least " if c.get("max_load_capped") else "") + f"{c['max_load_factor']:g}x"
+
+
 def _answer(plan: dict[str, Any]) -> str:
     best = plan["best"]
     if best is None:
@@ -285,7 +290,7 @@ def _answer(plan: dict[str, Any]) -> str:
         f"batches_in_flight={best['batches_in_flight']}, max_num_seqs={best['max_num_seqs']}, "
         f"max_num_batched_tokens={best['max_num_batched_tokens']}, "
         f"spec={escape(str(spec.get('method')))}, router={escape(best['router'])}; one replica "
-        f"sustains {best['max_load_factor']:g}x the trace's load.{extra}</div>"
+        f"sustains {sustains(best)} the trace's load.{extra}</div>"
     )
 
 
@@ -323,6 +328,18 @@ def _table(plan: dict[str, Any], ranked: list[dict[str, Any]]) -> str:
             f"<td>{len(c['load_curve']) + sum(len(f['tried']) for f in c['fleets'])}</td></tr>"
         )
     return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _capped_note(plan: dict[str, Any], ranked: list[dict[str, Any]]) -> str:
+    if not any(c["max_load_capped"] for c in ranked):
+        return ""
+    cap = plan["search"]["max_load_factor"]
+    return (
+        f'<p class="note">&gt;= in "max load": at least that. The load search stopped at its '
+        f"cap ({cap:g}x the trace's load) still meeting the SLOs, so the highest load one "
+        "replica sustains is unknown beyond it (raise max_load_factor in the candidates "
+        "file's [search] table, or plan on a longer or denser trace).</p>"
+    )
 
 
 def render(plan: dict[str, Any]) -> str:
@@ -363,6 +380,7 @@ def render(plan: dict[str, Any]) -> str:
         cost or '<p class="note">No candidate meets the SLOs: no cost to show.</p>',
         '<h2 id="candidates">All candidates</h2>',
         _table(plan, ranked),
+        _capped_note(plan, ranked),
         f'<p class="note">{st.get("points_run", 0)} points simulated, '
         f"{st.get('points_cached', 0)} reused from an earlier run, {st.get('wall_s', 0):.1f} s. "
         f"Code version {escape(plan.get('code_version', ''))}; prices are USD per GPU-hour "
