@@ -65,6 +65,7 @@ import numpy as np
 from core.config import Config
 from core.phases import CPU_PHASES, LAUNCH
 from core.runfmt import Run, load_run
+from replay.idle_start import fit_idle_start
 from replay.lsq import fit, numeric_rank
 from replay.outdir import atomic_file
 from replay.quality import active_terms_ms, evaluate, print_quality, stats
@@ -325,10 +326,15 @@ def calibrate(
 
     validate_profile(prof)
     used = merge_profile(base, prof) if base else prof
+    idle, idle_report = fit_idle_start(runs, used)  # needs the fitted decode pass
+    if idle is not None:
+        prof.setdefault("gpu_pass", {})["idle_start"] = idle
+        used = merge_profile(base, prof) if base else prof
     quality = evaluate(used, runs, steps)
     quality.update(_gpu_fit_quality(used, joined, joined_y, fit_rows, len(steps)))
     if straggler:
         quality["gpu_pass.decode.straggler"] = straggler
+    quality["gpu_pass.idle_start"] = idle_report
     if sweep is not None:
         quality.update(_sweep_quality(used, steps, gpu_y, sweep, gterms, dterms, notes))
     return Calibration(prof, quality, notes, list(sweep.paths) if sweep is not None else [])

@@ -58,3 +58,27 @@ def test_idle_scale_is_validated(tmp_path: Path) -> None:
         load_cost_model(cfg)
     cfg = load_config(None, ["model=llama3.2-1b"])
     assert load_cost_model(cfg).idle_start_scale == 1.0
+
+
+def test_calibrate_recovers_the_idle_scale(tmp_path: Path) -> None:
+    """A run made with scale 0.6 (as a measured run: its summary says replay) gives back 0.6
+    from the decode model it was made with."""
+    import sim.run as simrun
+    from core.runfmt import load_run
+    from replay.idle_start import fit_idle_start
+
+    n = 40
+    trace = trace_file(tmp_path, "t", np.linspace(0, 2.0, n), 200, np.full(n, 80))
+    decode = {"intercept": 1.2, "kv_read_tokens": 2e-5}
+    made = {"version": 1, "gpu_pass": {"decode": decode, "idle_start": {"scale": 0.6}}}
+    (tmp_path / "p.json").write_text(json.dumps(made))
+    cfg = load_config(None, ["model=llama3.2-1b", "batches_in_flight=1",
+                             f"profile={tmp_path / 'p.json'}"])  # fmt: skip
+    simrun.simulate(cfg, trace, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary["source"]["kind"] = "replay"
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    fit_with = {"version": 1, "gpu_pass": {"decode": decode}}
+    table, report = fit_idle_start([load_run(tmp_path / "run")], fit_with)
+    assert table is not None and report["steps"] >= 30
+    assert table["scale"] == pytest.approx(0.6, abs=0.01)

@@ -1,0 +1,111 @@
+"""Predict measured check runs with ONE committed profile and compare (the generalization
+protocol of reports/fidelity/README.md: the profile never saw these workloads).
+
+    python reports/fidelity/checks.py PROFILE RUNS_DIR --gpu h100 [--tag TAG] [--out DIR]
+
+RUNS_DIR holds measured run folders named `<model tag>-<check>` (reports/fidelity/gpu_checks.sh);
+each is predicted by `sim run` on its own trace (summary.json trace.path) with the measured
+run's own config (KV budget, depth, spec decoding, arrival mode) plus PROFILE, compared with
+`replay compare`, and judged against the targets. Writes DIR/<gpu>-<run>[-TAG].json and
+DIR/<gpu>-checks[-TAG].md (a table with verdicts); the calibration run (`*-calib`) is listed
+as such, not as a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+# (metric key in fidelity.json, column, target: |rel error| <= x, or |points| <= x for bubbles)
+TARGETS = [
+    ("output_tok_per_s", "tok/s", 0.03),
+    ("tpot_s.p50", "TPOT p50", 0.05),
+    ("tpot_s.p99", "TPOT p99", 0.10),
+    ("ttft_s.p50", "TTFT p50", 0.10),
+    ("e2e_s.p50", "e2e p50", 0.05),
+    ("bubble_fraction", "bubble", 2.0),
+    ("gpu_ms_mean", "GPU ms/step", None),
+]
+CONFIG_KEYS = ["model", "num_kv_blocks", "batches_in_flight", "max_num_seqs", "cuda_graphs",
+               "max_num_batched_tokens", "block_size", "chunked_prefill", "prefix_caching",
+               "gc_freeze", "optimistic_spec_decode", "preallocated_backup_tokens",
+               "accepted_count_by_sum", "reverse_placeholder_scan", "arrival",
+               "cuda_graphs_mixed"]  # fmt: skip
+
+
+def sh(*args: str) -> None:
+    r = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(args)} failed:\n{r.stderr[-2000:]}")
+
+
+def sim_sets(cfg: dict, profile: Path, gpu: str) -> list[str]:
+    sets = [f"{k}={cfg[k]}" for k in CONFIG_KEYS if k in cfg]
+    sets += [f"spec.{k}={v}" for k, v in cfg["spec"].items()]
+    sets += [f"gpu={gpu}", f"profile={profile}"]
+    return [x for s in sets for x in ("--set", s)]
+
+
+def cell(data: dict, key: str, target: float | None) -> str:
+    m = data["metrics"].get(key, {})
+    if key == "bubble_fraction":
+        e = m.get("abs_error_points")
+        if e is None:
+            return "-"
+        return f"**{e:+.2f} pt**" if target is not None and abs(e) <= target else f"{e:+.2f} pt"
+    e = m.get("rel_error")
+    if e is None:
+        return "-"
+    ok = target is not None and abs(e) <= target
+    return f"**{100 * e:+.1f} %**" if ok else f"{100 * e:+.1f} %"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("profile", type=Path)
+    ap.add_argument("runs", type=Path)
+    ap.add_argument("--gpu", required=True)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out", type=Path, default=HERE)
+    args = ap.parse_args()
+    sfx = f"-{args.tag}" if args.tag else ""
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for meas in sorted(p for p in args.runs.iterdir() if (p / "summary.json").is_file()):
+        summary = json.loads((meas / "summary.json").read_text())
+        if summary["source"]["kind"] != "replay":
+            continue
+        trace = ROOT / summary["trace"]["path"]
+        pred = args.runs / f"sim-{meas.name}{sfx}"
+        sh("-m", "sim", "run", str(trace), "-q", "--force", "-o", str(pred),
+           *sim_sets(summary["config"], args.profile, args.gpu))  # fmt: skip
+        fid = args.runs / f"fid-{meas.name}{sfx}"
+        sh("-m", "replay", "compare", str(pred), str(meas), "--force", "-o", str(fid))
+        data = json.loads((fid / "fidelity.json").read_text())
+        data["role"] = "calibration" if meas.name.endswith("-calib") else "check"
+        data["profile"] = str(args.profile)
+        (args.out / f"{args.gpu}-{meas.name}{sfx}.json").write_text(json.dumps(data, indent=1))
+        rows.append((meas.name, data))
+    head = "| run | role | " + " | ".join(c for _, c, _ in TARGETS) + " |"
+    table = [head, "|---" * (len(TARGETS) + 2) + "|"]
+    for name, data in rows:
+        cells = [cell(data, k, t) for k, _, t in TARGETS]
+        table.append(f"| {name} | {data['role']} | " + " | ".join(cells) + " |")
+    checks = [d for _, d in rows if d["role"] == "check"]
+    for key, col, target in TARGETS:
+        if target is None:
+            continue
+        met = sum(1 for d in checks if cell(d, key, target).startswith("**"))
+        table.append(f"\n{col}: {met}/{len(checks)} checks within target")
+    text = "\n".join(table) + "\n"
+    (args.out / f"{args.gpu}-checks{sfx}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
