@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from core.config import ConfigError
+from core.rope import ROPE_TYPES, rope_fields
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -26,13 +27,31 @@ class ModelSpec:
     intermediate_size: int
     max_context: int  # tokens (max_position_embeddings)
     rope_theta: float = 500_000.0
-    # Llama-3 style RoPE scaling (factor 0 = none): factor, low/high freq factor, original ctx
+    # RoPE as transformers' rope_type (core.rope.ROPE_TYPES; engine.rope computes the tables).
+    # factor: linear/dynamic/llama3/yarn (0 exactly when default); low/high freq factor: llama3;
+    # original ctx: llama3/yarn pretraining length, dynamic's max_position_embeddings (the NTK
+    # base grows past it); beta_fast/slow, truncate: yarn; attention factor: yarn's cos/sin scale
+    rope_type: str = "default"
     rope_scaling_factor: float = 0.0
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_context: int = 8192
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True
+    rope_attention_factor: float = 1.0
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"model '{self.name}': rope_type {self.rope_type!r} is not one of "
+                             f"{', '.join(ROPE_TYPES)}")  # fmt: skip
+        if (self.rope_type == "default") != (self.rope_scaling_factor == 0):
+            raise ValueError(
+                f"model '{self.name}': rope_scaling_factor {self.rope_scaling_factor} does not "
+                f"fit rope_type {self.rope_type!r} (0 exactly when 'default')"
+            )
 
     @property
     def q_size(self) -> int:
@@ -80,7 +99,6 @@ class ModelSpec:
         try:
             heads = cfg["num_attention_heads"]
             hidden = cfg["hidden_size"]
-            rs = cfg.get("rope_scaling") or {}
             return ModelSpec(
                 name=name or str(Path(path).parent.name),
                 vocab_size=cfg["vocab_size"],
@@ -88,22 +106,21 @@ class ModelSpec:
                 num_layers=cfg["num_hidden_layers"],
                 num_heads=heads,
                 num_kv_heads=cfg.get("num_key_value_heads", heads),
-                head_dim=cfg.get("head_dim", hidden // heads),
+                head_dim=cfg.get("head_dim") or hidden // heads,
                 intermediate_size=cfg["intermediate_size"],
                 max_context=cfg.get("max_position_embeddings", 8192),
-                rope_theta=float(cfg.get("rope_theta", 10_000.0)),
-                rope_scaling_factor=float(rs.get("factor", 0.0)) if rs else 0.0,
-                rope_low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
-                rope_high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
-                rope_original_max_context=int(rs.get("original_max_position_embeddings", 8192)),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                **rope_fields(cfg),
             )
         except KeyError as e:
             raise ValueError(f"checkpoint config '{path}': missing key {e.args[0]!r}") from None
+        except ValueError as e:
+            raise ValueError(f"checkpoint config '{path}': {e}") from None
 
 
 _LLAMA31_ROPE: dict[str, Any] = dict(
+    rope_type="llama3",
     rope_theta=500_000.0,
     rope_scaling_factor=8.0,
     rope_low_freq_factor=1.0,

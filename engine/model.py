@@ -17,6 +17,7 @@ from torch import nn
 
 from core.models import ModelSpec
 from engine.attention import AttentionMetadata, PagedAttention
+from engine.rope import rope_tables
 
 INIT_STD = 0.02
 # Steps of at most this many tokens (decode batches) run their GEMMs through the Triton skinny
@@ -40,35 +41,16 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
-    """float64 [head_dim // 2] inverse frequencies, with Llama-3 scaling when factor > 0."""
-    dim = spec.head_dim
-    inv_freq = 1.0 / spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    factor = spec.rope_scaling_factor
-    if factor <= 0:
-        return inv_freq
-    low, high = spec.rope_low_freq_factor, spec.rope_high_freq_factor
-    old_len = spec.rope_original_max_context
-    wavelen = 2 * math.pi / inv_freq
-    # long wavelengths (low frequency) are divided by factor, short kept, the middle blended
-    smooth = ((old_len / wavelen - low) / (high - low)).clamp(0.0, 1.0)
-    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    medium = (wavelen <= old_len / low) & (wavelen >= old_len / high)
-    return torch.where(medium, blended, scaled)
-
-
 class RotaryEmbedding(nn.Module):
-    """Precomputed float32 cos/sin [max_positions, head_dim // 2]; rotate-half (HF Llama) form."""
+    """Precomputed float32 cos/sin [max_positions, head_dim // 2] of the spec's rope_type
+    (engine.rope); rotate-half (HF Llama) form."""
 
     def __init__(self, spec: ModelSpec, max_positions: int, device: torch.device, kernels=None):
         super().__init__()
         self.kernels = kernels  # engine.kernels for the fused in-place kernel, else None
-        inv_freq = rope_inv_freq(spec).to(device)
-        angles = torch.arange(max_positions, dtype=torch.float64, device=device)[:, None]
-        angles = angles * inv_freq[None, :]
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        cos, sin = rope_tables(spec, max_positions, device)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """x [T, H, D] rotated by each token's position, in fp32 (in place with the kernel)."""

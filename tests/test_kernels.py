@@ -154,8 +154,8 @@ def _rotary(head_dim: int, device: str = "cpu"):
     from core.models import PRESETS
     from engine.model import RotaryEmbedding
 
-    spec = replace(PRESETS["tiny"], head_dim=head_dim, rope_scaling_factor=8.0,
-                   rope_original_max_context=64)  # fmt: skip
+    spec = replace(PRESETS["tiny"], head_dim=head_dim, rope_type="llama3",
+                   rope_scaling_factor=8.0, rope_original_max_context=64)  # fmt: skip
     return RotaryEmbedding(spec, 9000, torch.device(device))
 
 
@@ -463,7 +463,8 @@ def test_interp_rope_in_place_on_strided_qk(dtype, tol):
     from engine.kernels import rope_inplace
     from engine.model import RotaryEmbedding
 
-    spec = replace(PRESETS["tiny"], rope_scaling_factor=8.0, rope_original_max_context=64)
+    spec = replace(PRESETS["tiny"], rope_type="llama3", rope_scaling_factor=8.0,
+                   rope_original_max_context=64)  # fmt: skip
     rotary = RotaryEmbedding(spec, 300, torch.device("cpu"))
     gen = torch.Generator().manual_seed(1)
     qkv = torch.randn(7, 8 * 16, generator=gen).to(dtype)  # 4 q + 2 k + 2 v heads

@@ -15,11 +15,16 @@ import torch.nn.functional as F
 
 from core.models import PRESETS, ModelSpec
 from engine.attention import AttentionMetadata
-from engine.model import LlamaModel, allocate_kv_cache, rope_inv_freq
+from engine.model import LlamaModel, allocate_kv_cache
+from engine.rope import rope_inv_freq
 
 # tiny, with Llama-3 RoPE scaling whose bands fall inside this head_dim's frequencies
 SPEC = replace(
-    PRESETS["tiny"], rope_scaling_factor=8.0, rope_original_max_context=64, max_context=256
+    PRESETS["tiny"],
+    rope_type="llama3",
+    rope_scaling_factor=8.0,
+    rope_original_max_context=64,
+    max_context=256,
 )
 
 
@@ -59,7 +64,7 @@ def _inv_freq_reference(s: ModelSpec) -> list[float]:
     out = []
     for i in range(0, s.head_dim, 2):
         f = 1.0 / s.rope_theta ** (i / s.head_dim)
-        if s.rope_scaling_factor > 0:
+        if s.rope_type == "llama3":
             old = s.rope_original_max_context
             wavelen = 2 * math.pi / f
             if wavelen > old / s.rope_low_freq_factor:
@@ -177,7 +182,8 @@ def test_rope_inv_freq_matches_hf_formula():
     for spec in (SPEC, PRESETS["llama3-8b"], PRESETS["llama3.2-1b"], PRESETS["tiny"]):
         ref = torch.tensor(_inv_freq_reference(spec), dtype=torch.float64)
         assert torch.allclose(rope_inv_freq(spec), ref, rtol=1e-12, atol=0)
-    scaled, plain = rope_inv_freq(SPEC), rope_inv_freq(replace(SPEC, rope_scaling_factor=0))
+    scaled = rope_inv_freq(SPEC)
+    plain = rope_inv_freq(replace(SPEC, rope_type="default", rope_scaling_factor=0))
     assert (scaled < plain).any() and (scaled == plain).any()  # some bands scaled, some not
 
 
