@@ -15,6 +15,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("trace", help="trace parquet file")
     add_config_args(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-steps",
+        action="store_true",
+        help="leave out the step records (steps.parquet, timeline.json): summary.json, "
+        "requests.parquet and gc.parquet only, for planning-style runs",
+    )
     p.set_defaults(func=cmd_run)
     _optional(sub, "sim.tracecmd", "add_trace_parser")
     _optional(sub, "sim.whatif", "add_whatif_parser")
@@ -62,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.output or Path("runs") / f"sim-{Path(args.trace).stem}")
     bar = Progress(f"simulating {Path(args.trace).name}", not args.quiet)
     try:
-        res = simulate(cfg, args.trace, out, progress=bar)
+        res = simulate(cfg, args.trace, out, progress=bar, steps=not args.no_steps)
     finally:
         bar.close()
     print_summary(res.summary, out, res.wall_s)

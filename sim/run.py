@@ -90,8 +90,10 @@ def simulate(
     out_dir: str | Path | None = None,
     progress: Callable[[int, int], None] | None = None,
     cost: CostModel | None = None,
+    steps: bool = True,
 ) -> SimResult:
-    """Run the simulator; write the run folder when `out_dir` is given."""
+    """Run the simulator; write the run folder when `out_dir` is given (without its step
+    records when `steps` is False: `write_run`)."""
     model = with_context(get_model(cfg.model), cfg.max_model_len)
     trace = read_trace(trace_path, model)
     gpu = get_gpu(cfg.gpu)
@@ -140,6 +142,7 @@ def simulate(
             trace=trace_info(trace_path),
             source={"kind": "sim"},
             extra=extra,
+            steps=steps,
         )
     else:
         summary = {"extra": extra}
