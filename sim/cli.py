@@ -7,7 +7,9 @@ import sys
 import time
 from pathlib import Path
 
-from core.cli import add_config_args, config_from_args
+from core.cli import add_config_args
+from core.config import Config
+from core.scenario import Scenario, config_for_trace
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +23,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         help="leave out the step records (steps.parquet, timeline.json): summary.json, "
         "requests.parquet and gc.parquet only, for planning-style runs",
     )
+    add_scenario_arg(p)
     p.set_defaults(func=cmd_run)
     _optional(sub, "sim.tracecmd", "add_trace_parser")
     _optional(sub, "sim.whatif", "add_whatif_parser")
@@ -60,15 +63,34 @@ class Progress:
             sys.stderr.write("\r\033[K")
 
 
+def add_scenario_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-scenario",
+        action="store_true",
+        help="ignore the scenario config the trace carries (core.scenario)",
+    )
+
+
+def trace_config(args: argparse.Namespace) -> tuple[Config, Scenario | None]:
+    """The config for `args.trace`: defaults < its scenario < --config < --set; says so
+    when a scenario was applied (stdout, before any result)."""
+    cfg, scenario = config_for_trace(args.trace, args.config, args.sets, not args.no_scenario)
+    if scenario is not None:
+        print(scenario.line(), flush=True)
+    return cfg, scenario
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.report import print_summary
     from sim.run import simulate
 
-    cfg = config_from_args(args)
+    cfg, scenario = trace_config(args)
     out = Path(args.output or Path("runs") / f"sim-{Path(args.trace).stem}")
     bar = Progress(f"simulating {Path(args.trace).name}", not args.quiet)
     try:
-        res = simulate(cfg, args.trace, out, progress=bar, steps=not args.no_steps)
+        res = simulate(
+            cfg, args.trace, out, progress=bar, steps=not args.no_steps, scenario=scenario
+        )
     finally:
         bar.close()
     print_summary(res.summary, out, res.wall_s)

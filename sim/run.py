@@ -15,6 +15,7 @@ from core.policy import Scheduler
 from core.policy.sizing import kv_blocks_for_gpu, scheduler_config
 from core.request import Request
 from core.runfmt import RunRecorder, trace_info, write_run
+from core.scenario import Scenario
 from core.trace import Trace, TraceError, read_trace
 from sim.acceptance import AcceptanceModel
 from sim.cost import CostModel, load_cost_model
@@ -91,9 +92,11 @@ def simulate(
     progress: Callable[[int, int], None] | None = None,
     cost: CostModel | None = None,
     steps: bool = True,
+    scenario: Scenario | None = None,
 ) -> SimResult:
     """Run the simulator; write the run folder when `out_dir` is given (without its step
-    records when `steps` is False: `write_run`)."""
+    records when `steps` is False: `write_run`). A `scenario` the config came from is recorded
+    in the summary (`scenario`: the trace and the keys it set)."""
     model = with_context(get_model(cfg.model), cfg.max_model_len)
     trace = read_trace(trace_path, model)
     gpu = get_gpu(cfg.gpu)
@@ -133,6 +136,8 @@ def simulate(
             else "defaults",
         }
     }
+    if scenario is not None:
+        extra["scenario"] = {"trace": scenario.trace, "keys": scenario.flat()}
     summary: dict[str, Any]
     if out_dir is not None:
         summary = write_run(
