@@ -29,7 +29,7 @@ TYPE_KEY = b"bubblesim.type"  # the column's type in the run format: "float64" o
 REF_KEY = b"bubblesim.ref"  # float64: the column whose bits were subtracted ("" = none)
 DIFFED_KEY = b"bubblesim.diffed"  # float64: "1" = the row differences of those bits stored
 ZSTD_LEVEL = 3  # levels 6-9 save ~5 % more here and take twice the time
-_SAMPLE_WINDOWS, _WINDOW_ROWS = 64, 129  # rows the tree is chosen on: 64 runs of 129
+_SAMPLE_WINDOWS, _WINDOW_ROWS = 32, 129  # rows the tree is chosen on: 32 runs of 129
 _INT32 = np.iinfo(np.int32)
 
 

@@ -26,12 +26,7 @@ from core.runfmt import codec
 from core.runfmt.bubbles import account_bubbles
 from core.runfmt.recording import Recording, validate
 from core.runfmt.records import RunRecorder
-from core.runfmt.summary import (
-    FORMAT,
-    READ_VERSIONS,
-    REQUIRED_KEYS,
-    build_summary,
-)
+from core.runfmt.summary import FORMAT, READ_VERSIONS, REQUIRED_KEYS, build_summary
 from core.runfmt.tables import (
     GC_COLUMNS,
     REQUEST_COLUMNS,
