@@ -257,14 +257,18 @@ def check_config(cfg: Config) -> None:
 
 # ---- running --------------------------------------------------------------------------------
 def run_one(
-    cfg: Config, trace_path: str, run_dir: str, steps: bool = True
+    cfg: Config,
+    trace_path: str,
+    run_dir: str,
+    steps: bool = True,
+    scenario: Scenario | None = None,
 ) -> tuple[dict[str, Any], float]:
     """One predicted run (in a pool worker): its metrics and wall seconds; `steps=False`
     leaves the step records out of its folder (only --keep-runs keeps the folders)."""
     from sim.run import simulate
 
     t0 = time.perf_counter()
-    res = simulate(cfg, trace_path, run_dir, steps=steps)
+    res = simulate(cfg, trace_path, run_dir, steps=steps, scenario=scenario)
     return metrics_of(res.summary), time.perf_counter() - t0
 
 
@@ -275,14 +279,17 @@ def run_plan(
     jobs: int,
     log: Callable[[str], None],
     steps: bool = True,
+    scenario: Scenario | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run every planned config on a pool of `jobs` processes; metrics by run name."""
+    """Run every planned config on a pool of `jobs` processes; metrics by run name (the run
+    folders with step records if `steps`, recording the `scenario` the baseline came from)."""
     out: dict[str, dict[str, Any]] = {}
     names = list(plan.runs)
     t0 = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(names)))) as pool:
         futs: dict[Future[tuple[dict[str, Any], float]], str] = {
-            pool.submit(run_one, plan.runs[n], trace_path, str(tmp / n), steps): n for n in names
+            pool.submit(run_one, plan.runs[n], trace_path, str(tmp / n), steps, scenario): n
+            for n in names
         }
         pending = set(futs)
         while pending:
@@ -479,7 +486,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".whatif-runs-", dir=out))
     try:
-        results = run_plan(plan, args.trace, tmp, args.jobs, log, steps=args.keep_runs)
+        results = run_plan(plan, args.trace, tmp, args.jobs, log, args.keep_runs, scenario)
         result, inf = assemble(plan, results), info(plan, args.trace, scenario)
         if args.keep_runs:
             keep_runs(plan, tmp, out)

@@ -137,12 +137,15 @@ def test_whatif_applies_and_records_it(tmp_path: Path, capsys: pytest.CaptureFix
     trace = trace_file(tmp_path / "t.parquet", SCENARIO)
     out = tmp_path / "w"
     args = ["whatif", str(trace), "--variants", "batches_in_flight=2", "--jobs", "1", "-q"]
-    assert sim_main([*args, "-o", str(out)]) == 0
+    assert sim_main([*args, "--keep-runs", "-o", str(out)]) == 0
     assert capsys.readouterr().out.startswith(f"scenario of {trace} applied: model=tiny")
     info = json.loads((out / "whatif-info.json").read_text())
     assert info["scenario"]["spec.method"] == "ngram-cpu"
     assert info["baseline"]["batches_in_flight"] == 1 and info["baseline"]["model"] == "tiny"
     assert info["variants"]["batches_in_flight=2"]["overrides"] == {"batches_in_flight": 2}
+    kept = load_run(out / "runs" / "batches_in_flight=2")
+    assert kept.has_steps and kept.summary["scenario"]["keys"]["spec.method"] == "ngram-cpu"
+    assert kept.summary["config"]["batches_in_flight"] == 2
 
 
 def _build_module():  # traces/build.py, for its SCENARIOS table
