@@ -53,10 +53,14 @@ def add_force_arg(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> Config:
     """The config of --config/--set; the model and GPU it names must exist (one line if not),
     checked here so that no command starts work on a name it cannot resolve."""
+    return check_names(load_config(args.config, args.sets))
+
+
+def check_names(cfg: Config) -> Config:
+    """The model and GPU `cfg` names must exist: one line (ConfigError) if not."""
     from core.gpus import get_gpu
     from core.models import get_model
 
-    cfg = load_config(args.config, args.sets)
     get_model(cfg.model)
     get_gpu(cfg.gpu)
     return cfg

@@ -258,8 +258,13 @@ def parse_sets(sets: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def load_config(path: str | Path | None = None, sets: list[str] | None = None) -> Config:
-    """Read a TOML config (optional) and apply `--set key=value` overrides."""
+def load_config(
+    path: str | Path | None = None,
+    sets: list[str] | None = None,
+    base: dict[str, Any] | None = None,
+) -> Config:
+    """Read a TOML config (optional) and apply `--set key=value` overrides, both over `base`
+    (nested keys, e.g. a trace's scenario: core.scenario) when given."""
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -269,4 +274,4 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None) -
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file '{p}': not valid TOML: {e}") from None
-    return from_dict(_merge(data, _nest(parse_sets(sets))))
+    return from_dict(_merge(_merge(base or {}, data), _nest(parse_sets(sets))))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from core.cli import add_config_args, config_from_args
+from core.cli import add_config_args, check_names
 from core.cli_timeline import add_timeline_args
+from core.config import Config
+from core.scenario import Scenario, config_for_trace
 from sim.progress import Progress
 
 
@@ -18,6 +20,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_config_args(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or progress lines")
     add_timeline_args(p)
+    p.add_argument(
+        "--no-steps",
+        action="store_true",
+        help="leave out the step records (steps.parquet, timeline.json): summary.json, "
+        "requests.parquet and gc.parquet only, for planning-style runs",
+    )
+    add_scenario_arg(p)
     p.set_defaults(func=cmd_run)
     _optional(sub, "sim.tracecmd", "add_trace_parser")
     _optional(sub, "sim.whatif", "add_whatif_parser")
@@ -36,12 +45,30 @@ def _optional(sub: argparse._SubParsersAction, module: str, fn: str) -> None:
     getattr(mod, fn)(sub)
 
 
+def add_scenario_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-scenario",
+        action="store_true",
+        help="ignore the scenario config the trace carries (core.scenario)",
+    )
+
+
+def trace_config(args: argparse.Namespace) -> tuple[Config, Scenario | None]:
+    """The config for `args.trace`: defaults < its scenario < --config < --set; says so
+    when a scenario was applied (stdout, before any result)."""
+    cfg, scenario = config_for_trace(args.trace, args.config, args.sets, not args.no_scenario)
+    check_names(cfg)
+    if scenario is not None:
+        print(scenario.line(), flush=True)
+    return cfg, scenario
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from core.outplace import RUN_FOLDER, output_place
     from sim.report import print_summary
     from sim.run import simulate
 
-    cfg = config_from_args(args)
+    cfg, scenario = trace_config(args)
     out = Path(args.output or Path("runs") / f"sim-{Path(args.trace).stem}")
     bar = Progress(f"simulating {Path(args.trace).name}", 0.0, enabled=not args.quiet)
     try:
@@ -53,6 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 progress=bar,
                 timeline_steps=args.timeline_steps,
                 timeline_from_s=args.timeline_from_s,
+                steps=not args.no_steps,
+                scenario=scenario,
             )
     finally:
         bar.close()

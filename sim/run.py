@@ -15,6 +15,7 @@ from core.policy.sizing import kv_blocks_for_gpu, scheduler_config
 from core.request import Request
 from core.runfmt import RunRecorder, trace_info, write_run
 from core.runfmt.timeline import DEFAULT_MAX_STEPS
+from core.scenario import Scenario
 from core.trace import Trace, TraceError, read_trace
 from sim.acceptance import AcceptanceModel
 from sim.cost import CostModel, load_cost_model
@@ -99,10 +100,14 @@ def simulate(
     cost: CostModel | None = None,
     timeline_steps: int | None = DEFAULT_MAX_STEPS,
     timeline_from_s: float = 0.0,
+    steps: bool = True,
+    scenario: Scenario | None = None,
 ) -> SimResult:
     """Run the simulator; write the run folder when `out_dir` is given (its timeline.json:
-    `timeline_steps` steps, None for all, from the first step at or after `timeline_from_s`).
-    `progress` counts simulated seconds out of the trace's arrival span."""
+    `timeline_steps` steps, None for all, from the first step at or after `timeline_from_s`;
+    without step records when `steps` is False: `write_run`). `progress` counts simulated
+    seconds out of the trace's arrival span. A `scenario` the config came from is recorded in
+    the summary (`scenario`: the trace and the keys it set)."""
     model = with_context(get_model(cfg.model), cfg.max_model_len)
     trace = read_trace(trace_path, model)
     gpu = get_gpu(cfg.gpu)
@@ -145,6 +150,8 @@ def simulate(
             else "defaults",
         }
     }
+    if scenario is not None:
+        extra["scenario"] = {"trace": scenario.trace, "keys": scenario.flat()}
     summary: dict[str, Any]
     if out_dir is not None:
         if progress is not None:
@@ -160,6 +167,7 @@ def simulate(
             extra=extra,
             timeline_max_steps=timeline_steps,
             timeline_from_s=timeline_from_s,
+            steps=steps,
         )
     else:
         summary = {"extra": extra}

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.cli import UsageError, add_config_args, config_from_args, run_main
+from core.cli import UsageError, add_config_args, run_main
 from core.config import SPEC_METHODS, Config
 from core.outplace import OutKind, atomic_dir, output_place
 from core.runfmt import CAUSES, trace_info
+from core.scenario import Scenario
+from sim.cli import add_scenario_arg, trace_config
 
 BASELINE = "baseline"
 
@@ -254,25 +256,40 @@ def check_config(cfg: Config) -> None:
 
 
 # ---- running --------------------------------------------------------------------------------
-def run_one(cfg: Config, trace_path: str, run_dir: str) -> tuple[dict[str, Any], float]:
-    """One predicted run (in a pool worker): its metrics and wall seconds."""
+def run_one(
+    cfg: Config,
+    trace_path: str,
+    run_dir: str,
+    steps: bool = True,
+    scenario: Scenario | None = None,
+) -> tuple[dict[str, Any], float]:
+    """One predicted run (in a pool worker): its metrics and wall seconds; `steps=False`
+    leaves the step records out of its folder (only --keep-runs keeps the folders)."""
     from sim.run import simulate
 
     t0 = time.perf_counter()
-    res = simulate(cfg, trace_path, run_dir)
+    res = simulate(cfg, trace_path, run_dir, steps=steps, scenario=scenario)
     return metrics_of(res.summary), time.perf_counter() - t0
 
 
 def run_plan(
-    plan: Plan, trace_path: str, tmp: Path, jobs: int, log: Callable[[str], None]
+    plan: Plan,
+    trace_path: str,
+    tmp: Path,
+    jobs: int,
+    log: Callable[[str], None],
+    steps: bool = True,
+    scenario: Scenario | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run every planned config on a pool of `jobs` processes; metrics by run name."""
+    """Run every planned config on a pool of `jobs` processes; metrics by run name (the run
+    folders with step records if `steps`, recording the `scenario` the baseline came from)."""
     out: dict[str, dict[str, Any]] = {}
     names = list(plan.runs)
     t0 = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(names)))) as pool:
         futs: dict[Future[tuple[dict[str, Any], float]], str] = {
-            pool.submit(run_one, plan.runs[n], trace_path, str(tmp / n)): n for n in names
+            pool.submit(run_one, plan.runs[n], trace_path, str(tmp / n), steps, scenario): n
+            for n in names
         }
         pending = set(futs)
         while pending:
@@ -306,8 +323,8 @@ def assemble(plan: Plan, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def info(plan: Plan, trace_path: str) -> dict[str, Any]:
-    return {
+def info(plan: Plan, trace_path: str, scenario: Scenario | None = None) -> dict[str, Any]:
+    out = {
         "trace": trace_info(trace_path),
         "baseline": plan.baseline.to_dict(),
         "metrics": list(METRICS),
@@ -321,6 +338,9 @@ def info(plan: Plan, trace_path: str) -> dict[str, Any]:
             for v in plan.variants
         },
     }
+    if scenario is not None:  # the trace's own keys under the baseline (core.scenario)
+        out["scenario"] = scenario.flat()
+    return out
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -444,6 +464,7 @@ def add_whatif_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", type=int, default=2, metavar="N", help="worker processes (2)")
     p.add_argument("--keep-runs", action="store_true", help="keep run folders in DIR/runs/")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    add_scenario_arg(p)
     p.set_defaults(func=cmd_whatif)
 
 
@@ -454,7 +475,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     variants = select_variants(args.variants)
     if args.jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {args.jobs}")
-    base = config_from_args(args)
+    base, scenario = trace_config(args)
     out = Path(args.output or Path("runs") / f"whatif-{Path(args.trace).stem}")
     with output_place(out, WHATIF_FOLDER, args.force):
         history = preflight(base, args.trace)
@@ -473,8 +494,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
         with atomic_dir(out, WHATIF_FOLDER) as tmp:  # the folder is replaced whole, or not
             work = tmp / ".runs"
             work.mkdir()
-            results = run_plan(plan, args.trace, work, args.jobs, log)
-            result, inf = assemble(plan, results), info(plan, args.trace)
+            results = run_plan(plan, args.trace, work, args.jobs, log, args.keep_runs, scenario)
+            result, inf = assemble(plan, results), info(plan, args.trace, scenario)
             if args.keep_runs:
                 keep_runs(plan, work, tmp)
             shutil.rmtree(work)

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from core.config import Config
 from core.phases import CPU_PHASES, LAUNCH
+from core.runfmt import codec
 from core.shape import BatchShape
 from replay.ablate import _measured_side, agreement, noise
 from replay.calibrate import _fit_launch, calibrate
@@ -33,10 +33,10 @@ from test_replay import synthetic_run  # noqa: E402
 def _shift_gpu_start(run: Path, to_phase: str, kind: str | None = None) -> None:
     """Move every step's GPU start to the start of `to_phase` (the host still enqueues work
     after it), as a host-paced step records it; optionally relabel the run's source kind."""
-    t = pq.read_table(run / "steps.parquet")
+    t = codec.read_table(run / "steps.parquet")
     cols = {n: t.column(n) for n in t.column_names}
     cols["gpu_start_s"] = cols[f"{to_phase}_start_s"]
-    pq.write_table(type(t).from_pydict(cols, schema=t.schema), run / "steps.parquet")
+    codec.write_table(type(t).from_pydict(cols, schema=t.schema), run / "steps.parquet")
     if kind:
         s = json.loads((run / "summary.json").read_text())
         s["source"]["kind"] = kind

@@ -16,14 +16,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 import sim.plan.fleet as fleet
 import sim.run as simrun
 from core.config import load_config
 from core.phases import CPU_PHASES
-from core.runfmt import RunRecorder
+from core.runfmt import RunRecorder, codec
 from core.shape import SHAPE_FIELDS, BatchShape
 from core.trace import TokenLists, make_trace, write_trace
 from sim.loop import SimLoop
@@ -192,7 +191,7 @@ def assert_same(a: object, b: object, where: str) -> None:
 
 
 def assert_same_tables(pa_: Path, pb: Path) -> None:
-    ta, tb = pq.read_table(pa_), pq.read_table(pb)
+    ta, tb = codec.read_table(pa_), codec.read_table(pb)  # decoded: floats compare as floats
     assert ta.column_names == tb.column_names and ta.num_rows == tb.num_rows, pa_.name
     for name in ta.column_names:
         x, y = ta.column(name).to_numpy(), tb.column(name).to_numpy()

@@ -21,10 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.atomic import swap_in, temp_dir
+from core.runfmt import codec
 from core.runfmt.bubbles import account_bubbles
 from core.runfmt.recording import Recording, validate
 from core.runfmt.records import RunRecorder
-from core.runfmt.summary import FORMAT, FORMAT_VERSION, REQUIRED_KEYS, build_summary
+from core.runfmt.summary import FORMAT, READ_VERSIONS, REQUIRED_KEYS, build_summary
 from core.runfmt.tables import (
     GC_COLUMNS,
     REQUEST_COLUMNS,
@@ -43,7 +44,6 @@ SUMMARY, REQUESTS, STEPS, GC_PAUSES, TIMELINE = (
     "timeline.json",
 )
 RUN_FILES: tuple[str, ...] = (SUMMARY, REQUESTS, STEPS, GC_PAUSES, TIMELINE)
-_COMPRESSION = "zstd"
 # Step columns added to format version 1 after run folders were written with it (int64 shape
 # fields). A folder without one reads it as zeros, in its STEP_COLUMNS place, and names it in
 # `Run.filled`: the value was never recorded (0 is not a measurement; `max_kv_tokens` cannot be
@@ -107,12 +107,15 @@ def write_run(
     extra: dict[str, Any] | None = None,
     timeline_max_steps: int | None = DEFAULT_MAX_STEPS,
     timeline_from_s: float = 0.0,
+    steps: bool = True,
 ) -> dict[str, Any]:
     """Write the run folder `out_dir`; returns the summary. `config` is a core.config.Config
     or its dict; `trace` is {path, sha256, rows}; `source` {"kind": "sim"} or
     {"kind": "replay", "gpu": name, ...}; `extra` keys are added to summary.json.
     timeline.json holds `timeline_max_steps` steps (None: all) from the first step that starts
-    at or after `timeline_from_s` (core.runfmt.timeline.window)."""
+    at or after `timeline_from_s` (core.runfmt.timeline.window).
+    `steps=False` leaves out the step records (steps.parquet, timeline.json): summary.json
+    says so (`step_records`), and `Run.steps` of the folder refuses with one clear line."""
     out = Path(out_dir)
     _check_source(source)
     _check_trace(trace)
@@ -125,7 +128,11 @@ def write_run(
         validate(frozen)
     pieces_until_s = window(frozen, timeline_max_steps, timeline_from_s).to_s
     bub = account_bubbles(frozen, pieces_until_s=pieces_until_s)
-    timeline = build_timeline(frozen, bub, source["kind"], timeline_max_steps, timeline_from_s)
+    timeline = (
+        build_timeline(frozen, bub, source["kind"], timeline_max_steps, timeline_from_s)
+        if steps
+        else None
+    )
     summary = build_summary(
         frozen,
         bub,
@@ -133,19 +140,21 @@ def write_run(
         trace=trace,
         source=source,
         complete=complete,
-        timeline=timeline["otherData"],
+        timeline=timeline["otherData"] if timeline else None,
         extra=extra,
+        step_records=steps,
     )
     # serialized before anything touches the disk: a bad `extra` value fails here
     summary_text = json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n"
-    timeline_text = json.dumps(timeline, separators=(",", ":"), allow_nan=False)
+    timeline_text = json.dumps(timeline, separators=(",", ":"), allow_nan=False) if steps else ""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(out)  # follows the umask; sweeps dead processes' temps
     try:
-        pq.write_table(requests_table(frozen), tmp / REQUESTS, compression=_COMPRESSION)
-        pq.write_table(steps_table(frozen, bub), tmp / STEPS, compression=_COMPRESSION)
-        pq.write_table(gc_table(frozen), tmp / GC_PAUSES, compression=_COMPRESSION)
-        (tmp / TIMELINE).write_text(timeline_text)
+        codec.write_table(requests_table(frozen), tmp / REQUESTS)
+        codec.write_table(gc_table(frozen), tmp / GC_PAUSES)
+        if steps:
+            codec.write_table(steps_table(frozen, bub), tmp / STEPS)
+            (tmp / TIMELINE).write_text(timeline_text)
         (tmp / SUMMARY).write_text(summary_text)  # last: a folder with it is complete
         swap_in(tmp, out)
     except BaseException:
@@ -172,18 +181,33 @@ def _check_target(out: Path) -> None:
 
 @dataclass(frozen=True)
 class Run:
-    """A run folder read back: summary.json as a dict and the parquet files as pyarrow tables."""
+    """A run folder read back: summary.json as a dict and the parquet files as pyarrow tables
+    (in the types of `core.runfmt.tables`, whatever the folder's format version)."""
 
     path: Path
     summary: dict[str, Any]
     requests: pa.Table
-    steps: pa.Table
+    step_table: pa.Table | None  # None: written without step records (`has_steps`)
     gc: pa.Table
     filled: tuple[str, ...] = ()  # ADDED_STEP_COLUMNS the folder lacked, read as zeros
 
     @property
     def complete(self) -> bool:
         return bool(self.summary.get("complete"))
+
+    @property
+    def has_steps(self) -> bool:
+        return self.step_table is not None
+
+    @property
+    def steps(self) -> pa.Table:
+        """steps.parquet; RunFormatError (one line) for a run written without step records."""
+        if self.step_table is None:
+            raise RunFormatError(
+                f"'{self.path}' has no step records (written with --no-steps); "
+                "this needs them: run it again without --no-steps"
+            )
+        return self.step_table
 
     def arrays(self, table: str) -> dict[str, np.ndarray]:
         """Columns of `requests`, `steps` or `gc` as numpy arrays (strings as object arrays)."""
@@ -204,18 +228,21 @@ def load_run(path: str | Path) -> Run:
         raise RunFormatError(f"'{p}/{SUMMARY}' is not valid JSON: {e}") from None
     if not isinstance(summary, dict) or summary.get("format") != FORMAT:
         raise RunFormatError(f"'{p}/{SUMMARY}' is not a run summary (no format={FORMAT!r})")
-    if summary.get("format_version") != FORMAT_VERSION:
+    if summary.get("format_version") not in READ_VERSIONS:
         raise RunFormatError(
             f"'{p}': run format version {summary.get('format_version')!r}, "
-            f"this code reads {FORMAT_VERSION}"
+            f"this code reads {' and '.join(map(str, READ_VERSIONS))}"
         )
     missing = [k for k in REQUIRED_KEYS if k not in summary]
     if missing:
         raise RunFormatError(f"'{p}/{SUMMARY}': missing key(s) {missing}")
     requests = _read_table(p / REQUESTS, REQUEST_COLUMNS)[0]
-    steps, filled = _read_table(p / STEPS, STEP_COLUMNS, ADDED_STEP_COLUMNS)
+    steps: pa.Table | None = None
+    filled: tuple[str, ...] = ()
+    if summary.get("step_records", True):
+        steps, filled = _read_table(p / STEPS, STEP_COLUMNS, ADDED_STEP_COLUMNS)
     gc = _read_table(p / GC_PAUSES, GC_COLUMNS)[0]
-    return Run(path=p, summary=summary, requests=requests, steps=steps, gc=gc, filled=filled)
+    return Run(p, summary, requests, steps, gc, filled)
 
 
 def _read_table(
@@ -226,9 +253,11 @@ def _read_table(
     if not path.is_file():
         raise RunFormatError(f"'{path.parent}' is not a complete run folder: no {path.name}")
     try:
-        table = pq.read_table(path)
+        table = codec.read_table(path)
     except (OSError, pa.ArrowException) as e:
         raise RunFormatError(f"'{path}' is not readable parquet: {e}") from None
+    except codec.CodecError as e:
+        raise RunFormatError(f"'{path}': {e}") from None
     missing = [c for c in columns if c not in table.column_names]
     absent = [c for c in missing if c not in added]
     if absent:

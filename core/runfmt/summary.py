@@ -21,7 +21,9 @@ from core.runfmt.tables import tpot_s
 from core.shape import SHAPE_FIELDS
 
 FORMAT = "bubblesim-run"
-FORMAT_VERSION = 1
+# 2: parquet files in core.runfmt.codec's encoding, `step_records`; version 1 folders still load
+FORMAT_VERSION = 2
+READ_VERSIONS: tuple[int, ...] = (1, 2)
 REQUIRED_KEYS: tuple[str, ...] = (
     "format",
     "format_version",
@@ -58,8 +60,9 @@ def build_summary(
     trace: dict[str, Any],
     source: dict[str, Any],
     complete: bool,
-    timeline: dict[str, Any],
+    timeline: dict[str, Any] | None,
     extra: dict[str, Any] | None = None,
+    step_records: bool = True,
 ) -> dict[str, Any]:
     span = bub.span_s
     finished = np.isfinite(rec.finish)
@@ -104,6 +107,7 @@ def build_summary(
         if rec.num_steps
         else 0,
         "timeline": timeline,
+        "step_records": step_records,  # false: no steps.parquet or timeline.json (--no-steps)
     }
     for key, value in (extra or {}).items():
         if key in out:

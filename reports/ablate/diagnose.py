@@ -10,7 +10,7 @@
 3. Seed 3 (one repeat a side): the placeholder scan's cost per history token by stretch of the
    run, and the elapsed-time change through each stretch, measured and predicted.
 
-numpy + pyarrow only.
+numpy + pyarrow, and core.runfmt.codec to decode the run files.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from core.runfmt import codec  # noqa: E402
 
 SEEDS = {
     "seed4": ["spec_method"],
@@ -32,7 +34,7 @@ SEEDS = {
 
 
 def steps(run: Path) -> dict[str, np.ndarray]:
-    t = pq.read_table(run / "steps.parquet")
+    t = codec.read_table(run / "steps.parquet")
     return {n: t.column(n).to_numpy(zero_copy_only=False) for n in t.column_names}
 
 

@@ -21,12 +21,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from core.runfmt import load_run  # noqa: E402
+from core.runfmt import codec, load_run  # noqa: E402
 from replay.steps import eval_linear, load_steps  # noqa: E402
 
 MODELS = {"1b": "llama3.2-1b", "8b": "llama3-8b"}
@@ -34,7 +33,7 @@ PHASES = ("schedule", "prepare_inputs", "launch", "sample", "process_outputs")
 
 
 def cols(run: Path) -> dict[str, np.ndarray]:
-    t = pq.read_table(run / "steps.parquet")
+    t = codec.read_table(run / "steps.parquet")
     return {n: t.column(n).to_numpy(zero_copy_only=False) for n in t.column_names}
 
 

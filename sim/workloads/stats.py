@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from core.config import ConfigError
+from core.scenario import SCENARIO_KEY, Scenario, parse_scenario
 from core.trace import Trace
 from sim.workloads.textids import ngram_accepted
 
@@ -111,4 +113,15 @@ def format_stats(name: str, s: dict[str, Any]) -> str:
     for key in ("source", "license", "description"):
         if key in s["metadata"]:
             lines.append(f"  {key}: {s['metadata'][key]}")
+    if SCENARIO_KEY in s["metadata"]:
+        lines.append(f"  scenario: {_scenario_text(s['metadata'][SCENARIO_KEY])}")
     return "\n".join(lines)
+
+
+def _scenario_text(text: str) -> str:
+    """The scenario's keys on one line (what `sim run` / `sim whatif` apply), or why not."""
+    try:
+        scenario = Scenario("", parse_scenario(text, "this trace"))
+    except ConfigError as e:
+        return f"not usable ({e})"
+    return f"{scenario.keys_text()} (applied by sim run and sim whatif)"
