@@ -67,6 +67,7 @@ from core.phases import CPU_PHASES, LAUNCH
 from core.runfmt import Run, load_run
 from replay.lsq import fit, numeric_rank
 from replay.outdir import atomic_file
+from replay.piecewise import Piecewise, fit_piecewise, use_piecewise
 from replay.quality import active_terms_ms, evaluate, print_quality, stats
 from replay.shapes import SweepRows, read_sweeps
 from replay.steps import (
@@ -217,6 +218,7 @@ class Calibration:
     quality: dict[str, Any]  # target -> fit statistics on the calibration runs (and sweeps)
     notes: list[str]
     shapes: list[str] = field(default_factory=list)  # shape sweep files used
+    verdict: str = ""  # held-back sweep points, one line (piecewise GPU models only)
 
 
 def _recorded_terms(
@@ -238,11 +240,13 @@ def calibrate(
     one_sided: Mapping[str, Sequence[str]] | None = None,
     shapes: Sequence[str | Path] = (),
     shapes_kinds: Sequence[str] = ("mixed",),
+    gpu_model: str = "auto",
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
     (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
     files whose rows join the GPU pass fits (module docstring); `shapes_kinds`: the batch kinds
-    whose sweep rows may join (the others are only reported)."""
+    whose sweep rows may join the linear fits (the others are only reported). `gpu_model`:
+    replay.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps)."""
     from sim.cost import resolve_profile
 
     runs = [load_run(d) for d in run_dirs]
@@ -250,6 +254,7 @@ def calibrate(
         raise CalibrationError("calibrate needs at least one run folder")
     identity, notes = _identity(runs, gpu_preset)
     sweep = _load_sweeps(shapes, runs) if shapes else None
+    piecewise = use_piecewise(gpu_model, sweep)
     if sweep is not None:
         identity["notes"] += f" + {len(sweep.paths)} shape sweep(s) of {len(sweep)} rows"
     steps = load_steps(runs)
@@ -294,11 +299,19 @@ def calibrate(
         fit_rows[kind] = rows
     straggler: dict[str, Any] = {}
     recorded = not any("max_kv_tokens" in getattr(r, "filled", ()) for r in runs)
-    if "decode" in gp and sweep is not None and recorded:
+    if "decode" in gp and sweep is not None and recorded and not piecewise:
         joins_dec = joins is not None and bool((joins & sweep.decode).any())
         gp["decode"], straggler = _fit_straggler(gp["decode"], sweep, runs, joins_dec, notes)
+    pw = Piecewise()
+    if piecewise and sweep is not None:
+        y_less = joined_y - active_terms_ms(defaults, joined, "gpu")
+        dec_rows = _graph_matched_decode(sweep, runs) if recorded else np.zeros(len(sweep), bool)
+        pw = fit_piecewise(joined, y_less, len(steps), sweep, dec_rows, gterms["mixed"], notes)
+        gp.update(pw.models)
+        fit_rows.update(pw.fit_rows)
     if gp:
         prof["gpu_pass"] = gp
+        prof["envelope"] = _envelope(joined, fit_rows, gp)
     # CPU phases
     cpu: dict[str, dict[str, float]] = {}
     for phase, base_terms in PHASE_TERMS.items():
@@ -331,7 +344,24 @@ def calibrate(
         quality["gpu_pass.decode.straggler"] = straggler
     if sweep is not None:
         quality.update(_sweep_quality(used, steps, gpu_y, sweep, gterms, dterms, notes))
-    return Calibration(prof, quality, notes, list(sweep.paths) if sweep is not None else [])
+    quality.update(pw.report)
+    paths = list(sweep.paths) if sweep is not None else []
+    return Calibration(prof, quality, notes, paths, pw.verdict)
+
+
+def _envelope(
+    joined: Steps, fit_rows: Mapping[str, np.ndarray], gp: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Per fitted kind, the ranges of sim.cost.envelope's fields over the rows it was fitted on
+    (a kind kept from the base profile or the roofline has none)."""
+    from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
+
+    out: dict[str, Any] = {}
+    for kind, rows in fit_rows.items():
+        if kind in gp and rows.any():
+            fields = tuple(f for f in ENVELOPE_FIELDS if kind == "mixed" or f != "prefill_tokens")
+            out[kind] = ranges_of(joined.cols, rows, fields)
+    return out
 
 
 # ---- shape sweeps -------------------------------------------------------------------------------
@@ -658,6 +688,8 @@ def write_calibration(cal: Calibration, path: str | Path, checks: dict[str, Any]
 
     p = save_profile(path, cal.profile)
     report = {"profile": str(p), "fit": cal.quality, "check": checks, "notes": cal.notes}
+    if cal.verdict:
+        report["verdict"] = cal.verdict
     if cal.shapes:
         report["shapes"] = cal.shapes
     text = json.dumps(report, indent=2, allow_nan=False) + "\n"

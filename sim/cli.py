@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from core.cli import add_config_args, config_from_args
+from sim.cost.envelope import describe
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -66,4 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print_summary(res.summary, out, res.wall_s)
+    line = describe(res.summary.get("cost_envelope") or {})
+    if line:
+        print(line)
     return 0

@@ -41,6 +41,7 @@ from .linear import (
 from .profile import ProfileError, load_profile, resolve_profile, validate_profile
 from .roofline import Roofline
 from .splits import num_sms, program_keys_fn
+from .table import SPLINE_KEY
 from .terms import GPU_TARGET, active_terms, term_target
 
 
@@ -73,6 +74,8 @@ class CostModel:
         self._mixed_graphs = config.cuda_graphs and config.cuda_graphs_mixed
         self._mixed_ms_per_token = self._per_token_ms(prof["gpu_pass"].get("mixed"))
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
+        # the shapes the fitted GPU models were measured on (sim.cost.envelope), if recorded
+        self.envelope: dict[str, Any] | None = prof.get("envelope")
 
         # Launch: constant per mode; graphs only for pure decode of <= graph_max_tokens.
         la = prof["launch"]
@@ -195,9 +198,14 @@ class CostModel:
 
     def _per_token_ms(self, fit: Mapping[str, Any] | None) -> float:
         """GPU ms per query token of a mixed step: the fitted num_tokens (+ prefill_tokens)
-        coefficient, else the roofline's marginal cost of one more prefill token."""
+        coefficient (+ a token spline's mean slope over its knots), else the roofline's
+        marginal cost of one more prefill token."""
         if fit is not None:
-            return float(fit.get("num_tokens", 0.0)) + float(fit.get("prefill_tokens", 0.0))
+            per = float(fit.get("num_tokens", 0.0)) + float(fit.get("prefill_tokens", 0.0))
+            sp = fit.get(SPLINE_KEY)
+            if sp is not None and sp["x"] in ("num_tokens", "prefill_tokens"):
+                per += (sp["ms"][-1] - sp["ms"][0]) / (sp["knots"][-1] - sp["knots"][0])
+            return per
         one = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=512, kv_read_tokens=512)
         two = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=1024, kv_read_tokens=512)
         return (self.roofline(two) - self.roofline(one)) / 512
