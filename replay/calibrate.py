@@ -48,6 +48,12 @@ default `shapes_kinds`) are shifted by the sweep's offset, the median of bulk - 
 rows the bulk branch explains; rows that join count as run steps (no offset). Reported in
 `gpu_pass.decode.straggler`.
 
+Piecewise GPU models (`gpu_model`, replay.piecewise): with a sweep that measures whole steps
+(or `--gpu-model piecewise`), the decode pass becomes a table over query rows x KV tokens per row
+(+ the straggler branch) and the mixed pass a spline in num_tokens + linear attention terms,
+fitted on the sweep's grid, with held-back grid points reported per region and a verdict. Every
+calibration records the envelope its GPU fits measured (profile key `envelope`).
+
 Pure numpy + pyarrow; `sim.cost` (pure Python) is imported lazily for the profile format.
 """
 
@@ -79,6 +85,7 @@ from replay.steps import (
     program_keys,
     run_config,
 )
+from replay.sweepmeta import measures_steps
 
 __all__ = [
     "CalibrationError",
@@ -583,11 +590,16 @@ def _sweep_quality(
         q["offset_rel"] = float(np.median((meas - pred) / meas))
         out[f"gpu_pass.{kind}.runs_vs_sweep"] = q
         if abs(q["offset_rel"]) > SOURCE_OFFSET_NOTE:
+            why = (
+                "the sweep measures whole steps: the two sources disagree"
+                if all(measures_steps(m) for m in sweep.meta)
+                else "the sweep times forward + logits; a run's interval also holds the input "
+                "copy, input finishing and sampling"
+            )
             notes.append(
                 f"gpu_pass.{kind}: the {q['n']} clean run steps take {q['offset_ms']:+.3f} ms "
-                f"({100 * q['offset_rel']:+.1f} %, median) against a fit to the shape sweep "
-                "alone (the sweep times forward + logits; a run's interval also holds the input "
-                "copy, input finishing and sampling)"
+                f"({100 * q['offset_rel']:+.1f} %, median) against a linear fit to the shape "
+                f"sweep alone ({why})"
             )
     return out
 
