@@ -68,8 +68,9 @@ def fit_piecewise(
     cols = joined.cols
     n = num_run_steps
     in_sweep = np.arange(len(y)) >= n
-    run_dec = ~in_sweep & (cols["num_prefill_reqs"] == 0) & joined.clean & np.isfinite(y)
-    run_mix = ~in_sweep & (cols["num_prefill_reqs"] > 0) & joined.clean & np.isfinite(y)
+    usable = joined.clean & np.isfinite(y) & (y > 0)  # rows are weighted by 1 / y
+    run_dec = ~in_sweep & (cols["num_prefill_reqs"] == 0) & usable
+    run_mix = ~in_sweep & (cols["num_prefill_reqs"] > 0) & usable
     dec = np.concatenate([np.zeros(n, bool), decode_rows])
     mix = np.concatenate([np.zeros(n, bool), ~sweep.decode])
     regions: dict[str, Any] = {}

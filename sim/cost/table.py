@@ -11,16 +11,17 @@ Axes: X in TABLE_X (query rows: num_tokens, which counts spec-decode verify rows
 sum kv_read_tokens); a spline's x is any shape field or num_tokens. Grid values increase
 strictly; ms are >= 0.
 
-Outside the grid (one rule for both, `_segments` and its scalar copies in `compile_*`): below
+Outside the grid (one rule for both, `_segments` and its scalar form `_SEGMENT`): below
 the first value the edge value holds (clamp: a smaller batch or context never costs less than
 the smallest measured one), above the last the edge segment continues linearly (KV streaming
 and compute-bound GEMMs grow linearly with their size). With both axes past their last value
 the bilinear form continues too (its x*y term is the per-row KV read of a larger batch).
 
-`compile_table` / `compile_spline` give one plain function of a shape (a few float operations
-and two `bisect` calls, ~1 us); `table_values` / `spline_values` evaluate the same rule on numpy
-columns (calibration, reports); `table_weights` / `spline_weights` are the rule's weights, which
-a least-squares fit uses as its design matrix, so fit and evaluation cannot disagree.
+`compile_table` / `compile_spline` give one plain function of a shape (generated from a fixed
+template and the validated axis names: a few float operations and two `bisect` calls, ~1 us);
+`table_values` / `spline_values` evaluate the same rule on numpy columns (calibration,
+reports); `table_weights` / `spline_weights` are the rule's weights, which a least-squares fit
+uses as its design matrix, so fit and evaluation cannot disagree.
 A function reads every shape field it depends on each call, unconditionally (the fast-forward's
 probe, sim/fastforward.py `_Probe`, sees which fields a cost reads).
 """
@@ -120,13 +121,43 @@ def check_spline(t: Any) -> None:
 
 
 # ---- the interpolation rule (scalar) -------------------------------------------------------------
-def _getter(name: str) -> Callable[[Any], float]:
-    """An axis value of a shape; reads its fields unconditionally (see the module docstring)."""
+def _axis_expr(name: str) -> str:
+    """An axis as a Python expression in `s`, from validated names only (TABLE_X, TABLE_Y,
+    SPLINE_X): it reads its fields unconditionally (see the module docstring)."""
     if name == "kv_per_token":
-        return lambda s: s.kv_read_tokens / (s.num_tokens or 1)
+        return "s.kv_read_tokens / (s.num_tokens or 1)"
     if name == "kv_per_req":
-        return lambda s: s.kv_read_tokens / (s.num_reqs or 1)
-    return lambda s: getattr(s, name)
+        return "s.kv_read_tokens / (s.num_reqs or 1)"
+    if name not in SPLINE_X:
+        raise ValueError(f"unknown axis {name!r}")
+    return f"s.{name}"
+
+
+# One segment lookup of the rule, inlined twice in a table: segment index clamped to the grid,
+# weight clamped at 0 below the first value and free above the last.
+_SEGMENT = """
+    {v} = {expr}
+    {i} = bisect_right({vs}, {v}) - 1
+    {i} = 0 if {i} < 0 else ({last} if {i} > {last} else {i})
+    {t} = ({v} - {vs}[{i}]) / ({vs}[{i} + 1] - {vs}[{i}])
+    if {t} < 0.0:
+        {t} = 0.0"""
+_TABLE = """def table(s):{x}{y}
+    r0, r1 = ms[i], ms[i + 1]
+    a = r0[j] + ty * (r0[j + 1] - r0[j])
+    b = r1[j] + ty * (r1[j + 1] - r1[j])
+    return a + tx * (b - a)
+"""
+_SPLINE = """def spline(s):{x}
+    return ms[i] + u * (ms[i + 1] - ms[i])
+"""
+
+
+def _build(src: str, name: str, env: dict[str, Any]) -> ShapeFn:
+    scope: dict[str, Any] = {"__builtins__": {}, "bisect_right": bisect_right, **env}
+    exec(src, scope)  # noqa: S102 - source built from fixed templates and validated names
+    fn: ShapeFn = scope[name]
+    return fn
 
 
 def compile_table(t: Mapping[str, Any]) -> ShapeFn:
@@ -134,46 +165,17 @@ def compile_table(t: Mapping[str, Any]) -> ShapeFn:
     xs = tuple(float(v) for v in t["xs"])
     ys = tuple(float(v) for v in t["ys"])
     ms = tuple(tuple(float(v) for v in row) for row in t["ms"])
-    gx, gy = _getter(t["x"]), _getter(t["y"])
-    lx, ly = len(xs) - 2, len(ys) - 2
-
-    def table(s: BatchShape) -> float:
-        x, y = gx(s), gy(s)
-        i = bisect_right(xs, x) - 1
-        i = 0 if i < 0 else (lx if i > lx else i)
-        tx = (x - xs[i]) / (xs[i + 1] - xs[i])
-        if tx < 0.0:
-            tx = 0.0
-        j = bisect_right(ys, y) - 1
-        j = 0 if j < 0 else (ly if j > ly else j)
-        ty = (y - ys[j]) / (ys[j + 1] - ys[j])
-        if ty < 0.0:
-            ty = 0.0
-        r0, r1 = ms[i], ms[i + 1]
-        a = r0[j] + ty * (r0[j + 1] - r0[j])
-        b = r1[j] + ty * (r1[j + 1] - r1[j])
-        return a + tx * (b - a)
-
-    return table
+    x = _SEGMENT.format(v="x", expr=_axis_expr(t["x"]), i="i", vs="xs", last=len(xs) - 2, t="tx")
+    y = _SEGMENT.format(v="y", expr=_axis_expr(t["y"]), i="j", vs="ys", last=len(ys) - 2, t="ty")
+    return _build(_TABLE.format(x=x, y=y), "table", {"xs": xs, "ys": ys, "ms": ms})
 
 
 def compile_spline(t: Mapping[str, Any]) -> ShapeFn:
     """The linear spline as one function of a shape (validated input)."""
     ks = tuple(float(v) for v in t["knots"])
     ms = tuple(float(v) for v in t["ms"])
-    g = _getter(t["x"])
-    last = len(ks) - 2
-
-    def spline(s: BatchShape) -> float:
-        x = g(s)
-        i = bisect_right(ks, x) - 1
-        i = 0 if i < 0 else (last if i > last else i)
-        u = (x - ks[i]) / (ks[i + 1] - ks[i])
-        if u < 0.0:
-            u = 0.0
-        return ms[i] + u * (ms[i + 1] - ms[i])
-
-    return spline
+    x = _SEGMENT.format(v="x", expr=_axis_expr(t["x"]), i="i", vs="ks", last=len(ks) - 2, t="u")
+    return _build(_SPLINE.format(x=x), "spline", {"ks": ks, "ms": ms})
 
 
 # ---- the same rule on numpy columns --------------------------------------------------------------
