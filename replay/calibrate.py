@@ -563,8 +563,14 @@ def _sweep_quality(
     extra = active_terms_ms(p, steps, "gpu")
     decode = steps.cols["num_prefill_reqs"] == 0
     all_sweep = np.ones(len(sweep), bool)
+    drafts = sweep.decode & (sweep.cols["draft_tokens"] > 0)
+    if "verify" in p["gpu_pass"] and drafts.any():  # verify rows: the verify model's (shapes)
+        pred = eval_linear(p["gpu_pass"]["verify"], sweep.cols, drafts)
+        out["gpu_pass.verify.shapes"] = stats(pred, sweep.gpu_ms[drafts])
     for kind in ("decode", "mixed"):
         mine = sweep.decode == (kind == "decode")
+        if kind == "decode" and "verify" in p["gpu_pass"]:
+            mine &= ~drafts
         if not mine.any():
             continue
         if kind in p["gpu_pass"]:

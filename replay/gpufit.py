@@ -37,6 +37,7 @@ Cols = Mapping[str, np.ndarray]
 
 TABLE_X, TABLE_Y = "num_tokens", "kv_per_token"
 MAX_NODES = 24  # per axis; more distinct values are thinned (log-spaced, ends kept)
+NODE_MERGE = 0.05  # values within 5 % of a node are one node (rows between nodes interpolate)
 MAX_KNOTS = 10  # spline knots (log-spaced over the rows' num_tokens)
 PENALTY = 0.05  # weight of a cell's curvature, relative to one row's relative error
 STRAGGLER_START = 1.05  # rows this far above the table seed the straggler fit
@@ -62,8 +63,15 @@ def _table_mod() -> Any:
 
 # ---- nodes -------------------------------------------------------------------------------------
 def _nodes(values: np.ndarray, most: int) -> list[float]:
-    """The distinct values, thinned to `most` (log-spaced picks, first and last kept)."""
+    """The distinct values (those within NODE_MERGE of the previous kept one merge into it),
+    thinned to `most` (log-spaced picks, first and last kept)."""
     v = np.unique(values[np.isfinite(values)])
+    if len(v) > 1:
+        keep = [0]
+        for i in range(1, len(v)):
+            if v[i] > v[keep[-1]] * (1 + NODE_MERGE):
+                keep.append(i)
+        v = v[keep]
     if len(v) <= most:
         return [float(x) for x in v]
     want = np.geomspace(max(v[0], 1e-9), v[-1], most)
@@ -98,27 +106,40 @@ def _table_penalty(xs: Sequence[float], ys: Sequence[float]) -> np.ndarray:
 
 
 def _solve(w: np.ndarray, y: np.ndarray, pen: np.ndarray, extra: np.ndarray | None = None):
-    """Relative least squares of y on [w, extra] + PENALTY x curvature of w's coefficients
-    (scaled by the median target so the penalty has the rows' units); w's part >= 0 by
-    clipping, extra's by NNLS when given."""
+    """Relative least squares of y on [w, extra] + PENALTY x each node's curvature relative to
+    the node's value (a first pass at the median target estimates the values), so a 1 % kink
+    costs alike at 1 ms and at 50 ms; w's part >= 0 by clipping, extra's by NNLS when given."""
     scale = 1.0 / y
-    pw = PENALTY / float(np.median(y))
-    a = w * scale[:, None]
+    a_rows = w * scale[:, None]
     if extra is not None:
-        a = np.hstack([a, extra * scale[:, None]])
-        pen = np.hstack([pen, np.zeros((len(pen), extra.shape[1]))])
-    a = np.vstack([a, pen * pw])
-    b = np.concatenate([np.ones(len(y)), np.zeros(len(pen))])
-    if extra is None:
-        return np.maximum(np.linalg.lstsq(a, b, rcond=None)[0], 0.0)
-    return fit(a, b).coef
+        a_rows = np.hstack([a_rows, extra * scale[:, None]])
+    centre = np.argmax(np.abs(pen), axis=1)  # each curvature row's own node (coefficient 1)
+    floor = 0.1 * float(np.median(y))
+    level = np.full(len(pen), float(np.median(y)))
+    coef = np.zeros(a_rows.shape[1])
+    for _ in range(2):
+        p = pen * (PENALTY / level)[:, None]
+        if extra is not None:
+            p = np.hstack([p, np.zeros((len(p), extra.shape[1]))])
+        a = np.vstack([a_rows, p])
+        b = np.concatenate([np.ones(len(y)), np.zeros(len(p))])
+        if extra is None:
+            coef = np.maximum(np.linalg.lstsq(a, b, rcond=None)[0], 0.0)
+        else:
+            coef = fit(a, b).coef
+        level = np.maximum(coef[centre], floor)
+    return coef
 
 
 # ---- decode ------------------------------------------------------------------------------------
 def decode_nodes(cols: Cols, rows: np.ndarray) -> tuple[list[float], list[float]] | None:
-    """Table nodes from the uniform rows among `rows`; None when either axis has < 2 values."""
+    """Table nodes from the uniform rows among `rows` without drafts (a verify row of k drafts
+    reads (context + k) / (k + 1) keys per query row: off the plain grid, it joins as a scattered
+    row); None when either axis has < 2 values."""
     t = _table_mod()
     u = rows & uniform_rows(cols)
+    plain = u & (cols["draft_tokens"] == 0)
+    u = plain if plain.any() else u
     xs = _nodes(t.axis_values(TABLE_X, cols)[u], MAX_NODES)
     ys = _nodes(t.axis_values(TABLE_Y, cols)[u], MAX_NODES)
     if len(xs) < 2 or len(ys) < 2:
@@ -132,9 +153,11 @@ def fit_decode(
     rows: np.ndarray,
     nodes: tuple[list[float], list[float]],
     offset_fn: Callable[[dict[str, Any]], float] | None = None,
+    straggler: bool = True,
 ) -> PiecewiseFit:
     """The decode table on `rows` (see the module docstring), with a straggler branch where
-    rows with program_keys run above it. `offset_fn(model)`: ms to add to every cell (a sweep
+    rows with program_keys run above it (`straggler`: the decode attention kernel's split rule,
+    sim.cost.splits; not a verify step's). `offset_fn(model)`: ms to add to every cell (a sweep
     that times less than a run's step; None: 0)."""
     t = _table_mod()
     xs, ys = nodes
@@ -145,7 +168,7 @@ def fit_decode(
     keys = cols["program_keys"] if "program_keys" in cols else np.zeros(len(y))
     uni = rows & uniform_rows(cols)
     other = rows & ~uniform_rows(cols)
-    cand = other & (keys > 0)
+    cand = other & (keys > 0) & straggler
 
     def table_on(mask: np.ndarray) -> np.ndarray:
         return _solve(w_all[mask], y[mask], pen)
@@ -259,7 +282,7 @@ def fit_mixed(
 # ---- held-back points ----------------------------------------------------------------------------
 def decode_hold(cols: Cols, rows: np.ndarray, nodes: tuple[list[float], list[float]]):
     """Rows held back: uniform rows on interior nodes (i, j) with i % HOLD_EVERY == 1 and
-    j % HOLD_EVERY == 1 (their neighbours stay in), and every HOLD_EVERY-th other row."""
+    j % HOLD_EVERY == 1 (their neighbours stay in), and every HOLD_EVERY-th row off the nodes."""
     t = _table_mod()
     xs, ys = nodes
     x, yv = t.axis_values(TABLE_X, cols), t.axis_values(TABLE_Y, cols)
@@ -270,8 +293,9 @@ def decode_hold(cols: Cols, rows: np.ndarray, nodes: tuple[list[float], list[flo
     on &= np.isclose(np.array(ys)[np.minimum(iy, len(ys) - 1)], yv)
     interior = (ix > 0) & (ix < len(xs) - 1) & (iy > 0) & (iy < len(ys) - 1)
     every = HOLD_EVERY
-    grid = rows & uniform_rows(cols) & on & interior & (ix % every == 1) & (iy % every == 1)
-    other = np.flatnonzero(rows & ~uniform_rows(cols))
+    node = rows & uniform_rows(cols) & on
+    grid = node & interior & (ix % every == 1) & (iy % every == 1)
+    other = np.flatnonzero(rows & ~node)  # off the grid: non-uniform rows, verify widths
     hold = grid.copy()
     hold[other[1::every]] = True
     return hold
@@ -293,12 +317,12 @@ def mixed_hold(cols: Cols, rows: np.ndarray) -> np.ndarray:
 def region_errors(
     kind: str, cols: Cols, pred: np.ndarray, meas: np.ndarray, rows: np.ndarray
 ) -> dict[str, Any]:
-    """n, median and max |relative error| per band (num_reqs for decode, num_tokens for mixed)
-    and over all `rows`."""
-    field, edges = ("num_reqs", DECODE_BANDS) if kind == "decode" else ("num_tokens", MIXED_BANDS)
+    """n, median and max |relative error| per band (num_reqs for decode, num_tokens for mixed;
+    decode steps with drafts apart, as `decode verify`) and over all `rows`."""
+    field, edges = ("num_tokens", MIXED_BANDS) if kind == "mixed" else ("num_reqs", DECODE_BANDS)
     rel = np.abs(pred - meas) / meas
     v = cols[field]
-    short = "b" if kind == "decode" else "t"
+    short = "t" if kind == "mixed" else "b"
 
     def summary(mask: np.ndarray) -> dict[str, Any]:
         r = rel[mask]
@@ -306,11 +330,14 @@ def region_errors(
 
     out: dict[str, Any] = {}
     bounds = [*edges, np.inf]
+    verify = cols["draft_tokens"] > 0 if kind == "decode" else np.zeros(len(v), bool)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        mask = rows & (v >= lo) & (v < hi)
+        mask = rows & (v >= lo) & (v < hi) & ~verify
         if mask.any():
             name = f"{kind} {short}{lo}+" if hi == np.inf else f"{kind} {short}{lo}-{int(hi) - 1}"
             out[name] = summary(mask)
+    if (rows & verify).any():  # spec verify steps: another attention kernel (paged_attention)
+        out[f"{kind} verify"] = summary(rows & verify)
     if rows.any():
         out[f"{kind} all"] = summary(rows)
     return out

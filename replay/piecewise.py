@@ -11,6 +11,9 @@ Rows (over replay.calibrate's `joined`: the runs' steps, then the sweep's rows):
   shifted by the median offset of the runs' clean decode steps from the table (the sweep gives
   the surface, the runs its level). The runs' steps do not join the table: the sweep's grid
   covers the envelope, the runs only where the calibration workload went.
+- verify: decode rows with drafts (spec verify widths) run another attention kernel
+  (engine paged_attention, not decode_attention), so they get their own table (`gpu_pass.verify`,
+  no straggler branch: its split rule is decode_attention's) when the sweep has a grid of them.
 - mixed: the sweep's mixed rows and the runs' clean mixed steps, as the linear fit takes them.
 Active `gpu.*` seed terms are subtracted from the runs' steps first (the sim adds them back).
 Held back (gpufit.decode_hold / mixed_hold): a refit without those sweep points predicts them;
@@ -69,33 +72,16 @@ def fit_piecewise(
     n = num_run_steps
     in_sweep = np.arange(len(y)) >= n
     usable = joined.clean & np.isfinite(y) & (y > 0)  # rows are weighted by 1 / y
+    drafts = cols["draft_tokens"] > 0
     run_dec = ~in_sweep & (cols["num_prefill_reqs"] == 0) & usable
     run_mix = ~in_sweep & (cols["num_prefill_reqs"] > 0) & usable
     dec = np.concatenate([np.zeros(n, bool), decode_rows])
     mix = np.concatenate([np.zeros(n, bool), ~sweep.decode])
     regions: dict[str, Any] = {}
     whole = all(measures_steps(m) for m in sweep.meta)
-    nodes = gpufit.decode_nodes(cols, dec) if dec.any() else None
-    if nodes is None:
-        notes.append(
-            "gpu_pass.decode: the sweep has no grid of decode rows timed as the runs ran decode "
-            "(2+ batch sizes x 2+ contexts); kept the linear form"
-        )
-    else:
-        offset = None if whole else _run_offset(cols, y, run_dec, notes)
-        hold = gpufit.decode_hold(cols, dec, nodes)
-        held = gpufit.fit_decode(cols, y, dec & ~hold, nodes)
-        regions.update(_held_errors("decode", held.model, cols, y, hold))
-        fitted = gpufit.fit_decode(cols, y, dec, nodes, offset)
-        out.models["decode"], out.fit_rows["decode"] = fitted.model, dec
-        out.report["gpu_pass.decode.piecewise"] = fitted.report
-        strag, delta = fitted.report["program_keys_ms"], fitted.report["offset_ms"]
-        notes.append(
-            f"gpu_pass.decode: a table over {nodes[0][0]:g}-{nodes[0][-1]:g} query rows x "
-            f"{nodes[1][0]:g}-{nodes[1][-1]:g} KV tokens per row from {int(dec.sum())} sweep rows"
-            + (f", the longest program's branch at {strag * 1e3:.3f} us per key" if strag else "")
-            + (f", shifted by the runs' offset {delta:+.3f} ms" if delta else "")
-        )
+    _fit_table(out, regions, "decode", cols, y, dec & ~drafts, run_dec & ~drafts, whole, notes)
+    if (dec & drafts).any():  # spec verify widths: another attention kernel, their own table
+        _fit_table(out, regions, "verify", cols, y, dec & drafts, run_dec & drafts, whole, notes)
     rows = mix | run_mix
     knots = gpufit.mixed_knots(cols, rows) if mix.any() else None
     if knots is None:
@@ -118,14 +104,53 @@ def fit_piecewise(
     return out
 
 
+def _fit_table(
+    out: Piecewise,
+    regions: dict[str, Any],
+    kind: str,
+    cols: dict[str, np.ndarray],
+    y: np.ndarray,
+    rows: np.ndarray,
+    run_rows: np.ndarray,
+    whole: bool,
+    notes: list[str],
+) -> None:
+    """The table of `kind` (decode: plain decode steps, + the straggler branch; verify: decode
+    steps with drafts, which run paged_attention, no straggler rule) on the sweep's `rows`."""
+    nodes = gpufit.decode_nodes(cols, rows) if rows.any() else None
+    if nodes is None:
+        what = "kept the linear form" if kind == "decode" else "verify steps use the decode model"
+        notes.append(
+            f"gpu_pass.{kind}: the sweep has no grid of {kind} rows timed as the runs ran decode "
+            f"(2+ batch sizes x 2+ contexts); {what}"
+        )
+        return
+    offset = None if whole else _run_offset(cols, y, run_rows, notes)
+    strag_rule = kind == "decode"
+    hold = gpufit.decode_hold(cols, rows, nodes)
+    held = gpufit.fit_decode(cols, y, rows & ~hold, nodes, straggler=strag_rule)
+    regions.update(_held_errors(kind, held.model, cols, y, hold))
+    fitted = gpufit.fit_decode(cols, y, rows, nodes, offset, straggler=strag_rule)
+    out.models[kind], out.fit_rows[kind] = fitted.model, rows
+    out.report[f"gpu_pass.{kind}.piecewise"] = fitted.report
+    strag, delta = fitted.report["program_keys_ms"], fitted.report["offset_ms"]
+    notes.append(
+        f"gpu_pass.{kind}: a table over {nodes[0][0]:g}-{nodes[0][-1]:g} query rows x "
+        f"{nodes[1][0]:g}-{nodes[1][-1]:g} KV tokens per row from {int(rows.sum())} sweep rows"
+        + (f", the longest program's branch at {strag * 1e3:.3f} us per key" if strag else "")
+        + (f", shifted by the runs' offset {delta:+.3f} ms" if delta else "")
+    )
+
+
 def _run_offset(
     cols: dict[str, np.ndarray], y: np.ndarray, run_dec: np.ndarray, notes: list[str]
 ) -> Callable[[dict[str, Any]], float] | None:
     """For a sweep of forward + logits only: the median of (clean run step - table) ms."""
     if not run_dec.any():
         notes.append(
-            "gpu_pass.decode: the sweep times forward + logits only and no run has clean decode "
-            "steps to level it with: the table is the sweep's, without the input copy or sampling"
+            "gpu_pass.decode: the sweep times forward + logits only and no run has clean steps "
+            "of the kind to level it with: the table is the sweep's, without the input copy or "
+            "sampling"
         )
         return None
 

@@ -182,3 +182,57 @@ def test_calibrate_cli_prints_the_verdict(fitted, capsys) -> None:
     out = capsys.readouterr().out
     assert "held-back" not in out
     assert "table" not in (tmp / "lin.json").read_text()
+
+
+def verify_truth(s: dict[str, int]) -> float:
+    """A spec verify step (k + 1 query rows per request): GEMMs over its rows, and an attention
+    kernel whose cost per KV token follows the requests (programs), not the rows."""
+    b, kv = s["num_reqs"], s["kv_read_tokens"]
+    rows = 0.9 + 0.004 * s["decode_tokens"] + 0.01 * max(0, s["decode_tokens"] - 64)
+    return rows + 2.4e-5 * kv * (1 + 2 / (1 + b / 8)) + 3e-10 * s["attn_pairs"]
+
+
+def test_spec_verify_rows_get_their_own_table(tmp_path: Path) -> None:
+    """Verify widths run paged_attention, not the decode kernel: on the (rows, KV per row)
+    grid they disagree with plain decodes, so they are fitted apart (`gpu_pass.verify`)."""
+    from replay.shapes import Batch, Entry
+
+    rng = np.random.default_rng(5)
+    rows = []
+    batches = list(grid(LIMITS))
+    for b in (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128):  # the sweep's decode batches
+        for c in (128, 512, 1024, 2048, 4096, 8192, 16384):
+            if b * c <= 1 << 18:
+                batches.append(Batch("verify", tuple([Entry(c - 1, 4, False)] * b)))
+    for b in batches:
+        shape = batch_shape(b.entries)
+        if b.label == "verify":
+            shape["draft_tokens"] = 3 * len(b.entries)
+            ms = verify_truth(shape)
+        else:
+            ms = _truth(b.kind, shape)
+        sample = Sample(ms * (1 + 0.003 * rng.standard_normal()), 0.1, 0.2)
+        bucket = len(b.entries) if b.kind == "decode" else 0
+        row = shape_row(b, [sample], 0, bucket, b.max_seq_len, 1, False)
+        rows.append({**row, **shape})
+    meta = {"format": "replay.shapes", "version": FORMAT_VERSION, "model": "tiny", "gpu": H100,
+            "dtype": "bfloat16", MEASURES_KEY: MEASURES_STEP}  # fmt: skip
+    f = write_sweep(tmp_path / "v.parquet", rows, meta)
+    cal = calibrate([eager_run(tmp_path / "r", seed=0)], shapes=[f])
+    gp = cal.profile["gpu_pass"]
+    assert "table" in gp["verify"] and "max" in gp["decode"], cal.notes
+    assert cal.profile["envelope"]["verify"]["num_tokens"] == [4, 512]
+    regions = cal.quality["gpu_pass.held_back"]["regions"]
+    assert regions["verify all"]["max_rel"] < 0.05 and regions["decode all"]["max_rel"] < 0.05
+    cm = CostModel(Config(model="tiny", gpu="h100"), cal.profile)
+    for r in rows:
+        truth = verify_truth(r) if r["label"] == "verify" else decode_truth(r)
+        if r["kind"] == "decode":
+            got = cm.gpu_pass_ms(BatchShape(**{k: r[k] for k in SHAPE_FIELDS}))
+            assert abs(got / truth - 1) < 0.03, r
+    # one table for both would miss: the verify rows through the decode table
+    plain = CostModel(Config(model="tiny", gpu="h100"), {"version": 1, "gpu_pass": {
+        "decode": gp["decode"]}})  # fmt: skip
+    miss = [plain.gpu_pass_ms(BatchShape(**{k: r[k] for k in SHAPE_FIELDS})) / verify_truth(r) - 1
+            for r in rows if r["label"] == "verify"]  # fmt: skip
+    assert np.max(np.abs(miss)) > 0.1

@@ -185,12 +185,29 @@ def test_fast_forward_equals_the_step_loop_with_a_table_profile(tmp_path: Path) 
     outs = {}
     for name, decode in (("table", {"max": [{"table": table}, strag]}), ("plain", strag)):
         prof = {"version": 1, "gpu_pass": {"decode": decode, "mixed": mixed}}
+        if name == "table":  # spec verify steps through their own table
+            doubled = [[2 * v for v in row] for row in table["ms"]]
+            prof["gpu_pass"]["verify"] = {"table": {**table, "ms": doubled}}
         path = save_profile(tmp_path / f"{name}.json", prof)
         for extra in ([], ["spec.method=ngram-gpu", "spec.k=2"]):
             sets = ["model=llama3.2-1b", "gpu=h100", f"profile={path}", *extra]
             outs[name, len(extra)] = records_without_and_with_fast_forward(sets, trace)
             assert_same_records(*outs[name, len(extra)], f"{name} {extra}")
     assert not np.array_equal(outs["table", 0][1].gpu_end, outs["plain", 0][1].gpu_end)
+
+
+def test_verify_steps_take_the_verify_model() -> None:
+    verify = {"table": {**TABLE, "ms": [[2 * bilinear(x, y) for y in YS] for x in XS]}}
+    cm = _cm({"decode": {"table": TABLE}, "verify": verify}, "spec.method=ngram-gpu")
+    base = _cm({"decode": {"table": TABLE}}, "spec.method=ngram-gpu")
+    gpu_terms = base.gpu_pass_ms(_decode(10, 2000, drafts=3)) - bilinear(40, 500)
+    assert cm.gpu_pass_ms(_decode(10, 2000, drafts=3)) == pytest.approx(
+        2 * bilinear(40, 500) + gpu_terms
+    )
+    fn = cm.gpu_decode_ms_fn()
+    assert fn(_decode(10, 2000)) == base.gpu_decode_ms_fn()(_decode(10, 2000))  # no drafts
+    with pytest.raises(ProfileError, match="gpu_pass.verify.table.xs"):
+        validate_profile({"version": 1, "gpu_pass": {"verify": {"table": {**TABLE, "xs": 1}}}})
 
 
 def test_sim_run_reports_steps_outside_the_envelope(tmp_path: Path, capsys) -> None:

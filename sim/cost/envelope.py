@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-ENVELOPE_KINDS = ("decode", "mixed")
+ENVELOPE_KINDS = ("decode", "mixed", "verify")
 ENVELOPE_FIELDS = ("num_reqs", "num_tokens", "kv_per_req", "max_kv_tokens", "prefill_tokens")
 Cols = Mapping[str, np.ndarray]
 
@@ -63,12 +63,12 @@ def field_values(name: str, cols: Cols) -> np.ndarray:
     return np.asarray(cols[name], np.float64)
 
 
-def kind_masks(cols: Cols) -> dict[str, np.ndarray]:
-    """Pure decode (no prefill request, at least one request) and mixed steps."""
-    return {
-        "decode": (cols["num_prefill_reqs"] == 0) & (cols["num_reqs"] > 0),
-        "mixed": cols["num_prefill_reqs"] > 0,
-    }
+def kind_masks(cols: Cols, verify: bool) -> dict[str, np.ndarray]:
+    """Pure decode (no prefill request, at least one request), mixed steps and, with `verify`
+    (the profile models spec verify steps apart), decode steps with drafts taken from decode."""
+    decode = (cols["num_prefill_reqs"] == 0) & (cols["num_reqs"] > 0)
+    drafts = decode & (cols["draft_tokens"] > 0) if verify else np.zeros(len(decode), bool)
+    return {"decode": decode & ~drafts, "mixed": cols["num_prefill_reqs"] > 0, "verify": drafts}
 
 
 def ranges_of(cols: Cols, rows: np.ndarray, fields: tuple[str, ...] = ENVELOPE_FIELDS):
@@ -95,7 +95,7 @@ def outside_share(envelope: Mapping[str, Any], cols: Cols, gpu_ms: np.ndarray) -
     """Per kind the envelope covers: steps, the share of them outside it and the share of their
     GPU time outside it (0 when the kind has no step)."""
     out: dict[str, Any] = {}
-    masks = kind_masks(cols)
+    masks = kind_masks(cols, "verify" in envelope)
     for kind, ranges in envelope.items():
         mine = masks[kind]
         off = outside(ranges, cols) & mine

@@ -61,12 +61,19 @@ class CostModel:
         self.active_terms = terms
 
         # GPU pass: a fitted model per batch kind if the profile has one (decode: linear or the
-        # larger of linear branches, docs/cost-model.md), else the roofline.
+        # larger of linear branches, with piecewise terms, docs/cost-model.md), else the roofline.
         self.roofline = Roofline(self.model, self.gpu, config.dtype, prof["gpu_pass"]["roofline"])
         gpu_extra = add_linear(*(prof["terms"][t] for t in terms if term_target(t) == GPU_TARGET))
         decode = prof["gpu_pass"].get("decode")
         derived = self._decode_derived(decode, where) if decode is not None else {}
         self._gpu_decode = self._gpu_fn(decode, gpu_extra, derived)
+        # spec verify steps (decode with drafts) run another attention kernel (paged_attention):
+        # a `verify` model, if the profile has one, takes them from the decode model
+        verify = prof["gpu_pass"].get("verify")
+        if verify is not None:
+            plain, derived_v = self._gpu_decode, self._decode_derived(verify, where)
+            checked = self._gpu_fn(verify, gpu_extra, derived_v)
+            self._gpu_decode = lambda s: checked(s) if s.draft_tokens else plain(s)
         self._gpu_mixed = self._gpu_fn(prof["gpu_pass"].get("mixed"), gpu_extra)
         # what-if `cuda_graphs_mixed` (not in the engine): mixed steps replay a graph captured
         # for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
@@ -150,7 +157,8 @@ class CostModel:
         return self._phase_fn[phase]
 
     def gpu_decode_ms_fn(self) -> LinearFn:
-        """`gpu_pass_ms` for shapes without a prefill request, without the dispatch."""
+        """`gpu_pass_ms` for shapes without a prefill request, without the dispatch (but the
+        verify model's, which reads draft_tokens: constant for a fast-forward's cost key)."""
         return self._gpu_decode
 
     def draft_gpu_ms_fn(self) -> LinearFn:

@@ -34,7 +34,7 @@ class ProfileError(ConfigError):
 
 META_STR_KEYS = ("gpu", "model", "dtype", "date", "notes")
 PARAM_TABLES = ("gpu_pass.roofline", "launch", "ngram_gpu")
-GPU_FIT_KINDS = ("decode", "mixed")
+GPU_FIT_KINDS = ("decode", "mixed", "verify")
 EFFICIENCY_KEYS = ("mem_efficiency", "matmul_efficiency", "attn_efficiency")
 TOP_KEYS = (
     "version",
@@ -172,8 +172,9 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
         _known(where, "gpu_pass.", gp, ("roofline", *GPU_FIT_KINDS))
         if "roofline" in gp:
             _check_params(where, "gpu_pass.roofline", gp["roofline"])
-        if "decode" in gp:
-            _check_decode(where, "gpu_pass.decode", gp["decode"])
+        for kind in ("decode", "verify"):
+            if kind in gp:
+                _check_decode(where, f"gpu_pass.{kind}", gp[kind])
         if "mixed" in gp:
             _check_gpu_model(where, "gpu_pass.mixed", gp["mixed"], LINEAR_TERMS)
     for key in ("launch", "ngram_gpu"):
