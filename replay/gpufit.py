@@ -17,8 +17,7 @@ hold over the sweep's whole grid instead, each still plain (weighted) least squa
 - mixed (`fit_mixed`): a linear spline in num_tokens (hat functions at log-spaced knots) plus
   linear attention terms, non-negative.
 Rows are weighted by 1 / measured ms (relative error: a 1 ms decode and a 40 ms prefill count
-alike). `held_back` refits with every HOLD_EVERY-th grid point per axis left out and predicts
-them: the per-region error a user can read as "how well does the profile interpolate".
+alike). replay.heldback chooses the grid points a refit leaves out and scores its predictions.
 
 numpy only (the GPU host has no scipy or polars).
 """
@@ -42,10 +41,6 @@ MAX_KNOTS = 10  # spline knots (log-spaced over the rows' num_tokens)
 PENALTY = 0.05  # weight of a cell's curvature, relative to one row's relative error
 STRAGGLER_START = 1.05  # rows this far above the table seed the straggler fit
 MIN_STRAGGLER_ROWS = 2  # c is one number: two rows that straggle clearly pin it
-HOLD_EVERY = 3  # held-back check: every 3rd grid value per axis (interior points only)
-HELD_BACK_OK = 0.05  # the verdict's bound on a region's max relative error
-DECODE_BANDS = (1, 8, 32, 128)  # num_reqs band edges of the decode regions
-MIXED_BANDS = (1, 256, 2048)  # num_tokens band edges of the mixed regions
 
 
 @dataclass
@@ -55,8 +50,10 @@ class PiecewiseFit:
     rows: np.ndarray  # bool: the rows it was fitted on
 
 
-def _table_mod() -> Any:
-    import sim.cost.table as t  # pure Python + numpy: the profile format's rule
+def table_rule() -> Any:
+    """sim.cost.table, the profile format's interpolation rule (imported when first needed, as
+    replay imports sim.cost)."""
+    import sim.cost.table as t
 
     return t
 
@@ -136,7 +133,7 @@ def decode_nodes(cols: Cols, rows: np.ndarray) -> tuple[list[float], list[float]
     """Table nodes from the uniform rows among `rows` without drafts (a verify row of k drafts
     reads (context + k) / (k + 1) keys per query row: off the plain grid, it joins as a scattered
     row); None when either axis has < 2 values."""
-    t = _table_mod()
+    t = table_rule()
     u = rows & uniform_rows(cols)
     plain = u & (cols["draft_tokens"] == 0)
     u = plain if plain.any() else u
@@ -159,7 +156,7 @@ def fit_decode(
     rows with program_keys run above it (`straggler`: the decode attention kernel's split rule,
     sim.cost.splits; not a verify step's). `offset_fn(model)`: ms to add to every cell (a sweep
     that times less than a run's step; None: 0)."""
-    t = _table_mod()
+    t = table_rule()
     xs, ys = nodes
     x_all, y_all = t.axis_values(TABLE_X, cols), t.axis_values(TABLE_Y, cols)
     w_all = t.table_weights(xs, ys, x_all, y_all)
@@ -254,7 +251,7 @@ def fit_mixed(
     cols: Cols, y: np.ndarray, rows: np.ndarray, knots: list[float], terms: Sequence[str]
 ) -> PiecewiseFit:
     """A spline in num_tokens + non-negative linear `terms` (those that add information)."""
-    t = _table_mod()
+    t = table_rule()
     w = t.spline_weights(knots, cols["num_tokens"][rows])
     lin: list[str] = []
     cols_in = [w]
@@ -277,90 +274,3 @@ def fit_mixed(
             model[f] = c
     report = {"knots": len(knots), "rows": int(rows.sum()), "terms": lin}
     return PiecewiseFit(model, report, rows)
-
-
-# ---- held-back points ----------------------------------------------------------------------------
-def decode_hold(cols: Cols, rows: np.ndarray, nodes: tuple[list[float], list[float]]):
-    """Rows held back: uniform rows on interior nodes (i, j) with i % HOLD_EVERY == 1 and
-    j % HOLD_EVERY == 1 (their neighbours stay in), and every HOLD_EVERY-th row off the nodes."""
-    t = _table_mod()
-    xs, ys = nodes
-    x, yv = t.axis_values(TABLE_X, cols), t.axis_values(TABLE_Y, cols)
-    ix = np.searchsorted(np.array(xs), x)
-    iy = np.searchsorted(np.array(ys), yv)
-    on = (ix < len(xs)) & (iy < len(ys))
-    on &= np.isclose(np.array(xs)[np.minimum(ix, len(xs) - 1)], x)
-    on &= np.isclose(np.array(ys)[np.minimum(iy, len(ys) - 1)], yv)
-    interior = (ix > 0) & (ix < len(xs) - 1) & (iy > 0) & (iy < len(ys) - 1)
-    every = HOLD_EVERY
-    node = rows & uniform_rows(cols) & on
-    grid = node & interior & (ix % every == 1) & (iy % every == 1)
-    other = np.flatnonzero(rows & ~node)  # off the grid: non-uniform rows, verify widths
-    hold = grid.copy()
-    hold[other[1::every]] = True
-    return hold
-
-
-def mixed_hold(cols: Cols, rows: np.ndarray) -> np.ndarray:
-    """Every HOLD_EVERY-th row (file order), but never the smallest or largest num_tokens."""
-    idx = np.flatnonzero(rows)
-    hold = np.zeros(len(rows), bool)
-    if idx.size == 0:
-        return hold
-    tok = cols["num_tokens"]
-    lo, hi = tok[idx].min(), tok[idx].max()
-    pick = idx[1::HOLD_EVERY]
-    hold[pick[(tok[pick] > lo) & (tok[pick] < hi)]] = True
-    return hold
-
-
-def region_errors(
-    kind: str, cols: Cols, pred: np.ndarray, meas: np.ndarray, rows: np.ndarray
-) -> dict[str, Any]:
-    """n, median and max |relative error| per band (num_reqs for decode, num_tokens for mixed;
-    decode steps with drafts apart, as `decode verify`) and over all `rows`."""
-    field, edges = ("num_tokens", MIXED_BANDS) if kind == "mixed" else ("num_reqs", DECODE_BANDS)
-    rel = np.abs(pred - meas) / meas
-    v = cols[field]
-    short = "t" if kind == "mixed" else "b"
-
-    def summary(mask: np.ndarray) -> dict[str, Any]:
-        r = rel[mask]
-        return {"n": int(r.size), "median_rel": float(np.median(r)), "max_rel": float(r.max())}
-
-    out: dict[str, Any] = {}
-    bounds = [*edges, np.inf]
-    verify = cols["draft_tokens"] > 0 if kind == "decode" else np.zeros(len(v), bool)
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        mask = rows & (v >= lo) & (v < hi) & ~verify
-        if mask.any():
-            name = f"{kind} {short}{lo}+" if hi == np.inf else f"{kind} {short}{lo}-{int(hi) - 1}"
-            out[name] = summary(mask)
-    if (rows & verify).any():  # spec verify steps: another attention kernel (paged_attention)
-        out[f"{kind} verify"] = summary(rows & verify)
-    if rows.any():
-        out[f"{kind} all"] = summary(rows)
-    return out
-
-
-def verdict(regions: Mapping[str, Mapping[str, Any]]) -> str:
-    """One line: every region's held-back points within HELD_BACK_OK, or which are not."""
-    alls = {k: v for k, v in regions.items() if k.endswith(" all")}
-    if not alls:
-        return "held-back sweep points: none (no piecewise GPU model was fitted)"
-    parts = [
-        f"{k[:-4]} median {100 * v['median_rel']:.1f} % max {100 * v['max_rel']:.1f} % "
-        f"({v['n']} points)"
-        for k, v in alls.items()
-    ]
-    bad = [
-        f"{k} (max {100 * v['max_rel']:.1f} %)"
-        for k, v in regions.items()
-        if not k.endswith(" all") and v["max_rel"] > HELD_BACK_OK
-    ]
-    end = (
-        f"within {100 * HELD_BACK_OK:.0f} % everywhere"
-        if not bad
-        else f"ABOVE {100 * HELD_BACK_OK:.0f} % in " + ", ".join(bad)
-    )
-    return "held-back sweep points: " + "; ".join(parts) + ": " + end

@@ -16,7 +16,7 @@ Rows (over replay.calibrate's `joined`: the runs' steps, then the sweep's rows):
   no straggler branch: its split rule is decode_attention's) when the sweep has a grid of them.
 - mixed: the sweep's mixed rows and the runs' clean mixed steps, as the linear fit takes them.
 Active `gpu.*` seed terms are subtracted from the runs' steps first (the sim adds them back).
-Held back (gpufit.decode_hold / mixed_hold): a refit without those sweep points predicts them;
+Held back (heldback.decode_hold / mixed_hold): a refit without those sweep points predicts them;
 per region the median and max relative error go into the fit report with a one-line verdict.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from replay import gpufit
+from replay import gpufit, heldback
 from replay.shapes import SweepRows
 from replay.steps import CalibrationError, Steps, eval_linear
 from replay.sweepmeta import measures_steps
@@ -88,16 +88,16 @@ def fit_piecewise(
         if mix.any():
             notes.append("gpu_pass.mixed: fewer than 3 token counts in the sweep; kept linear")
     else:
-        hold = gpufit.mixed_hold(cols, mix)
+        hold = heldback.mixed_hold(cols, mix)
         held = gpufit.fit_mixed(cols, y, rows & ~hold, knots, mixed_terms)
         regions.update(_held_errors("mixed", held.model, cols, y, hold))
         fitted = gpufit.fit_mixed(cols, y, rows, knots, mixed_terms)
         out.models["mixed"], out.fit_rows["mixed"] = fitted.model, rows
         out.report["gpu_pass.mixed.piecewise"] = {**fitted.report, "run_steps": int(run_mix.sum())}
-    out.verdict = gpufit.verdict(regions)
+    out.verdict = heldback.verdict(regions)
     out.report["gpu_pass.held_back"] = {
-        "every": gpufit.HOLD_EVERY,
-        "ok_below": gpufit.HELD_BACK_OK,
+        "every": heldback.HOLD_EVERY,
+        "ok_below": heldback.HELD_BACK_OK,
         "regions": regions,
         "verdict": out.verdict,
     }
@@ -127,7 +127,7 @@ def _fit_table(
         return
     offset = None if whole else _run_offset(cols, y, run_rows, notes)
     strag_rule = kind == "decode"
-    hold = gpufit.decode_hold(cols, rows, nodes)
+    hold = heldback.decode_hold(cols, rows, nodes)
     held = gpufit.fit_decode(cols, y, rows & ~hold, nodes, straggler=strag_rule)
     regions.update(_held_errors(kind, held.model, cols, y, hold))
     fitted = gpufit.fit_decode(cols, y, rows, nodes, offset, straggler=strag_rule)
@@ -167,4 +167,4 @@ def _held_errors(
         return {}
     sub = {k: v[hold] for k, v in cols.items()}
     pred = eval_linear(model, cols, hold)
-    return gpufit.region_errors(kind, sub, pred, y[hold], np.ones(int(hold.sum()), bool))
+    return heldback.region_errors(kind, sub, pred, y[hold], np.ones(int(hold.sum()), bool))
