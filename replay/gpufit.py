@@ -158,13 +158,17 @@ def fit_decode(
     that times less than a run's step; None: 0)."""
     t = table_rule()
     xs, ys = nodes
+    mask = rows
+    cols = {k: v[mask] for k, v in cols.items()}  # from here on: the fit's rows only
+    y = y[mask]
+    rows = np.ones(len(y), bool)
     x_all, y_all = t.axis_values(TABLE_X, cols), t.axis_values(TABLE_Y, cols)
     w_all = t.table_weights(xs, ys, x_all, y_all)
     wx_all = t.spline_weights(xs, x_all)  # the table's no-KV column (`_no_kv`) at each row's x
     pen = _table_penalty(xs, ys)
     keys = cols["program_keys"] if "program_keys" in cols else np.zeros(len(y))
-    uni = rows & uniform_rows(cols)
-    other = rows & ~uniform_rows(cols)
+    uni = uniform_rows(cols)
+    other = ~uni
     cand = other & (keys > 0) & straggler
 
     def table_on(mask: np.ndarray) -> np.ndarray:
@@ -208,7 +212,7 @@ def fit_decode(
         "program_keys_ms": c if use_strag else None,
         "offset_ms": delta,
     }
-    return PiecewiseFit(model, report, rows)
+    return PiecewiseFit(model, report, mask)
 
 
 def _no_kv(ms: np.ndarray, xs: Sequence[float], ys: Sequence[float]) -> np.ndarray:
