@@ -20,7 +20,7 @@ from core.shape import BatchShape
 from sim.__main__ import main as sim_main
 from sim.cost import CostModel, ProfileError, load_profile, save_profile, validate_profile
 from sim.cost.envelope import outside_share
-from sim.cost.table import spline_values, table_values
+from sim.cost.table import spline_values, spline_weights, table_values, table_weights
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
@@ -66,6 +66,10 @@ def test_table_interpolates_and_extrapolates_by_the_rule() -> None:
     cols = {f: np.array([getattr(s, f) for s in shapes], float)
             for f in ("num_tokens", "num_reqs", "kv_read_tokens")}  # fmt: skip
     np.testing.assert_allclose(table_values(TABLE, cols), [fn(s) for s in shapes], rtol=1e-12)
+    # ... and so do the weights a calibration fits the cells with
+    x, y = cols["num_tokens"], cols["kv_read_tokens"] / cols["num_tokens"]
+    w = table_weights(XS, YS, x, y)
+    np.testing.assert_allclose(w @ np.ravel(TABLE["ms"]), table_values(TABLE, cols), rtol=1e-12)
 
 
 def test_spline_with_linear_attention_terms_for_mixed_steps() -> None:
@@ -84,6 +88,8 @@ def test_spline_with_linear_attention_terms_for_mixed_steps() -> None:
     np.testing.assert_allclose(
         spline_values(SPLINE, cols), [want - 1e-3 - 0.1, 1.0, 17.5 + 16.0 / 3840 * 4096]
     )
+    w = spline_weights(SPLINE["knots"], cols["num_tokens"])
+    np.testing.assert_allclose(w @ np.array(SPLINE["ms"]), spline_values(SPLINE, cols))
 
 
 def test_table_in_a_max_form_and_with_gpu_terms() -> None:

@@ -214,11 +214,16 @@ def table_weights(xs: Sequence[float], ys: Sequence[float], x: np.ndarray, y: np
 
 
 def table_values(t: Mapping[str, Any], cols: Cols) -> np.ndarray:
-    x, y = axis_values(t["x"], cols), axis_values(t["y"], cols)
-    w = table_weights(t["xs"], t["ys"], x, y)
-    return w @ np.asarray(t["ms"], np.float64).ravel()
+    """The table on every row (O(rows) memory: no weight matrix)."""
+    i, tx = _segments(t["xs"], axis_values(t["x"], cols))
+    j, ty = _segments(t["ys"], axis_values(t["y"], cols))
+    m = np.asarray(t["ms"], np.float64)
+    a = m[i, j] + ty * (m[i, j + 1] - m[i, j])
+    b = m[i + 1, j] + ty * (m[i + 1, j + 1] - m[i + 1, j])
+    return a + tx * (b - a)
 
 
 def spline_values(t: Mapping[str, Any], cols: Cols) -> np.ndarray:
-    w = spline_weights(t["knots"], axis_values(t["x"], cols))
-    return w @ np.asarray(t["ms"], np.float64)
+    i, u = _segments(t["knots"], axis_values(t["x"], cols))
+    m = np.asarray(t["ms"], np.float64)
+    return m[i] + u * (m[i + 1] - m[i])
