@@ -159,7 +159,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
         kinds = tuple(k.strip() for k in args.shapes_kinds.split(",") if k.strip())
         cal = calibrate(
-            args.runs, _gpu_terms(args.gpu_terms), gpu, shapes=args.shapes, shapes_kinds=kinds
+            args.runs,
+            _gpu_terms(args.gpu_terms),
+            gpu,
+            shapes=args.shapes,
+            shapes_kinds=kinds,
+            gpu_model=args.gpu_model,
         )
         checks = {}
         if args.check:
@@ -174,6 +179,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print_quality(f"check on {len(args.check)} other run(s):", checks)
     for note in cal.notes:
         print(f"note: {note}")
+    if cal.verdict:
+        print(cal.verdict)
     print(f"profile -> {args.output}  (fit report: {side})")
     return 0
 
@@ -322,6 +329,14 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         help="batch kinds whose sweep rows join the fits (default mixed: the sweep's decode "
         "graphs hold no input copy or sampling, which a run's decode interval does); the "
         "others are only reported",
+    )
+    p.add_argument(
+        "--gpu-model",
+        default="auto",
+        choices=("auto", "linear", "piecewise"),
+        help="GPU pass form: piecewise = a decode table and a mixed-step spline fitted on the "
+        "sweep, with held-back points checked; linear = one linear fit per kind (+ the decode "
+        "straggler branch); auto (default) = piecewise for sweeps that measure whole steps",
     )
     p.set_defaults(func=cmd_calibrate)
 

@@ -48,6 +48,12 @@ default `shapes_kinds`) are shifted by the sweep's offset, the median of bulk - 
 rows the bulk branch explains; rows that join count as run steps (no offset). Reported in
 `gpu_pass.decode.straggler`.
 
+Piecewise GPU models (`gpu_model`, replay.piecewise): with a sweep that measures whole steps
+(or `--gpu-model piecewise`), the decode pass becomes a table over query rows x KV tokens per row
+(+ the straggler branch) and the mixed pass a spline in num_tokens + linear attention terms,
+fitted on the sweep's grid, with held-back grid points reported per region and a verdict. Every
+calibration records the envelope its GPU fits measured (profile key `envelope`).
+
 Pure numpy + pyarrow; `sim.cost` (pure Python) is imported lazily for the profile format.
 """
 
@@ -68,6 +74,7 @@ from core.runfmt import Run, load_run
 from replay.idle_start import fit_idle_start
 from replay.lsq import fit, numeric_rank
 from replay.outdir import atomic_file
+from replay.piecewise import Piecewise, fit_piecewise, use_piecewise
 from replay.quality import active_terms_ms, evaluate, print_quality, stats
 from replay.shapes import SweepRows, read_sweeps
 from replay.steps import (
@@ -79,6 +86,7 @@ from replay.steps import (
     program_keys,
     run_config,
 )
+from replay.sweepmeta import measures_steps
 
 __all__ = [
     "CalibrationError",
@@ -218,6 +226,7 @@ class Calibration:
     quality: dict[str, Any]  # target -> fit statistics on the calibration runs (and sweeps)
     notes: list[str]
     shapes: list[str] = field(default_factory=list)  # shape sweep files used
+    verdict: str = ""  # held-back sweep points, one line (piecewise GPU models only)
 
 
 def _recorded_terms(
@@ -239,11 +248,13 @@ def calibrate(
     one_sided: Mapping[str, Sequence[str]] | None = None,
     shapes: Sequence[str | Path] = (),
     shapes_kinds: Sequence[str] = ("mixed",),
+    gpu_model: str = "auto",
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
     (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
     files whose rows join the GPU pass fits (module docstring); `shapes_kinds`: the batch kinds
-    whose sweep rows may join (the others are only reported)."""
+    whose sweep rows may join the linear fits (the others are only reported). `gpu_model`:
+    replay.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps)."""
     from sim.cost import resolve_profile
 
     runs = [load_run(d) for d in run_dirs]
@@ -251,6 +262,7 @@ def calibrate(
         raise CalibrationError("calibrate needs at least one run folder")
     identity, notes = _identity(runs, gpu_preset)
     sweep = _load_sweeps(shapes, runs) if shapes else None
+    piecewise = use_piecewise(gpu_model, sweep)
     if sweep is not None:
         identity["notes"] += f" + {len(sweep.paths)} shape sweep(s) of {len(sweep)} rows"
     steps = load_steps(runs)
@@ -295,11 +307,19 @@ def calibrate(
         fit_rows[kind] = rows
     straggler: dict[str, Any] = {}
     recorded = not any("max_kv_tokens" in getattr(r, "filled", ()) for r in runs)
-    if "decode" in gp and sweep is not None and recorded:
+    if "decode" in gp and sweep is not None and recorded and not piecewise:
         joins_dec = joins is not None and bool((joins & sweep.decode).any())
         gp["decode"], straggler = _fit_straggler(gp["decode"], sweep, runs, joins_dec, notes)
+    pw = Piecewise()
+    if piecewise and sweep is not None:
+        y_less = joined_y - active_terms_ms(defaults, joined, "gpu")
+        dec_rows = _graph_matched_decode(sweep, runs) if recorded else np.zeros(len(sweep), bool)
+        pw = fit_piecewise(joined, y_less, len(steps), sweep, dec_rows, gterms["mixed"], notes)
+        gp.update(pw.models)
+        fit_rows.update(pw.fit_rows)
     if gp:
         prof["gpu_pass"] = gp
+        prof["envelope"] = _envelope(joined, fit_rows, gp)
     # CPU phases
     cpu: dict[str, dict[str, float]] = {}
     for phase, base_terms in PHASE_TERMS.items():
@@ -330,14 +350,35 @@ def calibrate(
     if idle is not None:
         prof.setdefault("gpu_pass", {})["idle_start"] = idle
         used = merge_profile(base, prof) if base else prof
+        notes.append(
+            f"gpu_pass.idle_start: scale {idle_report['scale']:.3f} from {idle_report['steps']} "
+            f"decode graph steps issued to an idle GPU (measured/predicted p10 "
+            f"{idle_report['ratio_p10']:.2f}, p90 {idle_report['ratio_p90']:.2f})"
+        )
     quality = evaluate(used, runs, steps)
     quality.update(_gpu_fit_quality(used, joined, joined_y, fit_rows, len(steps)))
     if straggler:
         quality["gpu_pass.decode.straggler"] = straggler
-    quality["gpu_pass.idle_start"] = idle_report
     if sweep is not None:
         quality.update(_sweep_quality(used, steps, gpu_y, sweep, gterms, dterms, notes))
-    return Calibration(prof, quality, notes, list(sweep.paths) if sweep is not None else [])
+    quality.update(pw.report)
+    paths = list(sweep.paths) if sweep is not None else []
+    return Calibration(prof, quality, notes, paths, pw.verdict)
+
+
+def _envelope(
+    joined: Steps, fit_rows: Mapping[str, np.ndarray], gp: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Per fitted kind, the ranges of sim.cost.envelope's fields over the rows it was fitted on
+    (a kind kept from the base profile or the roofline has none)."""
+    from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
+
+    out: dict[str, Any] = {}
+    for kind, rows in fit_rows.items():
+        if kind in gp and rows.any():
+            fields = tuple(f for f in ENVELOPE_FIELDS if kind == "mixed" or f != "prefill_tokens")
+            out[kind] = ranges_of(joined.cols, rows, fields)
+    return out
 
 
 # ---- shape sweeps -------------------------------------------------------------------------------
@@ -532,8 +573,14 @@ def _sweep_quality(
     extra = active_terms_ms(p, steps, "gpu")
     decode = steps.cols["num_prefill_reqs"] == 0
     all_sweep = np.ones(len(sweep), bool)
+    drafts = sweep.decode & (sweep.cols["draft_tokens"] > 0)
+    if "verify" in p["gpu_pass"] and drafts.any():  # verify rows: the verify model's (shapes)
+        pred = eval_linear(p["gpu_pass"]["verify"], sweep.cols, drafts)
+        out["gpu_pass.verify.shapes"] = stats(pred, sweep.gpu_ms[drafts])
     for kind in ("decode", "mixed"):
         mine = sweep.decode == (kind == "decode")
+        if kind == "decode" and "verify" in p["gpu_pass"]:
+            mine &= ~drafts
         if not mine.any():
             continue
         if kind in p["gpu_pass"]:
@@ -559,11 +606,16 @@ def _sweep_quality(
         q["offset_rel"] = float(np.median((meas - pred) / meas))
         out[f"gpu_pass.{kind}.runs_vs_sweep"] = q
         if abs(q["offset_rel"]) > SOURCE_OFFSET_NOTE:
+            why = (
+                "the sweep measures whole steps: the two sources disagree"
+                if all(measures_steps(m) for m in sweep.meta)
+                else "the sweep times forward + logits; a run's interval also holds the input "
+                "copy, input finishing and sampling"
+            )
             notes.append(
                 f"gpu_pass.{kind}: the {q['n']} clean run steps take {q['offset_ms']:+.3f} ms "
-                f"({100 * q['offset_rel']:+.1f} %, median) against a fit to the shape sweep "
-                "alone (the sweep times forward + logits; a run's interval also holds the input "
-                "copy, input finishing and sampling)"
+                f"({100 * q['offset_rel']:+.1f} %, median) against a linear fit to the shape "
+                f"sweep alone ({why})"
             )
     return out
 
@@ -664,6 +716,8 @@ def write_calibration(cal: Calibration, path: str | Path, checks: dict[str, Any]
 
     p = save_profile(path, cal.profile)
     report = {"profile": str(p), "fit": cal.quality, "check": checks, "notes": cal.notes}
+    if cal.verdict:
+        report["verdict"] = cal.verdict
     if cal.shapes:
         report["shapes"] = cal.shapes
     text = json.dumps(report, indent=2, allow_nan=False) + "\n"

@@ -25,7 +25,11 @@ def evaluate(profile: Mapping[str, Any], runs: Sequence[Run], steps: Steps | Non
     decode = steps.cols["num_prefill_reqs"] == 0
     gpu_extra = active_terms_ms(prof, steps, "gpu")
     gpu_y = steps.gpu_ms - draft_gpu_ms(runs, steps)
-    for kind, mask in (("decode", decode), ("mixed", ~decode)):
+    kinds = [("decode", decode), ("mixed", ~decode)]
+    if "verify" in prof["gpu_pass"]:  # spec verify steps have their own model (sim.cost.model)
+        drafts = decode & (steps.cols["draft_tokens"] > 0)
+        kinds = [("decode", decode & ~drafts), ("mixed", ~decode), ("verify", drafts)]
+    for kind, mask in kinds:
         rows = mask & np.isfinite(gpu_y)
         if kind not in prof["gpu_pass"] or not rows.any():
             continue

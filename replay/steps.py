@@ -182,13 +182,21 @@ def eval_linear(
     model: Mapping[str, float], cols: dict[str, np.ndarray], rows: np.ndarray
 ) -> np.ndarray:
     """A linear model's value on the selected steps (rows: a bool mask or indices); a GPU pass
-    model `{"max": [...]}` is the larger of its branches."""
+    model `{"max": [...]}` is the larger of its branches; a `table`/`spline` term is evaluated
+    by sim.cost.table's rule."""
     if "max" in model:
         parts: Any = model["max"]
         return np.maximum.reduce([eval_linear(b, cols, rows) for b in parts])
+    from sim.cost.table import SPLINE_KEY, TABLE_KEY, spline_values, table_values
+
     out = np.zeros(int(rows.sum()) if rows.dtype == bool else len(rows))
     for term, coef in model.items():
-        out += coef * cols[term][rows]
+        if term in (TABLE_KEY, SPLINE_KEY):  # a piecewise-linear term (sim.cost.table)
+            sub = {k: v[rows] for k, v in cols.items()}
+            piece = table_values if term == TABLE_KEY else spline_values
+            out += piece(coef, sub)  # type: ignore[arg-type]
+        else:
+            out += coef * cols[term][rows]
     return out
 
 

@@ -9,6 +9,7 @@ from core.cli import add_config_args, check_names
 from core.cli_timeline import add_timeline_args
 from core.config import Config
 from core.scenario import Scenario, config_for_trace
+from sim.cost.envelope import describe
 from sim.progress import Progress
 
 
@@ -86,4 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print_summary(res.summary, out, res.wall_s)
+    line = describe(res.summary.get("cost_envelope") or {})
+    if line:
+        print(line)
     return 0

@@ -7,18 +7,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from core.config import Config
 from core.gpus import get_gpu
 from core.models import get_model, with_context
 from core.policy import Scheduler
 from core.policy.sizing import kv_blocks_for_gpu, scheduler_config
 from core.request import Request
-from core.runfmt import RunRecorder, trace_info, write_run
+from core.runfmt import Recording, RunRecorder, trace_info, write_run
 from core.runfmt.timeline import DEFAULT_MAX_STEPS
 from core.scenario import Scenario
+from core.shape import SHAPE_FIELDS
 from core.trace import Trace, TraceError, read_trace
 from sim.acceptance import AcceptanceModel
 from sim.cost import CostModel, load_cost_model
+from sim.cost.envelope import outside_share
 from sim.gcmodel import GCModel
 from sim.loop import SimLoop
 from sim.overload import overload_of
@@ -92,6 +96,14 @@ def acceptance_for(cfg: Config, trace: Trace) -> AcceptanceModel:
     return AcceptanceModel(cfg.spec, cfg.seed, token_ids, rate, DEFAULT_ACCEPT_RATE)
 
 
+def envelope_share(envelope: dict[str, Any], rec: Recording) -> dict[str, Any]:
+    """Per batch kind the profile's envelope covers: the share of the run's steps, and of their
+    GPU time, outside it (sim.cost.envelope), from the recorded step columns."""
+    cols = {f: rec.shape[:, i] for i, f in enumerate(SHAPE_FIELDS)}
+    gpu_ms = (rec.gpu_end - rec.gpu_start) * 1e3
+    return outside_share(envelope, cols, np.nan_to_num(gpu_ms))
+
+
 def simulate(
     cfg: Config,
     trace_path: str | Path,
@@ -152,11 +164,14 @@ def simulate(
     }
     if scenario is not None:
         extra["scenario"] = {"trace": scenario.trace, "keys": scenario.flat()}
+    frozen = rec.freeze() if out_dir is not None or cost.envelope else None
+    if frozen is not None and cost.envelope:
+        extra["cost_envelope"] = envelope_share(cost.envelope, frozen)
     summary: dict[str, Any]
     if out_dir is not None:
+        assert frozen is not None
         if progress is not None:
             progress.phase("writing run folder")
-        frozen = rec.freeze()
         extra["overload"] = overload_of(frozen.arrival, frozen.first_token, frozen.finish)
         summary = write_run(
             out_dir,

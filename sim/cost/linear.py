@@ -10,7 +10,9 @@ times per simulated step, for millions of steps).
 A GPU pass model may also be `{"max": [LINEAR, LINEAR, ...]}`: the larger of its branches
 (`compile_model`; pure decode: the KV stream vs the longest attention program), and its linear
 models may use derived terms the caller defines for one model and GPU (`derived`:
-`program_keys`, sim.cost.splits), which compile to a call of the caller's function.
+`program_keys`, sim.cost.splits), which compile to a call of the caller's function. A GPU pass
+model (or branch) may also hold a piecewise-linear term, `"table"` or `"spline"`
+(sim.cost.table), added to its linear terms and compiled to a call the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from core.shape import SHAPE_FIELDS, BatchShape
+
+from .table import NONLINEAR_KEYS, TABLE_KEY, compile_spline, compile_table
 
 INTERCEPT = "intercept"
 LINEAR_TERMS: tuple[str, ...] = (INTERCEPT, *SHAPE_FIELDS, "num_tokens")
@@ -88,20 +92,50 @@ def branches(model: Mapping[str, Any]) -> list[Mapping[str, float]]:
     return list(model[MAX_KEY]) if is_max_model(model) else [model]
 
 
+def split_nonlinear(model: Mapping[str, Any]) -> tuple[dict[str, float], dict[str, Any]]:
+    """A GPU pass model (or branch) as (its linear terms, its table/spline terms)."""
+    lin = {k: v for k, v in model.items() if k not in NONLINEAR_KEYS}
+    return lin, {k: model[k] for k in NONLINEAR_KEYS if k in model}
+
+
+def _add_branch(model: Mapping[str, Any], extra: Mapping[str, float]) -> dict[str, Any]:
+    lin, nonlin = split_nonlinear(model)
+    return {**add_linear(lin, extra), **nonlin}
+
+
 def add_to_model(model: Mapping[str, Any], extra: Mapping[str, float]) -> dict[str, Any]:
     """`model + extra` for a linear model or a max form (added to every branch: max(a, b) + e
-    = max(a + e, b + e))."""
+    = max(a + e, b + e)); table and spline terms are kept as they are."""
     if is_max_model(model):
-        return {MAX_KEY: [add_linear(b, extra) for b in model[MAX_KEY]]}
-    return add_linear(model, extra)
+        return {MAX_KEY: [_add_branch(b, extra) for b in model[MAX_KEY]]}
+    return _add_branch(model, extra)
+
+
+def _branch_source(model: Mapping[str, Any], derived: dict[str, LinearFn]) -> str:
+    """`_source` of a branch; its table/spline term joins `derived` (coefficient 1) under a name
+    no linear term has."""
+    lin, nonlin = split_nonlinear(model)
+    for key, term in nonlin.items():
+        name = f"_{key}{len(derived)}"
+        derived[name] = compile_table(term) if key == TABLE_KEY else compile_spline(term)
+        lin[name] = 1.0
+    return _source(lin, derived)
 
 
 def compile_model(model: Mapping[str, Any], derived: Derived | None = None) -> LinearFn:
-    """`compile_linear`, or for `{"max": [m1, m2, ...]}` one function `max(m1(s), m2(s), ...)`."""
+    """`compile_linear`, or for `{"max": [m1, m2, ...]}` one function `max(m1(s), m2(s), ...)`;
+    a table or spline term compiles to one call inside the expression."""
+    terms = dict(derived or {})
     if not is_max_model(model):
-        return compile_linear(model, derived)
-    exprs = [_source(b, derived or {}) for b in model[MAX_KEY]]
-    return _compile(f"max({', '.join(exprs)})", derived or {})
+        expr = _branch_source(model, terms)
+        return zero if expr == "0.0" else _compile(expr, terms)
+    exprs = [_branch_source(b, terms) for b in model[MAX_KEY]]
+    return _compile(f"max({', '.join(exprs)})", terms)
+
+
+def has_nonlinear(model: Mapping[str, Any]) -> bool:
+    """Whether a GPU pass model (or a branch of its max form) holds a table or spline term."""
+    return any(k in b for b in branches(model) for k in NONLINEAR_KEYS)
 
 
 def design_row(shape: BatchShape, terms: Iterable[str]) -> list[float]:

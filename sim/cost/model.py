@@ -41,6 +41,7 @@ from .linear import (
 from .profile import ProfileError, load_profile, resolve_profile, validate_profile
 from .roofline import Roofline
 from .splits import num_sms, program_keys_fn
+from .table import SPLINE_KEY
 from .terms import GPU_TARGET, active_terms, term_target
 
 
@@ -60,12 +61,19 @@ class CostModel:
         self.active_terms = terms
 
         # GPU pass: a fitted model per batch kind if the profile has one (decode: linear or the
-        # larger of linear branches, docs/cost-model.md), else the roofline.
+        # larger of linear branches, with piecewise terms, docs/cost-model.md), else the roofline.
         self.roofline = Roofline(self.model, self.gpu, config.dtype, prof["gpu_pass"]["roofline"])
         gpu_extra = add_linear(*(prof["terms"][t] for t in terms if term_target(t) == GPU_TARGET))
         decode = prof["gpu_pass"].get("decode")
         derived = self._decode_derived(decode, where) if decode is not None else {}
         self._gpu_decode = self._gpu_fn(decode, gpu_extra, derived)
+        # spec verify steps (decode with drafts) run another attention kernel (paged_attention):
+        # a `verify` model, if the profile has one, takes them from the decode model
+        verify = prof["gpu_pass"].get("verify")
+        if verify is not None:
+            plain, derived_v = self._gpu_decode, self._decode_derived(verify, where)
+            checked = self._gpu_fn(verify, gpu_extra, derived_v)
+            self._gpu_decode = lambda s: checked(s) if s.draft_tokens else plain(s)
         self._gpu_mixed = self._gpu_fn(prof["gpu_pass"].get("mixed"), gpu_extra)
         # what-if `cuda_graphs_mixed` (not in the engine): mixed steps replay a graph captured
         # for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
@@ -78,6 +86,8 @@ class CostModel:
         idle = prof["gpu_pass"]["idle_start"]
         self.idle_start_scale = float(idle["scale"])
         self.idle_start_min_s = float(idle["min_idle_ms"]) / 1e3
+        # the shapes the fitted GPU models were measured on (sim.cost.envelope), if recorded
+        self.envelope: dict[str, Any] | None = prof.get("envelope")
 
         # Launch: constant per mode; graphs only for pure decode of <= graph_max_tokens.
         la = prof["launch"]
@@ -152,7 +162,8 @@ class CostModel:
         return self._phase_fn[phase]
 
     def gpu_decode_ms_fn(self) -> LinearFn:
-        """`gpu_pass_ms` for shapes without a prefill request, without the dispatch."""
+        """`gpu_pass_ms` for shapes without a prefill request, without the dispatch (but the
+        verify model's, which reads draft_tokens: constant for a fast-forward's cost key)."""
         return self._gpu_decode
 
     def draft_gpu_ms_fn(self) -> LinearFn:
@@ -200,9 +211,14 @@ class CostModel:
 
     def _per_token_ms(self, fit: Mapping[str, Any] | None) -> float:
         """GPU ms per query token of a mixed step: the fitted num_tokens (+ prefill_tokens)
-        coefficient, else the roofline's marginal cost of one more prefill token."""
+        coefficient (+ a token spline's mean slope over its knots), else the roofline's
+        marginal cost of one more prefill token."""
         if fit is not None:
-            return float(fit.get("num_tokens", 0.0)) + float(fit.get("prefill_tokens", 0.0))
+            per = float(fit.get("num_tokens", 0.0)) + float(fit.get("prefill_tokens", 0.0))
+            sp = fit.get(SPLINE_KEY)
+            if sp is not None and sp["x"] in ("num_tokens", "prefill_tokens"):
+                per += (sp["ms"][-1] - sp["ms"][0]) / (sp["knots"][-1] - sp["knots"][0])
+            return per
         one = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=512, kv_read_tokens=512)
         two = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=1024, kv_read_tokens=512)
         return (self.roofline(two) - self.roofline(one)) / 512

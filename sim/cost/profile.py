@@ -22,7 +22,9 @@ from core.config import ConfigError
 from core.phases import CPU_PHASES
 
 from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
+from .envelope import EnvelopeError, check_envelope
 from .linear import DECODE_TERMS, LINEAR_TERMS, MAX_KEY
+from .table import NONLINEAR_KEYS, TABLE_KEY, TableError, check_spline, check_table
 from .terms import TERM_NAMES
 
 
@@ -32,7 +34,7 @@ class ProfileError(ConfigError):
 
 META_STR_KEYS = ("gpu", "model", "dtype", "date", "notes")
 PARAM_TABLES = ("gpu_pass.roofline", "gpu_pass.idle_start", "launch", "ngram_gpu")
-GPU_FIT_KINDS = ("decode", "mixed")
+GPU_FIT_KINDS = ("decode", "mixed", "verify")
 EFFICIENCY_KEYS = ("mem_efficiency", "matmul_efficiency", "attn_efficiency", "scale")
 TOP_KEYS = (
     "version",
@@ -47,6 +49,7 @@ TOP_KEYS = (
     "gc",
     "alloc_objects",
     "alloc_terms",
+    "envelope",
 )
 
 
@@ -79,11 +82,26 @@ def _check_linear(where: str, key: str, value: Any, terms: tuple[str, ...] = LIN
         _number(where, f"{key}.{term}", coef)
 
 
+def _check_gpu_model(where: str, key: str, value: Any, terms: tuple[str, ...]) -> None:
+    """A linear model over `terms`, plus at most one `table` or `spline` term."""
+    model = _table(where, key, value)
+    nonlin = [k for k in NONLINEAR_KEYS if k in model]
+    if len(nonlin) > 1:
+        raise _fail(where, f"{key}.{nonlin[1]}", "a model holds one table or spline term")
+    for k in nonlin:
+        check = check_table if k == TABLE_KEY else check_spline
+        try:
+            check(model[k])
+        except TableError as e:
+            raise _fail(where, f"{key}.{k}" + (f".{e.key}" if e.key else ""), e.why) from None
+    _check_linear(where, key, {t: c for t, c in model.items() if t not in nonlin}, terms)
+
+
 def _check_decode(where: str, key: str, value: Any) -> None:
-    """A linear model over DECODE_TERMS, or `{"max": [model, model, ...]}` (2 or more)."""
+    """A GPU model over DECODE_TERMS, or `{"max": [model, model, ...]}` (2 or more)."""
     model = _table(where, key, value)
     if MAX_KEY not in model:
-        _check_linear(where, key, model, DECODE_TERMS)
+        _check_gpu_model(where, key, model, DECODE_TERMS)
         return
     if len(model) > 1:
         other = next(k for k in model if k != MAX_KEY)
@@ -93,7 +111,7 @@ def _check_decode(where: str, key: str, value: Any) -> None:
         raise _fail(where, f"{key}.{MAX_KEY}", f"expected a list of 2 or more linear models, "
                     f"got {parts!r}")  # fmt: skip
     for i, part in enumerate(parts):
-        _check_linear(where, f"{key}.{MAX_KEY}[{i}]", part, DECODE_TERMS)
+        _check_gpu_model(where, f"{key}.{MAX_KEY}[{i}]", part, DECODE_TERMS)
 
 
 def _check_params(where: str, key: str, value: Any) -> None:
@@ -155,10 +173,11 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
         for table in ("roofline", "idle_start"):
             if table in gp:
                 _check_params(where, f"gpu_pass.{table}", gp[table])
-        if "decode" in gp:
-            _check_decode(where, "gpu_pass.decode", gp["decode"])
+        for kind in ("decode", "verify"):
+            if kind in gp:
+                _check_decode(where, f"gpu_pass.{kind}", gp[kind])
         if "mixed" in gp:
-            _check_linear(where, "gpu_pass.mixed", gp["mixed"])
+            _check_gpu_model(where, "gpu_pass.mixed", gp["mixed"], LINEAR_TERMS)
     for key in ("launch", "ngram_gpu"):
         if key in prof:
             _check_params(where, key, prof[key])
@@ -174,6 +193,11 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
         _check_linear(where, "sync", prof["sync"])
     if "gc" in prof:
         _check_gc(where, prof["gc"])
+    if "envelope" in prof:
+        try:
+            check_envelope(prof["envelope"])
+        except EnvelopeError as e:
+            raise _fail(where, "envelope" + (f".{e.key}" if e.key else ""), e.why) from None
     return prof
 
 
