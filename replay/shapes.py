@@ -237,10 +237,12 @@ def plan(
     budget_s: float | None = DEFAULT_BUDGET_S,
     points: int | None = None,
     max_context: int = 0,
-    graphs: bool = False,
+    buckets: Sequence[int] = (),
 ) -> Plan:
-    """The grid for `cfg` and a cache of `num_kv_blocks`, cut to `points` / `budget_s`."""
-    lim = Limits.of(cfg, num_kv_blocks, max_context)
+    """The grid for `cfg` and a cache of `num_kv_blocks`, cut to `points` / `budget_s`;
+    `buckets`: the engine's decode graphs (none: decode runs eagerly)."""
+    graphs = bool(buckets)
+    lim = Limits.of(cfg, num_kv_blocks, max_context, buckets)
     full = grid(lim, kinds, cfg.seed)
     guess = CostGuess.of(cfg)
     if quick:
@@ -283,11 +285,10 @@ def sweep(
     try:
         engine = Engine(cfg)
         engine.hooks = marks = MarkHooks(engine.device)
-        graphed = engine.graphs is not None
-        cfg_est = _as_run(cfg)
+        buckets = engine.graphs.buckets if engine.graphs is not None else ()
         pl = plan(
-            cfg_est, engine.num_kv_blocks, kinds, quick, repeats, budget_s, points, max_context,
-            graphed,
+            _as_run(cfg), engine.num_kv_blocks, kinds, quick, repeats, budget_s, points,
+            max_context, buckets,
         )  # fmt: skip
         if announce is not None:
             announce(

@@ -130,14 +130,19 @@ class Limits:
     buckets: tuple[int, ...] = ()  # decode graph batch sizes (empty: engine.graphs' rule)
 
     @staticmethod
-    def of(cfg: Config, num_kv_blocks: int = 0, max_context: int = 0) -> Limits:
+    def of(
+        cfg: Config, num_kv_blocks: int = 0, max_context: int = 0, buckets: Sequence[int] = ()
+    ) -> Limits:
+        """`buckets`: the engine's decode graph sizes (default: engine.graphs' rule for the
+        engine's input buffers)."""
         from core.models import get_model
         from engine.graphs import decode_buckets
 
         max_len = cfg.max_model_len or get_model(cfg.model).max_context
         k = cfg.spec.k if cfg.spec.enabled else 0
-        q = k + 1
-        buckets = decode_buckets(min(cfg.max_num_seqs, max(cfg.max_num_batched_tokens, 1) // q))
+        if not buckets:  # as Engine sizes its graphs: inputs hold max(budget, max_num_seqs)
+            rows = max(cfg.max_num_batched_tokens, cfg.max_num_seqs) // (k + 1)
+            buckets = decode_buckets(min(cfg.max_num_seqs, rows))
         blocks = num_kv_blocks or cfg.num_kv_blocks
         return Limits(
             max_tokens=cfg.max_num_batched_tokens,
@@ -169,8 +174,8 @@ class Limits:
             return list(self.buckets)
         from engine.graphs import decode_buckets
 
-        q = self.spec_k + 1
-        return decode_buckets(min(self.max_seqs, max(self.max_tokens, 1) // q))
+        rows = max(self.max_tokens, self.max_seqs) // (self.spec_k + 1)
+        return decode_buckets(min(self.max_seqs, rows))
 
 
 def batch_shape(entries: Sequence[Entry]) -> dict[str, int]:

@@ -529,6 +529,31 @@ def test_gpu_sweep_samples_are_clean(tmp_path: Path):
     meta = json.loads(t.schema.metadata[META_KEY])
     assert meta["gpu"] == torch.cuda.get_device_name() and meta["spin_cycles_per_ms"] > 0
     assert meta["attn_backend"] == "triton" and meta["graph_buckets"]
+    assert meta["measures"] == "step" and meta["graphs_sample"]  # graphs hold the sampling
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["ngram-gpu", "ngram-cpu"])
+def test_gpu_sweep_with_speculative_decoding(tmp_path: Path, method: str):
+    """Verification steps: rows of k drafts each replay the spec graphs (eager sampling after
+    them), other widths run eagerly; every sample clean."""
+    cfg = Config(
+        model="tiny",
+        device="cuda",
+        max_num_batched_tokens=512,
+        max_num_seqs=32,
+        max_model_len=4096,
+        gc_freeze=False,
+    ).replace(**{"spec.method": method, "spec.k": 3})
+    res = sweep(cfg, tmp_path / "s.parquet", repeats=2, kinds=("decode",), points=40)
+    assert res.complete and res.dropped_shapes == 0
+    t = pq.read_table(res.path)
+    d = {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names}
+    uniform = d["draft_tokens"] == 3 * d["num_reqs"]
+    assert uniform.any() and (~uniform).any() and (d["spec_k"] == 3).all()
+    assert d["graph"][uniform].all() and not d["graph"][~uniform].any()
+    assert (d["max_query_len"][uniform] == 4).all()
 
 
 def test_batch_kinds():

@@ -164,3 +164,45 @@ def test_the_loop_is_unchanged_by_the_sweeps_engine_methods():
     trace = eng.trace
     assert (trace.gpu_ns[:, 1] >= trace.gpu_ns[:, 0]).all() and trace.num_steps >= 5
     assert eng.graph_bucket(trace.shapes[-1]) == 0  # no graphs on CPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_sample_equals_a_run_steps_clean_interval():
+    """A run at depth 2 of 16 requests decoding after a 1000-token prompt, against a sweep
+    sample of the same batch (16 decode rows at the run's middle context) in the same engine:
+    the sample holds what the run's clean intervals hold (input copy, finishing, graph with
+    sampling, token copy), within 10 %. Clean as replay.steps says: the GPU began the step
+    after the host had ended `sample` (llama3.2-1b, random weights: its decode pass outlasts
+    the host's step, so most steps are)."""
+    from replay.shapes import Timer
+
+    cfg = Config(
+        model="llama3.2-1b",
+        device="cuda",
+        max_num_seqs=16,
+        max_num_batched_tokens=2048,
+        max_model_len=2048,
+        batches_in_flight=2,
+        gc_freeze=False,
+    )
+    eng = Engine(cfg)
+    with torch.no_grad():
+        eng.run([RequestInput(f"r{i}", 1000, 65) for i in range(16)])
+        tr = eng.trace
+        sample_end = tr.phase_ns[:, PHASE["sample"], 1]
+        rows = [
+            i
+            for i, s in enumerate(tr.shapes)
+            if s.num_reqs == 16 and s.num_prefill_reqs == 0 and tr.gpu_ns[i, 0] >= sample_end[i]
+        ]
+        run_ms = float(np.median((tr.gpu_ns[rows, 1] - tr.gpu_ns[rows, 0]) / 1e6))
+        eng.hooks = marks = MarkHooks(eng.device)
+        st = stage(eng, Batch("decode", (Entry(1031, 1, False),) * 16))
+        assert st.bucket == 16
+        timer = Timer.create(True)
+        timer.launch(st, marks)
+        timer.note_issue("graph", timer.launch(st, marks))
+        got = [timer.sample(st, marks, "graph")[0] for _ in range(7)]
+    ms = float(np.median([s.gpu_ms for s in got if s is not None]))
+    assert len(rows) >= 20 and abs(ms / run_ms - 1) < 0.10, (ms, run_ms, len(rows))
