@@ -193,8 +193,15 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     print(
         f"  samples retried (GPU started before the host was done): {res.unclean_samples}; "
         f"shapes dropped: {res.dropped_shapes}; shapes with wrapped KV blocks: "
-        f"{res.wrapped_shapes} (cache {m['num_kv_blocks']} blocks)"
+        f"{res.wrapped_shapes} (cache {m['num_kv_blocks']} blocks); a request longer than "
+        f"the cache: {m['unstaged_shapes']}"
     )
+    for kind, env in m["envelope"].items():
+        print(
+            f"  {kind} envelope: {env['num_reqs'][0]}-{env['num_reqs'][1]} requests, "
+            f"{env['num_tokens'][0]}-{env['num_tokens'][1]} tokens, "
+            f"{env['kv_per_req'][0]}-{env['kv_per_req'][1]} KV tokens per request"
+        )
     if not res.complete:
         why = {"max_seconds": f"after --max-seconds {args.max_seconds}"}.get(
             m["stopped"], f"by {m['stopped']}"
