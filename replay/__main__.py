@@ -203,12 +203,14 @@ def cmd_shapes(args: argparse.Namespace) -> int:
             f"{env['kv_per_req'][0]}-{env['kv_per_req'][1]} KV tokens per request"
         )
     if not res.complete:
-        why = {"max_seconds": f"after --max-seconds {args.max_seconds}"}.get(
-            m["stopped"], f"by {m['stopped']}"
-        )
+        why = {
+            "max_seconds": f"after --max-seconds {args.max_seconds:g}",
+            "SIGTERM": "by SIGTERM",
+            "interrupted": "by Ctrl-C",
+        }.get(m["stopped"], "early")
         print(f"  stopped {why}: {res.rows} of {m['shapes']} shapes (file complete: false)")
     print(f"shapes -> {res.path}")
-    return 0
+    return {"SIGTERM": 143, "interrupted": 130}.get(m["stopped"], 0) if not res.complete else 0
 
 
 # ---- ablate -------------------------------------------------------------------------------------

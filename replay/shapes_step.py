@@ -27,6 +27,8 @@ requests are dropped with `Engine.reset_requests` before the next batch.
 
 Held decode rows: row i opens a new block in its step when i % block_size == 0 (a run's rows
 do, on average, one step in block_size); its block id then travels with the step's inputs.
+ngram-cpu: the proposer (host work after the step's end mark) scans each held row's token list
+cut to its last CPU_PROPOSER_TAIL tokens.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from engine.requests import RequestInput
 from replay.shapes_grid import Batch, Entry
 
 _now = time.perf_counter_ns
+CPU_PROPOSER_TAIL = 64  # ngram-cpu: tokens of a held row's list its proposer scans (untimed)
 
 
 class MarkHooks(StepHooks):
@@ -132,9 +135,13 @@ class Staged:
     def before(self) -> None:
         """Host state a launch consumed, restored (call before the spin: it is not timed)."""
         eng = self.engine
-        if eng.sd is not None:
+        if eng.sd is not None and eng.sd.cpu_proposer is not None:
+            lists = eng.sd.cpu_proposer.tokens
             for idx, d in self.cpu_drafts.items():
                 eng.sd.cpu_drafts[idx] = list(d)
+                # the proposer runs after the end mark (`draft`): a short list keeps its host
+                # scan from slowing the sweep (a 32k-token row costs milliseconds a launch)
+                lists[idx] = lists[idx][-CPU_PROPOSER_TAIL:]
         sent = eng.inputs.sent_blocks  # InputBuffers: block ids of a slot already on the device
         for idx in self.crossing:
             st = eng.states[idx]
