@@ -131,10 +131,16 @@ class Staged:
     kv_blocks: int
     bucket: int  # the decode graph it replays (0: eager)
     base_outputs: list[int]  # each row's output list length before any launch
+    gpu_lengths: tuple[torch.Tensor, torch.Tensor] | None = None  # ngram-gpu: held slots, lengths
 
     def before(self) -> None:
-        """Host state a launch consumed, restored (call before the spin: it is not timed)."""
+        """State a launch consumed, restored (call before the spin: it is not timed)."""
         eng = self.engine
+        if self.gpu_lengths is not None and eng.sd is not None and eng.sd.gpu_proposer:
+            # ngram-gpu appended the launch's tokens to the held rows' device token lists:
+            # back to their length before it (the proposer's window is the rows' length)
+            slots, lengths = self.gpu_lengths
+            eng.sd.gpu_proposer.num_tokens.index_copy_(0, slots, lengths)
         if eng.sd is not None and eng.sd.cpu_proposer is not None:
             lists = eng.sd.cpu_proposer.tokens
             for idx, d in self.cpu_drafts.items():
@@ -200,6 +206,16 @@ def stage(engine: Engine, batch: Batch, seed: int = 0) -> Staged:
             f"{want[:3]}... ({len(got)} vs {len(want)} rows)"
         )
     assert sb is not None
+    gpu_lengths = None
+    if engine.sd is not None and engine.sd.gpu_proposer is not None:
+        held = [
+            (engine.states[r.index].slot, r.prompt_len + r.num_output_tokens)  # known tokens
+            for r in reqs
+            if r.index not in new_rows
+        ]
+        if held:
+            t = torch.tensor(held, dtype=torch.int64).T.contiguous().to(engine.device)
+            gpu_lengths = (t[0], t[1].to(torch.int32))
     return Staged(
         engine=engine,
         batch=batch,
@@ -211,6 +227,7 @@ def stage(engine: Engine, batch: Batch, seed: int = 0) -> Staged:
         kv_blocks=sum(len(r.block_ids) for r in reqs),
         bucket=engine.graph_bucket(sb.shape),
         base_outputs=[len(engine.states[r.index].output) for r in reqs],
+        gpu_lengths=gpu_lengths,
     )
 
 

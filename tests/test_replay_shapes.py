@@ -272,6 +272,23 @@ def test_shapes_cli_and_a_cache_too_small(tmp_path: Path, capsys):
         assert not (tmp_path / "x.parquet").exists()
 
 
+@pytest.mark.parametrize("method", ["ngram-gpu", "ngram-cpu"])
+def test_a_spec_sweep_times_verification_rows(tmp_path: Path, method: str):
+    """Spec configs: decode rows verify k drafts (the table) or 0..k (verify families); the
+    rows' shapes are the scheduler's (draft_tokens), every shape repeated cleanly."""
+    cfg = Config(model="tiny", device="cpu", max_num_batched_tokens=128, max_num_seqs=8,
+                 max_model_len=512).replace(**{"spec.method": method, "spec.k": 2})  # fmt: skip
+    res = sweep(cfg, tmp_path / "s.parquet", repeats=2, points=30)
+    assert res.complete and res.rows == 30 and res.dropped_shapes == 0
+    t = pq.read_table(res.path)
+    d = {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names}
+    dec = d["kind"].astype(str) == "decode"
+    assert (d["spec_k"] == 2).all() and (d["draft_tokens"][dec] <= 2 * d["num_reqs"][dec]).all()
+    labels = set(d["label"].astype(str))
+    assert {"decode", "verify"} <= labels and (d["draft_tokens"] > 0).any()
+    assert (d["decode_tokens"] == d["num_reqs"] - d["num_prefill_reqs"] + d["draft_tokens"]).all()
+
+
 def test_a_cut_sweep_leaves_a_valid_partial_file(tmp_path: Path, monkeypatch):
     """SIGTERM after 3 shapes: the file holds the rows timed so far, complete false; the file
     is also rewritten while the sweep runs (here after every row)."""
