@@ -20,9 +20,10 @@ step was queued before the GPU began it. A sample that is not clean is retried w
 twice as long, then dropped and counted. The device is synchronized after each sample. On CPU
 there is no spin: a sample is the host time between the marks of a synchronous step.
 
-Per shape: one untimed launch (Triton compiles, cuBLAS loads, held rows' block tables reach the
-device; the first shape of each path, graph or eager, one more to seed the issue-time
-estimate), then `repeats` samples (fewer for steps over
+Before the grid, on CUDA, the engine's compile warm-up (engine.warmup's forward plan, compiled
+16 at a time, as `replay run` does). Per shape: one untimed launch (Triton compiles, cuBLAS
+loads, held rows' block tables reach the device; the first shape of each path, graph or eager,
+one more to seed the issue-time estimate), then `repeats` samples (fewer for steps over
 LONG_SAMPLE_MS). The grid (replay.shapes_grid) is cut to `points` shapes and to an estimated GPU
 time `budget_s` in level order, so what is left out is refinement; the estimate is printed
 before the sweep starts. The file (replay.shapes_file) is rewritten every WRITE_EVERY_S and at
@@ -296,6 +297,7 @@ def sweep(
                 f"{pl.estimate_s:.0f} s (budget {budget_s or 0:g} s; cache "
                 f"{engine.num_kv_blocks} blocks)"
             )
+        stats["warmup_s"] = _warm_up(engine)
         timer = Timer.create(engine.device.type == "cuda")
         meta_of = _meta_fn(
             cfg, engine, timer, stats, rows, pl, (repeats, budget_s, points), t_start
@@ -338,9 +340,25 @@ def _stats() -> dict[str, Any]:
         unclean_samples=0,
         kv_wrapped_shapes=0,
         gpu_busy_s=0.0,
+        warmup_s=0.0,
         complete=True,
         stopped=None,
     )
+
+
+def _warm_up(engine: Any) -> float:
+    """CUDA with Triton kernels: every compile an eager step of the config can select, 16 at
+    a time (engine.warmup's forward plan, as `replay run` warms up), so the grid's untimed
+    launches meet few; they would compile one by one. Returns the seconds it took."""
+    import os
+
+    from engine import warmup as W
+
+    t0 = time.perf_counter()
+    if engine.device.type == "cuda" and getattr(engine.model, "kernels", None) is not None:
+        plan = W.forward_plan(W.Limits.of_engine(engine))
+        W.run_forward_plan(engine, plan, compile_threads=min(16, os.cpu_count() or 1))
+    return time.perf_counter() - t0
 
 
 def _as_run(cfg: Config) -> Config:
