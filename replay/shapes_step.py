@@ -149,9 +149,9 @@ class Staged:
                 # scan from slowing the sweep (a 32k-token row costs milliseconds a launch)
                 lists[idx] = lists[idx][-CPU_PROPOSER_TAIL:]
         sent = eng.inputs.sent_blocks  # InputBuffers: block ids of a slot already on the device
-        for idx in self.crossing:
+        for idx in self.crossing:  # once all are there (a first launch sends them all)
             st = eng.states[idx]
-            sent[st.slot] = len(st.req.block_ids) - 1
+            sent[st.slot] = min(sent[st.slot], len(st.req.block_ids) - 1)
 
     def launch(self) -> InFlight:
         """The step: `Engine.launch_batch` on a fresh hooks row."""
@@ -206,16 +206,6 @@ def stage(engine: Engine, batch: Batch, seed: int = 0) -> Staged:
             f"{want[:3]}... ({len(got)} vs {len(want)} rows)"
         )
     assert sb is not None
-    gpu_lengths = None
-    if engine.sd is not None and engine.sd.gpu_proposer is not None:
-        held = [
-            (engine.states[r.index].slot, r.prompt_len + r.num_output_tokens)  # known tokens
-            for r in reqs
-            if r.index not in new_rows
-        ]
-        if held:
-            t = torch.tensor(held, dtype=torch.int64).T.contiguous().to(engine.device)
-            gpu_lengths = (t[0], t[1].to(torch.int32))
     return Staged(
         engine=engine,
         batch=batch,
@@ -227,8 +217,21 @@ def stage(engine: Engine, batch: Batch, seed: int = 0) -> Staged:
         kv_blocks=sum(len(r.block_ids) for r in reqs),
         bucket=engine.graph_bucket(sb.shape),
         base_outputs=[len(engine.states[r.index].output) for r in reqs],
-        gpu_lengths=gpu_lengths,
+        gpu_lengths=_proposer_lengths(engine, [r for r in reqs if r.index not in new_rows]),
     )
+
+
+def _proposer_lengths(
+    engine: Engine, held: list[Request]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """ngram-gpu: the held rows' slots and known token counts (what `Engine.hold_slot` put in
+    the proposer's device token lists), on the device."""
+    if engine.sd is None or engine.sd.gpu_proposer is None or not held:
+        return None
+    slots = [engine.states[r.index].slot for r in held]
+    known = [r.prompt_len + r.num_output_tokens for r in held]
+    dev = engine.device
+    return torch.tensor(slots, device=dev), torch.tensor(known, dtype=torch.int32, device=dev)
 
 
 def _add(engine: Engine, e: Entry, i: int, rng: np.random.Generator) -> Request:

@@ -101,6 +101,11 @@ def test_a_launch_records_a_run_steps_phases_and_repeats_cleanly():
     for name in ("prepare_inputs", "launch", "sample"):
         assert (ph[:, PHASE[name], 0] > 0).all(), name
     assert eng.inputs.d_rows[SEQ_LENS, :2].tolist() == [100, 64]
+    # row 0 opens a block each step: its last block is sent again, after a first launch that
+    # sent them all (the device block table holds the row's whole list)
+    held = eng.states[0]
+    assert st.crossing == [0] and eng.inputs.sent_blocks[held.slot] == 7
+    assert eng.inputs.block_table[held.slot, :7].tolist() == held.req.block_ids
     # the held row keeps its slot, its output list holds no placeholder after a launch
     assert eng.states[0].slot >= 0 and eng.states[1].slot < 0
     assert len(eng.states[0].output) == st.base_outputs[0] == 1
