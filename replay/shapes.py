@@ -63,18 +63,8 @@ from replay.shapes_file import (
     shape_row,
     write_sweep,
 )
-from replay.shapes_grid import (
-    Batch,
-    CostGuess,
-    Entry,
-    Limits,
-    axes_of,
-    batch_shape,
-    envelope,
-    grid,
-    quick_grid,
-    select,
-)
+from replay.shapes_grid import Batch, Entry, Limits, axes_of, batch_shape, grid
+from replay.shapes_plan import DEFAULT_BUDGET_S, Plan, envelope, plan
 
 __all__ = [
     "COLUMNS",
@@ -91,6 +81,7 @@ __all__ = [
     "SweepRows",
     "batch_shape",
     "grid",
+    "plan",
     "read_sweep",
     "read_sweeps",
     "shape_row",
@@ -98,7 +89,6 @@ __all__ = [
     "write_sweep",
 ]
 
-DEFAULT_BUDGET_S = 240.0  # estimated GPU seconds (replay.shapes_grid.CostGuess)
 WRITE_EVERY_S = 15.0
 SPIN_MARGIN = 1.5  # spin = margin x the longest recent issue time + pad
 SPIN_PAD_MS = 0.5
@@ -215,42 +205,8 @@ class SweepResult:
     meta: dict[str, Any]
 
 
-@dataclass
-class Plan:
-    """The shapes a sweep times and what they are estimated to cost."""
-
-    batches: list[Batch]
-    grid_shapes: int  # in the full grid
-    estimate_s: float  # estimated GPU seconds of the selected shapes
-    limits: Limits
-
-
 class SweepCut(Exception):
     """SIGTERM arrived during a sweep."""
-
-
-def plan(
-    cfg: Config,
-    num_kv_blocks: int,
-    kinds: Sequence[str] = KINDS,
-    quick: int = 0,
-    repeats: int = 5,
-    budget_s: float | None = DEFAULT_BUDGET_S,
-    points: int | None = None,
-    max_context: int = 0,
-    buckets: Sequence[int] = (),
-) -> Plan:
-    """The grid for `cfg` and a cache of `num_kv_blocks`, cut to `points` / `budget_s`;
-    `buckets`: the engine's decode graphs (none: decode runs eagerly)."""
-    graphs = bool(buckets)
-    lim = Limits.of(cfg, num_kv_blocks, max_context, buckets)
-    full = grid(lim, kinds, cfg.seed)
-    guess = CostGuess.of(cfg)
-    if quick:
-        full = quick_grid(full, quick)
-    cost = [guess.shape_s(b, graphs and b.kind == "decode", repeats) for b in full]
-    keep = select(full, cost, None if quick else budget_s, points)
-    return Plan([full[i] for i in keep], len(full), float(sum(cost[i] for i in keep)), lim)
 
 
 def sweep(
