@@ -24,11 +24,11 @@ Before the grid, on CUDA, the engine's compile warm-up (engine.warmup's forward 
 16 at a time, as `replay run` does). Per shape: one untimed launch (Triton compiles, cuBLAS
 loads, held rows' block tables reach the device; the first shape of each path, graph or eager,
 one more to seed the issue-time estimate), then `repeats` samples (fewer for steps over
-LONG_SAMPLE_MS). The grid (replay.shapes_grid) is cut to `points` shapes and to an estimated GPU
-time `budget_s` in level order, so what is left out is refinement; the estimate is printed
-before the sweep starts. The file (replay.shapes_file) is rewritten every WRITE_EVERY_S and at
-the end, whole each time; a sweep cut by --max-seconds, SIGTERM or Ctrl-C writes what it has
-timed (`complete: false`).
+LONG_SAMPLE_MS). The grid (replay.shapes_grid) is cut (replay.shapes_plan) to `points` shapes
+and an estimated GPU time `budget_s` in level order, so what is left out is refinement; the
+estimate is printed before the sweep starts. The file (replay.shapes_file) is rewritten every
+WRITE_EVERY_S and at the end, whole each time; a sweep cut by --max-seconds, SIGTERM or Ctrl-C
+writes what it has timed (`complete: false`).
 """
 
 from __future__ import annotations
