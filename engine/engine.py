@@ -35,6 +35,7 @@ from core.models import PRESETS, ModelSpec, get_model
 from core.policy import ScheduledBatch, Scheduler
 from core.policy.sizing import kv_blocks_from_free_bytes, scheduler_config
 from core.request import Status
+from core.shape import BatchShape
 from core.trace import Trace
 from engine.attention import AttentionMetadata
 from engine.graphs import DecodeGraphs
@@ -162,6 +163,15 @@ class Engine:
             return False
         row = h.new_row(batch.shape)
         h.end(row)
+        self.inflight.append(self.launch_batch(batch, row))
+        return True
+
+    def launch_batch(self, batch: ScheduledBatch, row: int) -> InFlight:
+        """Everything of a step after `schedule`, on hooks row `row`: prepare_inputs -> launch ->
+        sample -> draft. The step's GPU interval runs from hooks.gpu_begin in `_prepare` to
+        hooks.gpu_end in `_sample` (or in `_draft`, ngram-gpu). The loop appends the returned
+        batch to `inflight`; replay.shapes launches synthetic batches here and never does."""
+        h = self.hooks
         shift = self._wait_for_accepted_counts(row)  # spec with seed 5 off only
         h.begin(P.PREPARE_INPUTS)
         step = self._prepare(batch, row, shift)
@@ -176,8 +186,7 @@ class Engine:
         flight = self._sample(batch, row, step, logits)
         h.end(row)
         self._draft(flight, step)
-        self.inflight.append(flight)
-        return True
+        return flight
 
     def _complete(self, flight: InFlight) -> None:
         h = self.hooks
@@ -212,10 +221,7 @@ class Engine:
         for e in batch.entries:
             st = self.states[e.req.index]
             if st.slot < 0:
-                st.slot = self.slots.take()
-                self.inputs.reset_slot(st.slot)
-                if self.sd is not None:
-                    self.sd.take_slot(st)
+                self._take_slot(st)
                 new.append(st)
         sd = self.sd
         width = self.sampler.forced_width  # what `init_slot` will widen `forced` to
@@ -223,11 +229,7 @@ class Engine:
             for st in new:
                 if st.forced is not None:
                     width = max(width, len(st.forced))
-        bucket = 0
-        shape = batch.shape
-        uniform = shape.draft_tokens == (self.q - 1) * shape.num_reqs  # k drafts each (or none)
-        if self.graphs is not None and shape.is_pure_decode and uniform:
-            bucket = self.graphs.bucket_for(shape.num_reqs)
+        bucket = self.graph_bucket(batch.shape)
         if sd is None:
             step = self.inputs.fill(batch, self.states, bucket, width)
         else:  # seed 5 on: the GPU corrects what in-flight steps rejected (`sd.correct`)
@@ -237,15 +239,20 @@ class Engine:
             step = self.inputs.fill(batch, self.states, bucket, width, known, shift, drafts)
         self.hooks.gpu_begin(row)
         for st in new:  # device state of the new slots, enqueued before their first use
-            history = (st.prompt_ids, st.confirmed_outputs()) if st.req.needs_history else None
-            self.sampler.init_slot(st.slot, history, st.forced if sd is not None else None)
-            if sd is not None:
-                sd.reset_slot(st)
+            self._init_slot(st)
         assert self.sampler.forced_width == width
         self.inputs.send(step, finish=not self._graph_samples(step))
         if sd is not None:
             sd.correct(step, self.cfg.block_size)
         return step
+
+    def graph_bucket(self, shape: BatchShape) -> int:
+        """The decode graph a batch of this shape replays, 0 = eager: pure decode with k drafts
+        on every row (or none) and a bucket that holds it."""
+        uniform = shape.draft_tokens == (self.q - 1) * shape.num_reqs
+        if self.graphs is None or not shape.is_pure_decode or not uniform:
+            return 0
+        return self.graphs.bucket_for(shape.num_reqs)
 
     def _graph_samples(self, step: StepInputs) -> bool:
         """Does this step's CUDA graph finish its inputs and sample (engine.graphs)?"""
@@ -395,12 +402,52 @@ class Engine:
         self.hooks.finished[flight.row] = len(finished)
 
     # ---- slots -------------------------------------------------------------------------------
+    def _take_slot(self, st: RequestState) -> None:
+        """Host side of a request's first step after admission: a slot, its block-table row
+        marked unsent, and (spec) the proposer's start."""
+        st.slot = self.slots.take()
+        self.inputs.reset_slot(st.slot)
+        if self.sd is not None:
+            self.sd.take_slot(st)
+
+    def _init_slot(self, st: RequestState) -> None:
+        """Device side of a new slot (sampler state, spec draft state): enqueued inside the
+        step's GPU interval, before the slot's first use."""
+        sd = self.sd
+        history = (st.prompt_ids, st.confirmed_outputs()) if st.req.needs_history else None
+        self.sampler.init_slot(st.slot, history, st.forced if sd is not None else None)
+        if sd is not None:
+            sd.reset_slot(st)
+
     def _release_slot(self, st: RequestState) -> None:
         if st.slot >= 0:
             self.slots.give(st.slot)
             st.slot = -1
             if self.sd is not None:
                 self.sd.release(st)
+
+    # ---- synthetic batches (replay.shapes; a run never calls these) ------------------------
+    def hold_slot(self, index: int) -> None:
+        """Give running request `index` a slot and the slot's device state, as its first step
+        would, outside any step: a request of a synthetic batch that has been running for
+        earlier steps. Its blocks reach the device with its next step's inputs."""
+        st = self.states[index]
+        if st.slot < 0:
+            self._take_slot(st)
+            self._init_slot(st)
+
+    def release_slot(self, index: int) -> None:
+        """Give request `index`'s slot back, so that its next step takes one again."""
+        self._release_slot(self.states[index])
+
+    def reset_requests(self) -> None:
+        """Forget every request: slots back, nothing in flight, a fresh scheduler over the whole
+        KV cache (whose contents stay). Graphs, buffers and the sampler's tables stay."""
+        for st in self.states:
+            self._release_slot(st)
+        self.states = []
+        self.inflight.clear()
+        self.sched = Scheduler(self.sched.cfg)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(

@@ -200,12 +200,20 @@ def cmd_shapes(args: argparse.Namespace) -> int:
         raise UsageError("--repeats must be >= 1")
     if args.quick < 0:
         raise UsageError("--quick must be >= 0")
+    if args.budget_s < 0 or (args.points is not None and args.points < 1):
+        raise UsageError("--budget-s must be >= 0 (0: no budget) and --points >= 1")
+    if args.max_context < 0:
+        raise UsageError("--max-context must be >= 0 (0: max_model_len)")
     out = Path(args.output or Path("runs") / f"shapes-{Path(cfg.model).name}.parquet")
     bar = _Progress(not args.quiet)
     try:
         try:
             with output_place(out, SHAPES_FILE, args.force):
-                res = sweep(cfg, out, args.repeats, kinds, args.quick, args.max_seconds, bar)
+                res = sweep(
+                    cfg, out, args.repeats, kinds, args.quick, args.max_seconds, bar,
+                    budget_s=args.budget_s or None, points=args.points,
+                    max_context=args.max_context, announce=print,
+                )  # fmt: skip
         finally:
             bar.close()
     except NotImplementedError as e:
@@ -221,12 +229,24 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     print(
         f"  samples retried (GPU started before the host was done): {res.unclean_samples}; "
         f"shapes dropped: {res.dropped_shapes}; shapes with wrapped KV blocks: "
-        f"{res.wrapped_shapes} (cache {m['num_kv_blocks']} blocks)"
+        f"{res.wrapped_shapes} (cache {m['num_kv_blocks']} blocks); a request longer than "
+        f"the cache: {m['unstaged_shapes']}"
     )
+    for kind, env in m["envelope"].items():
+        print(
+            f"  {kind} envelope: {env['num_reqs'][0]}-{env['num_reqs'][1]} requests, "
+            f"{env['num_tokens'][0]}-{env['num_tokens'][1]} tokens, "
+            f"{env['kv_per_req'][0]}-{env['kv_per_req'][1]} KV tokens per request"
+        )
     if not res.complete:
-        print(f"  stopped after --max-seconds {args.max_seconds:g}: {res.rows} of {m['shapes']}")
+        why = {
+            "max_seconds": f"after --max-seconds {args.max_seconds:g}",
+            "SIGTERM": "by SIGTERM",
+            "interrupted": "by Ctrl-C",
+        }.get(m["stopped"], "early")
+        print(f"  stopped {why}: {res.rows} of {m['shapes']} shapes (file complete: false)")
     print(f"shapes -> {res.path}")
-    return 0
+    return {"SIGTERM": 143, "interrupted": 130}.get(m["stopped"], 0) if not res.complete else 0
 
 
 # ---- ablate -------------------------------------------------------------------------------------
@@ -346,6 +366,19 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     add_config_args(p)
     p.add_argument("--repeats", type=int, default=5, help="clean samples per shape (median)")
     p.add_argument("--kinds", default="mixed,decode", help="batch kinds to sweep")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=240.0,
+        help="estimated GPU seconds the grid may take, coarse points first (0: the whole grid)",
+    )
+    p.add_argument("--points", type=int, help="at most this many shapes, coarse points first")
+    p.add_argument(
+        "--max-context",
+        type=int,
+        default=0,
+        help="longest context per request swept (default 0: max_model_len)",
+    )
     p.add_argument("--quick", type=int, default=0, metavar="N", help="about N shapes per kind")
     p.add_argument("--max-seconds", type=float, help="stop adding shapes after this long")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,7 @@ from replay.shapes import (
     Sample,
     batch_shape,
     grid,
+    plan,
     read_sweeps,
     shape_row,
     sweep,
@@ -67,11 +69,14 @@ def _lin(model: dict[str, float], s: dict[str, int] | BatchShape) -> float:
     return out
 
 
+SWEEP_POINTS = 30
+
+
 @pytest.fixture(scope="module")
 def cpu_sweep(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("shapes") / "tiny.parquet"
     cfg = Config(model="tiny", device="cpu", **SWEEP_CFG)
-    res = sweep(cfg, out, repeats=2)
+    res = sweep(cfg, out, repeats=2, points=SWEEP_POINTS)
     assert res.path == out and res.complete
     return out
 
@@ -83,19 +88,21 @@ def test_sweep_writes_a_valid_file(cpu_sweep: Path):
     meta = json.loads(table.schema.metadata[META_KEY])
     cfg = Config(model="tiny", device="cpu", **SWEEP_CFG)
     assert meta["format"] == "replay.shapes" and meta["version"] == FORMAT_VERSION
+    assert meta["measures"] == "step" and "gpu_begin" in meta["timed"]
     assert (meta["model"], meta["dtype"], meta["gpu"]) == ("tiny", "bfloat16", gpu_name(cfg))
     assert meta["torch"] == torch.__version__ and meta["date"][:4].isdigit()
     assert meta["config"]["max_num_batched_tokens"] == 320 and "engine_commit" in meta
     assert meta["dropped_shapes"] == 0 and meta["kv_wrapped_shapes"] == 0
     d = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
     n = len(table)
-    assert n == meta["shapes"] == len(grid(Limits.of(cfg)))
+    assert n == meta["shapes"] == SWEEP_POINTS == meta["grid"]["selected_shapes"]
+    assert meta["grid"]["grid_shapes"] > SWEEP_POINTS and meta["grid"]["repeats"] == 2
     kinds = d["kind"].astype(str)
     assert set(kinds) == {"decode", "mixed"}
     assert ((kinds == "decode") == (d["num_prefill_reqs"] == 0)).all()
     tokens = d["prefill_tokens"] + d["decode_tokens"]
     assert (tokens <= 320).all() and (d["num_reqs"] <= 20).all() and (d["num_reqs"] >= 1).all()
-    assert (d["max_kv_tokens"] <= 768).all() and (d["max_seq_len"] == d["max_kv_tokens"]).all()
+    assert (d["max_kv_tokens"] <= 767).all() and (d["max_seq_len"] == d["max_kv_tokens"]).all()
     assert (d["kv_read_tokens"] >= tokens).all() and (d["attn_pairs"] >= tokens).all()
     assert (d["context_tokens"] == d["kv_read_tokens"]).all()
     assert (d["decode_tokens"] == d["num_reqs"] - d["num_prefill_reqs"]).all()
@@ -103,10 +110,22 @@ def test_sweep_writes_a_valid_file(cpu_sweep: Path):
     assert (d["gpu_ms"] > 0).all() and (d["repeats"] == 2).all() and (d["unclean"] == 0).all()
     assert (d["gpu_ms_min"] <= d["gpu_ms"]).all() and (d["gpu_ms"] <= d["gpu_ms_max"]).all()
     assert not d["graph"].any() and (d["spin_ms"] == 0).all()  # CPU: eager, no spin
+    assert (np.diff(d["level"]) >= 0).all() and d["level"][0] == 0  # corners first
     one = np.flatnonzero((d["label"] == "prefill") & (d["prefill_tokens"] == 64))
     assert len(one) == 1 and d["attn_pairs"][one[0]] == 64 * 65 // 2
     later = np.flatnonzero(d["label"] == "prefill@ctx")
     assert len(later) and (d["new_reqs"][later] == 0).all()
+    # each row's shape is the scheduler's, and the grid's view of it agrees
+    pl = plan(cfg, meta["num_kv_blocks"], repeats=2, points=SWEEP_POINTS)
+    for i, b in enumerate(pl.batches):
+        assert {f: int(d[f][i]) for f in SHAPE_FIELDS} == batch_shape(b.entries), b
+    # the envelope: corners of the config (batch 1 and max_num_seqs, contexts to the model
+    # length, prefill chunks to the token budget)
+    env = meta["envelope"]
+    assert env["decode"]["num_reqs"] == [1, 20] and env["decode"]["kv_per_req"] == [64, 767]
+    assert env["mixed"]["prefill_tokens"] == [16, 320]
+    axes = meta["grid"]["axes"]
+    assert axes["decode"]["batch"][0] == 1 and axes["decode"]["batch"][-1] == 20
     rows = read_sweeps([cpu_sweep])
     assert len(rows) == n and rows.decode.sum() == (kinds == "decode").sum()
 
@@ -148,21 +167,78 @@ def test_batch_shape_is_the_schedulers():
     assert steps > 20
 
 
-def test_grid_respects_the_limits_and_is_deterministic():
-    full = Limits(8192, 256, 131072)
-    g = grid(full)
-    assert g == grid(full) and len({b.entries for b in g}) == len(g)
-    assert 150 <= len(g) <= 220  # the GPU budget: ~60 s for 1b, ~90 s for 8b
-    labels = {b.label for b in g}
-    assert {"prefill", "prefill@ctx", "chunks", "prefill+decode+long", "decode+long"} <= labels
-    for lim in (full, Limits(320, 20, 768), Limits(2048, 64, 4096)):
-        for b in grid(lim):
-            assert b.num_tokens <= lim.max_tokens and len(b.entries) <= lim.max_seqs
-            assert b.max_seq_len <= lim.max_len
-            assert sum(e.seq_len for e in b.entries) <= 1 << 18
-    long_rows = [b for b in g if b.label == "prefill+decode+long"]
-    assert max(b.max_seq_len for b in long_rows) == 38000
-    assert {b.kind for b in grid(full, ("mixed",))} == {"mixed"}
+def _fits(b: Batch, lim: Limits) -> bool:
+    ok = b.num_tokens <= lim.max_tokens and len(b.entries) <= lim.max_seqs
+    for e in b.entries:
+        room = 1 if e.prefill else e.drafts + 1  # the request keeps room for its outputs
+        ok &= e.seq_len + room <= lim.max_len and e.seq_len <= lim.context_cap
+        ok &= e.n == (e.n if e.prefill else 1 + e.drafts) and (e.n >= 2 or not e.prefill)
+    return ok
+
+
+def test_grid_respects_the_limits_covers_the_corners_and_is_deterministic():
+    cache = Limits(8192, 256, 32768, kv_tokens=640_000)
+    for lim in (
+        cache,
+        Limits(320, 20, 768),
+        Limits(2048, 64, 4096, spec_k=3),
+        Limits(8192, 256, 131072, max_context=65536),
+    ):
+        g = grid(lim)
+        assert g == grid(lim) and len({b.entries for b in g}) == len(g)
+        assert [b.level for b in g] == sorted(b.level for b in g)  # coarse points first
+        bs = lim.block_size
+        for b in g:
+            assert _fits(b, lim), b
+            wrapped = b.blocks(bs) * bs > lim.kv_tokens
+            assert not wrapped or b.label == "decode", b  # only the table's bracket cells
+        dec = [b for b in g if b.label == "decode"]
+        top = lim.decode_buckets()[-1]
+        corners = {(len(b.entries), b.max_seq_len) for b in dec if b.level == 0}
+        cap = lim.decode_cap(lim.spec_k)
+        assert {(1, 64), (1, cap), (top, 64)} <= corners, lim  # the table's corners
+        pre = {b.num_tokens for b in g if b.label == "prefill" and b.level == 0}
+        assert {16, min(lim.max_tokens, lim.prefill_cap)} <= pre
+        assert all(
+            len({e.drafts for e in b.entries if not e.prefill} - {lim.spec_k}) == 0
+            for b in g
+            if b.label in ("decode", "prefill+decode")
+        )
+    # the decode table: every bucket and the midpoints between them, sqrt-2 contexts
+    dec = [b for b in grid(cache) if b.label == "decode"]
+    sizes = sorted({len(b.entries) for b in dec})
+    assert sizes[:8] == [1, 2, 3, 4, 6, 8, 12, 16] and 24 in sizes and 240 in sizes
+    ctx = sorted({b.max_seq_len for b in dec})
+    assert ctx[:4] == [64, 91, 128, 181] and ctx[-1] == 32767
+    # the cache: each batch size's contexts stop at the first cell past the cache (wrapped)
+    for b_size in (1, 64, 256):
+        mine = sorted(b.max_seq_len for b in dec if len(b.entries) == b_size)
+        over = [c for c in mine if b_size * (-(-c // 16)) * 16 > 640_000]
+        assert len(over) <= 1 and (b_size == 1 or len(over) == 1)
+    # speculative decoding: k drafts in the table (graphs), 0..k in `verify`
+    spec = grid(Limits(2048, 64, 4096, spec_k=3))
+    widths = {e.drafts for b in spec if b.label == "verify" for e in b.entries}
+    assert widths == {0, 1, 2}  # k drafts: the decode table's points (kept once)
+    assert {e.drafts for b in spec if b.label == "decode" for e in b.entries} == {3}
+    assert any(len({e.drafts for e in b.entries}) > 1 for b in spec if b.label == "verify(widths)")
+    # a prefix hit is a new request with prior context, a later chunk is not new
+    full = grid(Limits(8192, 256, 131072))
+    hits = [b for b in full if b.label == "prefill@hit"]
+    assert hits and all(b.entries[0].start > 0 and b.entries[0].is_new for b in hits)
+    assert {b.kind for b in grid(cache, ("mixed",))} == {"mixed"}
+
+
+def test_the_plan_fits_the_budget_coarse_points_first():
+    cfg = Config(model="llama3.2-1b", max_model_len=32768)
+    whole = plan(cfg, 40_000, budget_s=None)
+    assert 600 <= len(whole.batches) <= 1000 and whole.estimate_s < 240  # ~50 s of GPU
+    cut = plan(cfg, 40_000, budget_s=10.0)
+    assert cut.estimate_s <= 10.0 and 0 < len(cut.batches) < len(whole.batches)
+    levels = [b.level for b in cut.batches]
+    assert levels.count(0) + levels.count(1) > 0.5 * len(levels)
+    some = plan(cfg, 40_000, points=25)
+    assert [b.entries for b in some.batches] == [b.entries for b in whole.batches[:25]]
+    assert {b.label for b in some.batches} >= {"decode", "prefill", "prefill+decode"}
 
 
 def test_shapes_cli_and_a_cache_too_small(tmp_path: Path, capsys):
@@ -171,19 +247,73 @@ def test_shapes_cli_and_a_cache_too_small(tmp_path: Path, capsys):
     out = tmp_path / "s.parquet"
     sets = ["--set", "model=tiny", "--set", "device=cpu", "--set", "num_kv_blocks=8"]
     sets += [f"--set={k}={v}" for k, v in SWEEP_CFG.items()]
-    assert main(["shapes", *sets, "--quick", "3", "--repeats", "1", "-q", "-o", str(out)]) == 0
+    assert main(["shapes", *sets, "--repeats", "1", "-q", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert f"shapes -> {out}" in text and "wrapped KV blocks" in text
+    planned = re.search(r"grid: (\d+) of \1 shapes, estimated GPU time", text)
+    assert planned, text
     t = pq.read_table(out)
     meta = json.loads(t.schema.metadata[META_KEY])
     wrapped = t.column("kv_wrapped").to_numpy(zero_copy_only=False)
     assert meta["num_kv_blocks"] == 8 and wrapped.any()
     assert meta["kv_wrapped_shapes"] == int(wrapped.sum())
     assert (t.column("kv_blocks").to_numpy()[wrapped] > 8).all()
-    with pytest.raises(SystemExit) as e:
-        run_main(main, ["shapes", *sets, "--kinds", "prefill", "-o", str(tmp_path / "x.parquet")])
-    assert e.value.code == 2 and "--kinds" in capsys.readouterr().err
-    assert not (tmp_path / "x.parquet").exists()
+    assert (t.column("kv_blocks").to_numpy()[~wrapped] <= 8).all()
+    assert meta["unstaged_shapes"] > 0  # a single request longer than the cache
+    assert len(t) + meta["unstaged_shapes"] == int(planned.group(1)) == meta["shapes"]
+    for bad, why in (
+        (["--kinds", "prefill"], "--kinds"),
+        (["--points", "0"], "--points"),
+        (["--max-context", "-1"], "--max-context"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            run_main(main, ["shapes", *sets, *bad, "-o", str(tmp_path / "x.parquet")])
+        assert e.value.code == 2 and why in capsys.readouterr().err
+        assert not (tmp_path / "x.parquet").exists()
+
+
+@pytest.mark.parametrize("method", ["ngram-gpu", "ngram-cpu"])
+def test_a_spec_sweep_times_verification_rows(tmp_path: Path, method: str):
+    """Spec configs: decode rows verify k drafts (the table) or 0..k (verify families); the
+    rows' shapes are the scheduler's (draft_tokens), every shape repeated cleanly."""
+    cfg = Config(model="tiny", device="cpu", max_num_batched_tokens=128, max_num_seqs=8,
+                 max_model_len=512).replace(**{"spec.method": method, "spec.k": 2})  # fmt: skip
+    res = sweep(cfg, tmp_path / "s.parquet", repeats=2, points=30)
+    assert res.complete and res.rows == 30 and res.dropped_shapes == 0
+    t = pq.read_table(res.path)
+    d = {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names}
+    dec = d["kind"].astype(str) == "decode"
+    assert (d["spec_k"] == 2).all() and (d["draft_tokens"][dec] <= 2 * d["num_reqs"][dec]).all()
+    labels = set(d["label"].astype(str))
+    assert {"decode", "verify"} <= labels and (d["draft_tokens"] > 0).any()
+    assert (d["decode_tokens"] == d["num_reqs"] - d["num_prefill_reqs"] + d["draft_tokens"]).all()
+
+
+def test_a_cut_sweep_leaves_a_valid_partial_file(tmp_path: Path, monkeypatch):
+    """SIGTERM after 3 shapes: the file holds the rows timed so far, complete false; the file
+    is also rewritten while the sweep runs (here after every row)."""
+    import os
+    import signal
+
+    import replay.shapes as shapes
+
+    monkeypatch.setattr(shapes, "WRITE_EVERY_S", 0.0)
+    out = tmp_path / "cut.parquet"
+    seen: list[int] = []
+
+    def progress(text: str) -> None:
+        if out.exists():
+            seen.append(len(pq.read_table(out)))
+        if text.startswith("shape 4/"):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    cfg = Config(model="tiny", device="cpu", **SWEEP_CFG)
+    res = sweep(cfg, out, repeats=1, points=10, progress=progress)
+    assert not res.complete and res.rows == 3 and seen == [1, 2, 3]
+    cols, meta = shapes.read_sweep(out)
+    assert len(cols["gpu_ms"]) == 3 and meta["complete"] is False
+    assert meta["stopped"] == "SIGTERM" and meta["measures"] == "step"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 # ---- calibrate --shapes -------------------------------------------------------------------------
@@ -416,6 +546,31 @@ def test_gpu_sweep_samples_are_clean(tmp_path: Path):
     meta = json.loads(t.schema.metadata[META_KEY])
     assert meta["gpu"] == torch.cuda.get_device_name() and meta["spin_cycles_per_ms"] > 0
     assert meta["attn_backend"] == "triton" and meta["graph_buckets"]
+    assert meta["measures"] == "step" and meta["graphs_sample"]  # graphs hold the sampling
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["ngram-gpu", "ngram-cpu"])
+def test_gpu_sweep_with_speculative_decoding(tmp_path: Path, method: str):
+    """Verification steps: rows of k drafts each replay the spec graphs (eager sampling after
+    them), other widths run eagerly; every sample clean."""
+    cfg = Config(
+        model="tiny",
+        device="cuda",
+        max_num_batched_tokens=512,
+        max_num_seqs=32,
+        max_model_len=4096,
+        gc_freeze=False,
+    ).replace(**{"spec.method": method, "spec.k": 3})
+    res = sweep(cfg, tmp_path / "s.parquet", repeats=2, kinds=("decode",), points=40)
+    assert res.complete and res.dropped_shapes == 0
+    t = pq.read_table(res.path)
+    d = {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names}
+    uniform = d["draft_tokens"] == 3 * d["num_reqs"]
+    assert uniform.any() and (~uniform).any() and (d["spec_k"] == 3).all()
+    assert d["graph"][uniform].all() and not d["graph"][~uniform].any()
+    assert (d["max_query_len"][uniform] == 4).all()
 
 
 def test_batch_kinds():
