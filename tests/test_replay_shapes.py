@@ -77,6 +77,7 @@ def cpu_sweep(tmp_path_factory) -> Path:
 
 
 # ---- the sweep ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sweep_writes_a_valid_file(cpu_sweep: Path):
     table = pq.read_table(cpu_sweep)
     assert tuple(table.column_names) == COLUMNS
@@ -318,6 +319,7 @@ def test_shapes_kinds_limits_what_joins(tmp_path: Path):
         calibrate(runs, shapes=[f], shapes_kinds=("prefill",))
 
 
+@pytest.mark.slow
 def test_calibrate_with_a_real_cpu_sweep(tmp_path: Path, cpu_sweep: Path):
     cfg = Config(model="tiny", device="cpu")
     runs = [eager_run(tmp_path / "r", seed=2, gpu=gpu_name(cfg), cfg=cfg)]
@@ -388,7 +390,6 @@ def test_calibrate_cli_with_shapes(tmp_path: Path, capsys):
 
 # ---- on the GPU ---------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_sweep_samples_are_clean(tmp_path: Path):
     """Every sample of a small CUDA sweep was clean (the host had issued the whole step before
     the GPU reached the start event) at the first try; eager steps of the tiny model take less
