@@ -1,4 +1,5 @@
-"""Builders shared by the tests: the tiny model's engine config on CPU or CUDA, parametrize
+"""Builders shared by the tests: the tiny model's engine config on CPU or CUDA, the scheduling
+policy's config, parametrize
 cases left to the full suite, and the rerun of a test file's `test_interp_*` tests under the
 Triton interpreter. Imported as `helpers` (pytest
 puts tests/ on sys.path; a subprocess adds it to PYTHONPATH)."""
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from core.config import Config
+from core.policy import SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,6 +54,22 @@ def make_cfg(sampling: tuple[tuple[str, object], ...] | None = None, **kw: objec
 def spec_cfg(method: str, k: int = 3, **kw: object) -> Config:
     """make_cfg(**kw) with speculative decoding: `method` drafting `k` tokens a step."""
     return make_cfg(**kw).replace(**{"spec.method": method, "spec.k": k})  # type: ignore[arg-type]
+
+
+def sched_cfg(**kw: object) -> SchedulerConfig:
+    """The scheduling policy's config on its own (no engine): small limits, 4-token blocks,
+    chunked prefill and prefix caching on, no drafts; updated by `kw`."""
+    base: dict[str, object] = dict(
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        num_blocks=64,
+        block_size=4,
+        max_model_len=4096,
+        chunked_prefill=True,
+        prefix_caching=True,
+        spec_k=0,
+    )
+    return SchedulerConfig(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def slow_cases(*values: object) -> list[object]:

@@ -18,10 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers import sched_cfg
 
 from core.cli import run_main
 from core.config import Config
-from core.policy import Scheduler, SchedulerConfig
+from core.policy import Scheduler
 from core.request import Request
 from core.runfmt import RunRecorder, write_run
 from core.shape import SHAPE_FIELDS, BatchShape
@@ -116,16 +117,7 @@ def test_batch_shape_is_the_schedulers():
     """Synthetic batches get the BatchShape the scheduler would give the same entries: drive
     the real policy (whole prompts, no prefix cache, synchronous) and recompute each step."""
     sched = Scheduler(
-        SchedulerConfig(
-            max_num_seqs=6,
-            max_num_batched_tokens=96,
-            num_blocks=400,
-            block_size=4,
-            max_model_len=4096,
-            chunked_prefill=True,
-            prefix_caching=False,
-            spec_k=0,
-        )
+        sched_cfg(max_num_seqs=6, max_num_batched_tokens=96, num_blocks=400, prefix_caching=False)
     )
     rng = random.Random(3)
     for i in range(14):
