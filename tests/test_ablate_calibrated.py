@@ -73,6 +73,7 @@ def spec_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_trace(t, tmp_path_factory.mktemp("trace") / "spec.parquet")
 
 
+@pytest.mark.slow
 def test_ablate_calibrated_on_the_before_side(spec_trace: Path, tmp_path: Path):
     pytest.importorskip("torch")
     pytest.importorskip("simpy")

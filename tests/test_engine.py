@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import make_cfg, slow_cases
 
 from core.config import Config
 from core.phases import CPU_PHASES
@@ -33,31 +34,7 @@ from engine.requests import RequestInput, inputs_from_trace
 SMOKE = Path(__file__).resolve().parents[1] / "traces" / "smoke.parquet"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model is latency-bound: one intra-op thread is several times faster."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def make_cfg(**kw) -> Config:
-    base = dict(
-        model="tiny",
-        device="cpu",
-        dtype="float32",
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        max_model_len=512,
-        cuda_graphs=False,
-        gc_freeze=False,
-        batches_in_flight=2,
-    )
-    sampling = kw.pop("sampling", None)
-    base.update(kw)
-    cfg = Config(**base)
-    return cfg if sampling is None else cfg.replace(**{f"sampling.{k}": v for k, v in sampling})
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def workload(n: int = 24, forced: bool = False, history: bool = False) -> list[RequestInput]:
@@ -146,7 +123,7 @@ RANDOM = (("temperature", 0.8), ("top_k", 50), ("top_p", 0.9))
 
 @pytest.mark.parametrize(
     "history,sampling",
-    [(False, None), (True, None), (True, RANDOM)],
+    [*slow_cases((False, None)), (True, None), *slow_cases((True, RANDOM))],
     ids=["greedy", "greedy-penalties", "sampled-penalties"],
 )
 def test_same_tokens_for_1_2_3_batches_in_flight(history, sampling):
@@ -181,7 +158,7 @@ def test_chunked_prefill_gives_the_same_tokens_as_whole_prompts():
     assert chunked == whole
 
 
-@pytest.mark.parametrize("depth", [2, 3])
+@pytest.mark.parametrize("depth", [*slow_cases(2), 3])
 def test_placeholder_scan_before_and_after_give_the_same_tokens(depth):
     reqs = workload(history=True)
     after = run(make_cfg(batches_in_flight=depth, reverse_placeholder_scan=True), reqs)[0]
@@ -301,7 +278,7 @@ class EagerGraphs(DecodeGraphs):
         return logits
 
 
-@pytest.mark.parametrize("graph_samples", [False, True])
+@pytest.mark.parametrize("graph_samples", [*slow_cases(False), True])
 def test_graph_input_layout_with_padding_gives_the_same_logits_and_tokens(graph_samples):
     """Padded bucket layout, run eagerly; with `graph_samples` the bucket's inputs are finished
     and its rows sampled as a graph would (random sampling, penalties, forced ids)."""
@@ -343,6 +320,7 @@ print("same tokens")
 """
 
 
+@pytest.mark.slow
 def test_triton_kernels_run_the_engine_buffers_under_the_interpreter():
     """The engine's device buffers (int32 slot mapping and positions views, gathered block
     tables, padded graph layout) through the Triton kernels, interpreted on CPU, give the same
@@ -352,7 +330,7 @@ def test_triton_kernels_run_the_engine_buffers_under_the_interpreter():
     import sys
 
     root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{root}{os.pathsep}{root / 'tests'}")
     res = subprocess.run(
         [sys.executable, "-c", _TRITON_RUN], cwd=root, env=env, capture_output=True, text=True
     )

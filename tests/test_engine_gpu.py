@@ -8,33 +8,13 @@ import gc
 import numpy as np
 import pytest
 import torch
+from helpers import make_cfg
 from sync_debug import steps_without_host_sync
 
-from core.config import Config
 from engine.engine import Engine
 from engine.requests import RequestInput
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-]
-
-
-def make_cfg(**kw) -> Config:
-    base = dict(
-        model="tiny",
-        device="cuda",
-        dtype="bfloat16",
-        max_num_seqs=16,
-        max_num_batched_tokens=256,
-        max_model_len=1024,
-        num_kv_blocks=512,
-        cuda_graphs=True,
-        gc_freeze=False,
-        batches_in_flight=2,
-    )
-    base.update(kw)
-    return Config(**base)
+pytestmark = pytest.mark.gpu
 
 
 def workload(n: int, seed: int = 0, forced_every: int = 4, history_every: int = 3):
@@ -50,7 +30,7 @@ def workload(n: int, seed: int = 0, forced_every: int = 4, history_every: int = 
 
 
 def test_gpu_graph_replay_matches_eager_logits():
-    eng = Engine(make_cfg())
+    eng = Engine(make_cfg(device="cuda"))
     assert eng.graphs is not None and eng.graphs.buckets[-1] == 16
     checked = []
     forward = eng._forward
@@ -81,7 +61,7 @@ def test_gpu_sampling_graph_matches_the_eager_sampler():
     """A graph samples its bucket in place of `Sampler.sample`: the same tokens as the eager
     sampler on the graph's logits (temperature, top-k, penalties, forced ids), and the same
     slot state after it (last sampled token, penalty counts of history rows only)."""
-    cfg = make_cfg().replace(
+    cfg = make_cfg(device="cuda").replace(
         **{
             "sampling.temperature": 0.8,
             "sampling.top_k": 40,
@@ -127,8 +107,11 @@ def test_gpu_graphs_on_and_off_emit_the_same_forced_tokens():
     """(Greedy tokens are not compared: bf16 split-KV choices differ between a graph, captured
     for max_model_len, and an eager step; the logits test above pins the graph itself.)"""
     reqs = workload(12, forced_every=1)
-    on = [o.token_ids for o in Engine(make_cfg()).run(reqs, arrival="asap")]
-    off = [o.token_ids for o in Engine(make_cfg(cuda_graphs=False)).run(reqs, arrival="asap")]
+    on = [o.token_ids for o in Engine(make_cfg(device="cuda")).run(reqs, arrival="asap")]
+    off = [
+        o.token_ids
+        for o in Engine(make_cfg(device="cuda", cuda_graphs=False)).run(reqs, arrival="asap")
+    ]
     assert on == off == [list(r.output_ids) for r in reqs]
 
 
@@ -137,7 +120,7 @@ def test_gpu_no_hidden_sync_in_the_loop(depth):
     """After warm-up, steps run under torch's sync debug mode set to "error": any .item(),
     .cpu(), pageable copy with sync or stream synchronize in the loop raises. The event wait in
     OutputRing.wait is the deliberate sync point and is not reported by torch."""
-    cfg = make_cfg(batches_in_flight=depth).replace(**{"sampling.temperature": 0.7})
+    cfg = make_cfg(device="cuda", batches_in_flight=depth).replace(**{"sampling.temperature": 0.7})
     eng = Engine(cfg)
     reqs = workload(16, seed=2)
     steps = steps_without_host_sync(eng, workload(16, seed=1), reqs)
@@ -150,7 +133,7 @@ def test_gpu_no_hidden_sync_in_the_loop(depth):
 
 
 def test_gpu_hooks_give_ordered_gpu_intervals_and_busy_fraction():
-    eng = Engine(make_cfg(batches_in_flight=2))
+    eng = Engine(make_cfg(device="cuda", batches_in_flight=2))
     eng.run(workload(16), arrival="asap")
     g = eng.trace.gpu_ns
     assert (g >= 0).all() and (g[:, 1] >= g[:, 0]).all()
@@ -161,7 +144,7 @@ def test_gpu_hooks_give_ordered_gpu_intervals_and_busy_fraction():
 
 
 def test_gpu_kv_cache_is_sized_from_free_memory():
-    cfg = make_cfg(num_kv_blocks=0, kv_memory_fraction=0.02, cuda_graphs=False)
+    cfg = make_cfg(device="cuda", num_kv_blocks=0, kv_memory_fraction=0.02, cuda_graphs=False)
     gc.collect()  # earlier tests' engines (some hold reference cycles) release their memory
     torch.cuda.empty_cache()
     free_before, total = torch.cuda.mem_get_info()

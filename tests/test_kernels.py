@@ -10,21 +10,17 @@ are all cache slots no sequence owns.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_interpreter_tests
 
 from engine.attention import AttentionMetadata, paged_attention_torch, write_kv_cache_torch
 
-ROOT = Path(__file__).resolve().parents[1]
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_CUDA = torch.cuda.is_available() and not INTERPRET
 interp_only = pytest.mark.skipif(not INTERPRET, reason="runs in the TRITON_INTERPRET subprocess")
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 
 # (query_len, prior context) per sequence: prefill chunk with context, decode, k+1 verification,
 # fresh prefill, first-token decode, long decode.
@@ -242,15 +238,10 @@ def _check_skinny_gemm(m, n, k, dtype, tol, device="cpu", config=None, seed=0) -
 
 
 @pytest.mark.skipif(INTERPRET, reason="this is the interpreter run")
+@pytest.mark.slow
 def test_triton_kernels_under_interpreter():
     pytest.importorskip("triton")
-    path = os.environ.get("PYTHONPATH", "")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{path}"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
-    cmd += ["-k", "test_interp_"]
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert " passed" in run.stdout and " failed" not in run.stdout, run.stdout[-3000:]
+    run_interpreter_tests(__file__, timeout_s=900)
 
 
 @interp_only
@@ -510,6 +501,7 @@ def _compile_sm90(fn, signature: dict[str, str], constexprs: dict, num_warps: in
 
 @pytest.mark.skipif(INTERPRET or HAS_CUDA, reason="CPU-only check; GPU tests compile for real")
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+@pytest.mark.slow
 def test_kernels_lower_to_sm90_cubin():
     """The interpreter skips Triton's compiler; this catches what only lowering rejects."""
     import importlib
@@ -612,7 +604,6 @@ GPU_MIXED = [(300, 40), (1, 700), (4, 250), (1, 1), (97, 0), (1, 513), (4, 1000)
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("splits", [0, 1, 4])
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (32, 8, 64), (24, 8, 128)])
 def test_gpu_paged_attention_mixed_bf16(hq, hkv, d, splits):
@@ -624,7 +615,6 @@ def test_gpu_paged_attention_mixed_bf16(hq, hkv, d, splits):
 
 
 @pytest.mark.gpu
-@gpu
 def test_gpu_mixed_batch_with_long_decodes_bf16():
     """The automatic decode-split rule of a mixed batch: prefill chunks beside short and long
     one-token rows (12000 keys: 4 splits of 4096)."""
@@ -640,7 +630,6 @@ def test_gpu_mixed_batch_with_long_decodes_bf16():
 
 
 @pytest.mark.gpu
-@gpu
 def test_gpu_decode_large_batch_with_a_long_sequence_bf16():
     """The automatic large-batch split rule on a batch of short contexts and one long one."""
     contexts = [300 + 5 * i for i in range(47)] + [8000]  # the test RoPE table: 9000 positions
@@ -648,7 +637,6 @@ def test_gpu_decode_large_batch_with_a_long_sequence_bf16():
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("splits", [0, 1, 8])
 def test_gpu_decode_batch64_bf16(splits):
     shapes = [(1, 400 + 7 * i) for i in range(64)]
@@ -660,7 +648,6 @@ def test_gpu_decode_batch64_bf16(splits):
 
 
 @pytest.mark.gpu
-@gpu
 def test_gpu_kv_write_bf16():
     from engine.kernels import write_kv_cache
 
@@ -668,7 +655,6 @@ def test_gpu_kv_write_bf16():
 
 
 @pytest.mark.gpu
-@gpu
 def test_gpu_fused_norm_and_rope_bf16():
     from core.models import PRESETS
     from engine.kernels import rms_norm, rope_inplace
@@ -689,7 +675,6 @@ def test_gpu_fused_norm_and_rope_bf16():
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("splits", [0, 1, 8, 32])
 @pytest.mark.parametrize("num_seqs", [1, 8, 64])
 def test_gpu_decode_attention_rope_kv_write_bf16(num_seqs, splits):
@@ -700,7 +685,6 @@ def test_gpu_decode_attention_rope_kv_write_bf16(num_seqs, splits):
 
 
 @pytest.mark.gpu
-@gpu
 def test_gpu_decode_attention_in_cuda_graph_follows_seq_lens():
     """Captured once with a large max_seq_len; replays with other lengths == eager."""
     from engine.kernels import decode_attention
@@ -726,7 +710,6 @@ def test_gpu_decode_attention_in_cuda_graph_follows_seq_lens():
 
 
 @pytest.mark.gpu
-@gpu
 def test_gpu_rope_write_kv_and_silu_mul_bf16():
     import torch.nn.functional as F
 
@@ -753,7 +736,6 @@ def test_gpu_rope_write_kv_and_silu_mul_bf16():
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("m", [1, 4])
 def test_gpu_skinny_gemm_and_epilogues_bf16(m):
     _check_skinny_gemm(m, 4096 + 96, 4096, torch.bfloat16, 1e-2, "cuda", seed=m)
@@ -799,7 +781,6 @@ def test_interp_greedy_sample_and_input_ids(rows, vocab):
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("rows", [1, 64])
 def test_gpu_greedy_sample(rows):
     _check_greedy_sample(rows, 128256, "cuda", torch.float32)

@@ -276,11 +276,8 @@ def test_backend_selection():
 
 # ---- GPU ---------------------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
 
 @pytest.mark.gpu
-@gpu
 def test_gpu_triton_backend_matches_dense_bf16():
     out = run_mixed_step("triton", "cuda", torch.bfloat16)
     ref = run_mixed_step("torch", "cpu", torch.float32)
@@ -288,7 +285,6 @@ def test_gpu_triton_backend_matches_dense_bf16():
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("skinny_rows", [0, 4])
 def test_gpu_triton_decode_steps_match_torch_bf16(monkeypatch, skinny_rows):
     import engine.model
@@ -300,7 +296,6 @@ def test_gpu_triton_decode_steps_match_torch_bf16(monkeypatch, skinny_rows):
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("skinny_rows", [0, 8])
 def test_gpu_decode_step_replays_in_cuda_graph(monkeypatch, skinny_rows):
     """Capture one decode step with preallocated buffers; replay with new data == eager."""

@@ -17,6 +17,8 @@ from sim.plan.report import write_report
 from sim.plan.spec import load_plan_spec
 from sim.plan.sweep import SerialExecutor
 
+pytestmark = pytest.mark.slow  # the report fixture plans a small sweep (~3 s)
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 CHROME_FLAGS = (
     "--headless",

@@ -7,24 +7,10 @@ import random
 from collections import deque
 
 import pytest
+from helpers import sched_cfg
 
-from core.policy import Scheduler, SchedulerConfig
+from core.policy import Scheduler
 from core.request import Request, Status
-
-
-def make_cfg(**kw) -> SchedulerConfig:
-    base = dict(
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        num_blocks=64,
-        block_size=4,
-        max_model_len=4096,
-        chunked_prefill=True,
-        prefix_caching=True,
-        spec_k=0,
-    )
-    base.update(kw)
-    return SchedulerConfig(**base)
 
 
 def drive(
@@ -89,7 +75,7 @@ def random_requests(rng: random.Random, n: int, max_prompt=40, max_out=30, share
 def test_exact_lengths_and_invariants(depth, spec_k, seed):
     rng = random.Random(seed)
     reqs = random_requests(rng, 30, share=True)
-    sched = Scheduler(make_cfg(spec_k=spec_k, num_blocks=40))
+    sched = Scheduler(sched_cfg(spec_k=spec_k, num_blocks=40))
     got = drive(sched, reqs, depth, rng)
     for r in reqs:
         assert r.status == Status.FINISHED
@@ -101,14 +87,14 @@ def test_exact_lengths_and_invariants(depth, spec_k, seed):
 def test_preemption_under_tiny_kv_budget():
     rng = random.Random(7)
     reqs = [Request(i, i, 0.0, 20, 40) for i in range(6)]
-    sched = Scheduler(make_cfg(num_blocks=30, max_num_seqs=6))
+    sched = Scheduler(sched_cfg(num_blocks=30, max_num_seqs=6))
     got = drive(sched, reqs, 2, rng)
     assert sched.num_preemptions > 0
     assert all(got[r.index] == 40 for r in reqs)
 
 
 def test_chunked_prefill_respects_budget():
-    sched = Scheduler(make_cfg(max_num_batched_tokens=16, num_blocks=100))
+    sched = Scheduler(sched_cfg(max_num_batched_tokens=16, num_blocks=100))
     sched.add(Request(0, 0, 0.0, 50, 5))
     chunks = []
     while True:
@@ -122,19 +108,19 @@ def test_chunked_prefill_respects_budget():
 
 
 def test_no_chunked_prefill_refuses_oversized_prompt():
-    sched = Scheduler(make_cfg(chunked_prefill=False, max_num_batched_tokens=16))
+    sched = Scheduler(sched_cfg(chunked_prefill=False, max_num_batched_tokens=16))
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         sched.add(Request(0, "big", 0.0, 30, 5))
 
 
 def test_request_beyond_cache_is_refused_with_reason():
-    sched = Scheduler(make_cfg(num_blocks=4, block_size=4))
+    sched = Scheduler(sched_cfg(num_blocks=4, block_size=4))
     with pytest.raises(ValueError, match="KV blocks"):
         sched.add(Request(0, "x", 0.0, 10, 10))
 
 
 def test_prefix_cache_hit_skips_shared_blocks():
-    sched = Scheduler(make_cfg(num_blocks=100, max_num_batched_tokens=512))
+    sched = Scheduler(sched_cfg(num_blocks=100, max_num_batched_tokens=512))
     a = Request(0, "a", 0.0, 40, 2, prefix_id="sys", prefix_len=32)
     sched.add(a)
     b1 = sched.schedule()
@@ -149,7 +135,7 @@ def test_prefix_cache_hit_skips_shared_blocks():
 
 
 def test_prefix_cache_from_token_ids():
-    sched = Scheduler(make_cfg(num_blocks=100, max_num_batched_tokens=512))
+    sched = Scheduler(sched_cfg(num_blocks=100, max_num_batched_tokens=512))
     ids = list(range(100, 120))
     a = Request(0, "a", 0.0, 20, 2, prompt_ids=ids)
     sched.add(a)
@@ -162,7 +148,7 @@ def test_prefix_cache_from_token_ids():
 
 def test_depth_two_schedules_on_placeholders():
     """With a batch in flight, a decoding request is scheduled again on its placeholder."""
-    sched = Scheduler(make_cfg())
+    sched = Scheduler(sched_cfg())
     r = Request(0, 0, 0.0, 4, 3)
     sched.add(r)
     b0 = sched.schedule()
@@ -177,7 +163,7 @@ def test_depth_two_schedules_on_placeholders():
 
 
 def test_drafts_capped_by_remaining_output():
-    sched = Scheduler(make_cfg(spec_k=4))
+    sched = Scheduler(sched_cfg(spec_k=4))
     r = Request(0, 0, 0.0, 4, 3)
     sched.add(r)
     sched.complete(sched.schedule(), [1])
@@ -188,7 +174,7 @@ def test_drafts_capped_by_remaining_output():
 
 
 def test_rejected_drafts_rewind_computed_tokens():
-    sched = Scheduler(make_cfg(spec_k=3))
+    sched = Scheduler(sched_cfg(spec_k=3))
     r = Request(0, 0, 0.0, 8, 20)
     sched.add(r)
     sched.complete(sched.schedule(), [1])

@@ -131,6 +131,7 @@ def test_ablate_measures_beside_the_prediction(few: Path, tmp_path: Path):
     assert json.loads((out / "ablate.json").read_text()) == json.loads(json.dumps(res))
 
 
+@pytest.mark.slow
 def test_interleaved_sides_take_turns_and_keep_their_repeats(few: Path, tmp_path: Path):
     """replay_interleaved: off, on, off, on (host drift hits both sides alike); each side's
     folder is the median of its own repeats, with their spread."""
@@ -211,10 +212,6 @@ def test_to_recorder_conventions():
 def test_gpu_replay_and_calibrate(few: Path, tmp_path: Path):
     """On CUDA: a complete run whose hooks cost ~1 % of the step time at most, GPU intervals that
     never start before their launch, and a profile fitted from it."""
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     from replay.calibrate import calibrate
     from sim.cost import validate_profile
 

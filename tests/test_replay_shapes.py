@@ -19,10 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from helpers import sched_cfg
 
 from core.cli import run_main
 from core.config import Config
-from core.policy import Scheduler, SchedulerConfig
+from core.policy import Scheduler
 from core.request import Request
 from core.runfmt import RunRecorder, write_run
 from core.shape import SHAPE_FIELDS, BatchShape
@@ -82,6 +83,7 @@ def cpu_sweep(tmp_path_factory) -> Path:
 
 
 # ---- the sweep ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sweep_writes_a_valid_file(cpu_sweep: Path):
     table = pq.read_table(cpu_sweep)
     assert tuple(table.column_names) == COLUMNS
@@ -134,16 +136,7 @@ def test_batch_shape_is_the_schedulers():
     """Synthetic batches get the BatchShape the scheduler would give the same entries: drive
     the real policy (whole prompts, no prefix cache, synchronous) and recompute each step."""
     sched = Scheduler(
-        SchedulerConfig(
-            max_num_seqs=6,
-            max_num_batched_tokens=96,
-            num_blocks=400,
-            block_size=4,
-            max_model_len=4096,
-            chunked_prefill=True,
-            prefix_caching=False,
-            spec_k=0,
-        )
+        sched_cfg(max_num_seqs=6, max_num_batched_tokens=96, num_blocks=400, prefix_caching=False)
     )
     rng = random.Random(3)
     for i in range(14):
@@ -448,6 +441,7 @@ def test_shapes_kinds_limits_what_joins(tmp_path: Path):
         calibrate(runs, shapes=[f], shapes_kinds=("prefill",))
 
 
+@pytest.mark.slow
 def test_calibrate_with_a_real_cpu_sweep(tmp_path: Path, cpu_sweep: Path):
     cfg = Config(model="tiny", device="cpu")
     runs = [eager_run(tmp_path / "r", seed=2, gpu=gpu_name(cfg), cfg=cfg)]
@@ -518,7 +512,6 @@ def test_calibrate_cli_with_shapes(tmp_path: Path, capsys):
 
 # ---- on the GPU ---------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_sweep_samples_are_clean(tmp_path: Path):
     """Every sample of a small CUDA sweep was clean (the host had issued the whole step before
     the GPU reached the start event) at the first try; eager steps of the tiny model take less

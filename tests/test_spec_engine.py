@@ -12,7 +12,6 @@ runs in the loop under TRITON_INTERPRET=1 in a subprocess; GPU tests skip withou
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -35,19 +34,10 @@ SEED4 = ROOT / "traces" / "seed4_ngram.parquet"
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_engine import make_cfg, workload  # noqa: E402
+from helpers import make_cfg, run_interpreter_tests, slow_cases, spec_cfg  # noqa: E402
+from test_engine import workload  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def spec_cfg(method: str, k: int = 3, **kw):
-    return make_cfg(**kw).replace(**{"spec.method": method, "spec.k": k})
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def text_requests(n: int = 6, prompt: int = 96, output: int = 40) -> list[RequestInput]:
@@ -100,7 +90,7 @@ def plain(reqs_key: str, reqs, **kw):
 # ---- the same tokens --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("k", [*slow_cases(1, 2), 3, *slow_cases(4)])
 @pytest.mark.parametrize(
     "method,depth,optimistic",
     [("ngram-cpu", 2, True)] + [("ngram-gpu", d, o) for d in (1, 2, 3) for o in (True, False)],
@@ -118,7 +108,7 @@ def test_forced_speculative_output_equals_plain_output(method, depth, optimistic
     assert not eng.sched.has_unfinished and sorted(eng.slots.free) == list(range(8))
 
 
-@pytest.mark.parametrize("history", [False, True], ids=["greedy", "greedy-penalties"])
+@pytest.mark.parametrize("history", [*slow_cases(False), True], ids=["greedy", "greedy-penalties"])
 @pytest.mark.parametrize(
     "method,depth,optimistic",
     [
@@ -280,6 +270,7 @@ SWITCHES = (
 
 
 @pytest.mark.parametrize("method", ["ngram-gpu", "ngram-cpu"])
+@pytest.mark.slow
 def test_every_seed_switch_gives_identical_tokens_and_counts(method):
     reqs = mixed(forced=False, history=True)
     base_cfg = spec_cfg(method, 3, batches_in_flight=3)
@@ -414,12 +405,7 @@ def test_interp_engine_with_triton_correction():
 
 
 @pytest.mark.skipif(INTERPRET, reason="this is the interpreter run")
+@pytest.mark.slow
 def test_engine_correction_kernel_under_interpreter():
     pytest.importorskip("triton")
-    path = os.environ.get("PYTHONPATH", "")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{path}"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
-    cmd += ["-k", "test_interp_"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout and " failed" not in proc.stdout, proc.stdout[-3000:]
+    run_interpreter_tests(__file__, timeout_s=600)

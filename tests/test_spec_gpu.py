@@ -7,35 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import spec_cfg
 from sync_debug import steps_without_host_sync
 
-from core.config import Config
 from engine.engine import Engine
 from engine.requests import RequestInput
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-]
+pytestmark = pytest.mark.gpu
 
 SWITCHES = ("preallocated_backup_tokens", "accepted_count_by_sum", "reverse_placeholder_scan")
-
-
-def make_cfg(method: str = "ngram-gpu", k: int = 3, **kw) -> Config:
-    base = dict(
-        model="tiny",
-        device="cuda",
-        dtype="bfloat16",
-        max_num_seqs=16,
-        max_num_batched_tokens=256,
-        max_model_len=1024,
-        num_kv_blocks=512,
-        cuda_graphs=True,
-        gc_freeze=False,
-        batches_in_flight=2,
-    )
-    base.update(kw)
-    return Config(**base).replace(**{"spec.method": method, "spec.k": k})
 
 
 def workload(n: int, seed: int = 0, history_every: int = 3) -> list[RequestInput]:
@@ -63,7 +43,9 @@ def workload(n: int, seed: int = 0, history_every: int = 3) -> list[RequestInput
 )  # fmt: skip
 def test_gpu_spec_forced_tokens_through_graphs(method, depth, optimistic):
     reqs = workload(14)
-    eng = Engine(make_cfg(method, batches_in_flight=depth, optimistic_spec_decode=optimistic))
+    eng = Engine(
+        spec_cfg(method, device="cuda", batches_in_flight=depth, optimistic_spec_decode=optimistic)
+    )
     assert eng.graphs is not None and eng.graphs.query_len == 4
     replays = [0]
     replay = eng.graphs.replay
@@ -81,7 +63,7 @@ def test_gpu_spec_forced_tokens_through_graphs(method, depth, optimistic):
 
 
 def test_gpu_spec_graph_logits_match_eager():
-    eng = Engine(make_cfg())
+    eng = Engine(spec_cfg("ngram-gpu", device="cuda"))
     checked = []
     forward = eng._forward
 
@@ -108,7 +90,9 @@ def test_gpu_spec_no_hidden_sync_in_the_loop(depth, optimistic, switches_on):
     """ngram-gpu keeps the loop asynchronous: after warm-up, steps run under torch's sync debug
     mode "error". Event waits (output ring, accepted counts with seed 5 off) are deliberate
     and not reported by torch."""
-    cfg = make_cfg(batches_in_flight=depth, optimistic_spec_decode=optimistic)
+    cfg = spec_cfg(
+        "ngram-gpu", device="cuda", batches_in_flight=depth, optimistic_spec_decode=optimistic
+    )
     cfg = cfg.replace(**dict.fromkeys(SWITCHES, switches_on))
     eng = Engine(cfg)
     reqs = workload(16, seed=2)

@@ -10,13 +10,12 @@ subprocess with it set. GPU tests skip without CUDA.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import run_interpreter_tests
 
 from core.ngram import accepted_prefix, propose
 from engine.spec.backup_tokens import BackupTokenIds, next_token_ids
@@ -30,12 +29,9 @@ from engine.spec.verify import (
     greedy_accept,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_CUDA = torch.cuda.is_available() and not INTERPRET
 interp_only = pytest.mark.skipif(not INTERPRET, reason="runs in the TRITON_INTERPRET subprocess")
-gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 
 
 def padded(seqs: list[list[int]], width: int, rng: np.random.Generator, vocab: int) -> np.ndarray:
@@ -403,15 +399,10 @@ def test_interp_finish_inputs_triton_matches_reference():
 # tensor `__index__` is int() of a 1-element array, which NumPy 2 refuses: the loop bounds
 # loaded from `rows`); Triton 3.9's squeezes first.
 @pytest.mark.skipif(INTERPRET or HAS_CUDA, reason="the interpreter run; with CUDA the GPU test")
+@pytest.mark.slow
 def test_triton_correction_under_interpreter():
     pytest.importorskip("triton")
-    path = os.environ.get("PYTHONPATH", "")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{path}"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
-    cmd += ["-k", "test_interp_"]
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
-    assert " passed" in run.stdout and " failed" not in run.stdout, run.stdout[-3000:]
+    run_interpreter_tests(__file__, timeout_s=600)
 
 
 @pytest.mark.skipif(INTERPRET or HAS_CUDA, reason="CPU-only check; GPU tests compile for real")
@@ -441,8 +432,7 @@ def test_finish_kernel_lowers_to_sm90_cubin():
 # ---- GPU ---------------------------------------------------------------------------------------
 
 
-@gpu
-@needs_cuda
+@pytest.mark.gpu
 def test_gpu_ngram_and_correction_match_cpu_without_host_sync():
     rng = np.random.default_rng(4)
     text = text_ids()

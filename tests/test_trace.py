@@ -389,6 +389,7 @@ def test_write_is_deterministic(tmp_path: Path) -> None:
     assert a.read_bytes() == b.read_bytes()
 
 
+@pytest.mark.slow
 def test_large_trace_round_trips(tmp_path: Path) -> None:
     """1M rows read back whole (the read is columnar; its speed is bench/sim_speed.py's job)."""
     n = 1_000_000

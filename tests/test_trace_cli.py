@@ -77,6 +77,7 @@ def test_bundled_traces_fit_the_tiny_model(path: Path) -> None:
         assert t.history_mask().all() and t.output_len.max() > 8192
 
 
+@pytest.mark.slow
 def test_subprocess_entry_point() -> None:
     smoke = ROOT / "traces" / "smoke.parquet"
     r = subprocess.run(
@@ -165,6 +166,7 @@ def test_import_and_synth_write_atomically(capsys, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lengths.csv", "t.parquet"]
 
 
+@pytest.mark.slow
 def test_synth_cli_is_deterministic(capsys, tmp_path: Path) -> None:
     args = [
         "synth",

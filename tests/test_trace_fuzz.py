@@ -144,6 +144,7 @@ def _check(table: pa.Table, model: bool) -> pa.Table | None:
 
 @SETTINGS
 @given(wild_tables(), st.booleans())
+@pytest.mark.slow
 def test_wild_tables_accept_or_trace_error(table: pa.Table, model: bool) -> None:
     _check(table, model)
 

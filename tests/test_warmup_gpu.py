@@ -18,10 +18,7 @@ from core.config import Config
 from core.models import get_model
 from core.trace import read_trace, write_trace
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-]
+pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -82,6 +82,7 @@ def test_every_variant_has_every_metric_and_pool_size_changes_nothing(tmp_path):
     assert not list((tmp_path / "j1").glob(".whatif-runs-*"))  # temp run folders removed
 
 
+@pytest.mark.slow
 def test_forward_placeholder_scan_lowers_throughput_on_long_histories(tmp_path):
     """Seed 3: with long needs_history outputs the O(output length) scan joins the CPU step,
     which a tiny model's GPU pass cannot hide."""

@@ -1,0 +1,96 @@
+"""Builders shared by the tests: the tiny model's engine config on CPU or CUDA, the scheduling
+policy's config, parametrize
+cases left to the full suite, and the rerun of a test file's `test_interp_*` tests under the
+Triton interpreter. Imported as `helpers` (pytest
+puts tests/ on sys.path; a subprocess adds it to PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.config import Config
+from core.policy import SchedulerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# CPU: float32 and eager, small batches (greedy tokens are stable across batch compositions).
+CPU_TINY: dict[str, object] = dict(
+    model="tiny",
+    device="cpu",
+    dtype="float32",
+    max_num_seqs=8,
+    max_num_batched_tokens=64,
+    max_model_len=512,
+    cuda_graphs=False,
+    gc_freeze=False,
+    batches_in_flight=2,
+)
+# CUDA: bfloat16 with CUDA graphs and a fixed KV cache (no sizing from free memory).
+CUDA_TINY: dict[str, object] = dict(
+    CPU_TINY,
+    device="cuda",
+    dtype="bfloat16",
+    max_num_seqs=16,
+    max_num_batched_tokens=256,
+    max_model_len=1024,
+    num_kv_blocks=512,
+    cuda_graphs=True,
+)
+
+
+def make_cfg(sampling: tuple[tuple[str, object], ...] | None = None, **kw: object) -> Config:
+    """The tiny model's engine config: CPU_TINY, or CUDA_TINY when device="cuda", updated by
+    `kw` (Config fields); `sampling`: (name, value) pairs for the sampling section."""
+    base = CUDA_TINY if kw.get("device") == "cuda" else CPU_TINY
+    cfg = Config(**{**base, **kw})  # type: ignore[arg-type]
+    return cfg if sampling is None else cfg.replace(**{f"sampling.{k}": v for k, v in sampling})
+
+
+def spec_cfg(method: str, k: int = 3, **kw: object) -> Config:
+    """make_cfg(**kw) with speculative decoding: `method` drafting `k` tokens a step."""
+    return make_cfg(**kw).replace(**{"spec.method": method, "spec.k": k})  # type: ignore[arg-type]
+
+
+def sched_cfg(**kw: object) -> SchedulerConfig:
+    """The scheduling policy's config on its own (no engine): small limits, 4-token blocks,
+    chunked prefill and prefix caching on, no drafts; updated by `kw`."""
+    base: dict[str, object] = dict(
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        num_blocks=64,
+        block_size=4,
+        max_model_len=4096,
+        chunked_prefill=True,
+        prefix_caching=True,
+        spec_k=0,
+    )
+    return SchedulerConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def slow_cases(*values: object) -> list[object]:
+    """Parametrize values marked slow: the full suite runs them, the quick loop
+    (`-m "not slow"`) keeps only the unmarked cases beside them. A tuple is one case of several
+    arguments."""
+    return [
+        pytest.param(*v, marks=pytest.mark.slow)
+        if isinstance(v, tuple)
+        else pytest.param(v, marks=pytest.mark.slow)
+        for v in values
+    ]
+
+
+def run_interpreter_tests(test_file: str, timeout_s: float) -> None:
+    """Rerun `test_file`'s `test_interp_*` tests in a subprocess with TRITON_INTERPRET=1 (it must
+    be set before Triton kernels are decorated); fails with the subprocess's output tail."""
+    path = os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{path}"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test_file]
+    cmd += ["-k", "test_interp_"]
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout, run.stdout[-3000:]
