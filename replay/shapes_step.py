@@ -100,13 +100,20 @@ def resume(sched: Scheduler, req: Request, computed: int, outputs: int, cached: 
     req.num_cached_tokens = cached
 
 
-def give_blocks(sched: Scheduler, reqs: list[Request], totals: list[int]) -> bool:
+def give_blocks(
+    sched: Scheduler, reqs: list[Request], totals: list[int], scatter: int | None = None
+) -> bool:
     """Blocks for `totals[i]` tokens of each request: from the block manager when they fit the
-    cache, else block ids 0, 1, ... repeating over the cache (requests share blocks; the
-    scheduler is thrown away after the batch). Returns whether the ids had to repeat."""
+    cache (with `scatter`, a seed, from free blocks put in random order first: the scattered
+    layout of a cache that has served many requests, which decode attention reads measurably
+    slower than runs of consecutive blocks), else block ids 0, 1, ... repeating over the cache
+    (requests share blocks; the scheduler is thrown away after the batch). Returns whether the
+    ids had to repeat."""
     bm = sched.blocks
     need = [bm.blocks_for(t) for t in totals]
     if sum(need) <= bm.num_free:
+        if scatter is not None:  # a served cache's layout: scattered ids, as in a run
+            bm.scatter_free(scatter)
         for r, t in zip(reqs, totals):
             assert bm.allocate(r, t)
         return False
@@ -181,7 +188,7 @@ def stage(engine: Engine, batch: Batch, seed: int = 0) -> Staged:
     reqs: list[Request] = []
     for i, e in enumerate(batch.entries):
         reqs.append(_add(engine, e, i, rng))
-    wrapped = give_blocks(sched, reqs, [e.seq_len for e in batch.entries])
+    wrapped = give_blocks(sched, reqs, [e.seq_len for e in batch.entries], scatter=seed)
     new_rows, cpu_drafts, crossing = [], {}, []
     bs = engine.cfg.block_size
     for i, (e, r) in enumerate(zip(batch.entries, reqs)):

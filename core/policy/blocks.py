@@ -10,6 +10,7 @@ the free queue is ordered so the least recently freed block is reused first.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 from core.request import Request
@@ -66,6 +67,19 @@ class _FreeQueue:
         self.on[b] = False
         self.size -= 1
 
+    def scatter(self, seed: int) -> None:
+        """Every free block in a seeded random order (all become returned blocks)."""
+        ids = list(self.take_fresh(self.num_blocks - self.fresh))
+        b = self.head
+        while b != _NONE:
+            nxt = self.next[b]
+            self.remove(b)
+            ids.append(b)
+            b = nxt
+        random.Random(seed).shuffle(ids)
+        for b in ids:
+            self.append(b)
+
     def append(self, b: int) -> None:
         self.prev[b], self.next[b] = self.tail, _NONE
         if self.tail == _NONE:
@@ -89,6 +103,16 @@ class BlockManager:
         self.block_hash: list[int | None] = []
         self.hash_to_block: dict[int, int] = {}
         self.free = _FreeQueue(num_blocks)
+
+    def scatter_free(self, seed: int) -> None:
+        """Hand out the free blocks in a seeded random order from now on. A cache that has
+        served many requests gives a new request scattered block ids, not a run of consecutive
+        ones; `replay shapes` times its synthetic batches over such a layout, as runs have.
+        O(free blocks); the set of free blocks is unchanged."""
+        fresh = self.free.num_blocks - self.free.fresh  # become returned blocks: per-block state
+        self.refcount.extend([0] * fresh)
+        self.block_hash.extend([None] * fresh)
+        self.free.scatter(seed)
 
     # ---- queries ----------------------------------------------------------------------------
     @property
