@@ -87,6 +87,7 @@ from replay.steps import (
     run_config,
 )
 from replay.sweepmeta import measures_steps
+from replay.syncwake import fit_sync_wake
 
 __all__ = [
     "CalibrationError",
@@ -346,6 +347,15 @@ def calibrate(
 
     validate_profile(prof)
     used = merge_profile(base, prof) if base else prof
+    wake, wake_report = fit_sync_wake(runs)
+    if wake is not None:
+        prof["sync_wait"] = wake
+        notes.append(
+            f"sync_wait: a waiting host resumes {wake['wake_ms']:.3f} ms after the event "
+            f"(median of {wake_report['waits']} waits; p10 {wake_report['p10_ms']:.3f}, "
+            f"p90 {wake_report['p90_ms']:.3f} ms)"
+        )
+        used = merge_profile(base, prof) if base else prof
     idle, idle_report = fit_idle_start(runs, used)  # needs the fitted decode pass
     if idle is not None:
         prof.setdefault("gpu_pass", {})["idle_start"] = idle

@@ -377,6 +377,7 @@ class FastForward:
         next_arrival_s = loop.next_arrival_s()
         cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
         idle_scale, idle_min_s = loop.cost.idle_start_scale, loop.cost.idle_start_min_s
+        wake = loop.cost.sync_wake_s  # a host wait ends this long after its event
         stop_after = False
         reload = True
         k = 0
@@ -621,14 +622,14 @@ class FastForward:
                 if t > cpu:
                     sync_step.append(old_step[k])
                     sync0.append(cpu)
-                    sync1.append(t)
-                    cpu = t
+                    cpu = t + wake
+                    sync1.append(cpu)
             elif g_end[k - nd] > cpu:
                 t = g_end[k - nd]
                 sync_step.append(step - nd)
                 sync0.append(cpu)
-                sync1.append(t)
-                cpu = t
+                cpu = t + wake
+                sync1.append(cpu)
             po0.append(cpu)
             cpu += po_s[k]
             a = po_a[k]

@@ -423,6 +423,7 @@ class _Segment:
         next_arrival_s = loop.next_arrival_s()
         cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
         idle_scale, idle_min_s = loop.cost.idle_start_scale, loop.cost.idle_start_min_s
+        wake = loop.cost.sync_wake_s  # a host wait ends this long after its event
         no_entries: list[Entry] = []  # never appended to
         reload = True
         last_b = last_dec = last_drafts = -1
@@ -595,8 +596,8 @@ class _Segment:
                     if t > cpu:
                         sync_step.append(step)
                         sync0.append(cpu)
-                        sync1.append(t)
-                        cpu = t
+                        cpu = t + wake
+                        sync1.append(cpu)
                     prep0.append(cpu)
                 cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
                 prep1.append(cpu)
@@ -627,8 +628,8 @@ class _Segment:
                     if gpu_free > cpu:  # the CPU proposer needs the sampled tokens
                         sync_step.append(step)
                         sync0.append(cpu)
-                        sync1.append(gpu_free)
-                        cpu = gpu_free
+                        cpu = gpu_free + wake
+                        sync1.append(cpu)
                     draft0.append(cpu)
                 cpu += c_draft
                 draft1.append(cpu)
@@ -649,8 +650,8 @@ class _Segment:
                     if t > cpu:
                         sync_step.append(step)
                         sync0.append(cpu)
-                        sync1.append(t)
-                        cpu = t
+                        cpu = t + wake
+                        sync1.append(cpu)
                 if wait_counts:
                     prep0.append(cpu)
                 cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
@@ -701,8 +702,8 @@ class _Segment:
                 if cpu_ngram and gpu_free > cpu:  # the CPU proposer needs the sampled tokens
                     sync_step.append(step)
                     sync0.append(cpu)
-                    sync1.append(gpu_free)
-                    cpu = gpu_free
+                    cpu = gpu_free + wake
+                    sync1.append(cpu)
                 if cpu_ngram:
                     draft0.append(cpu)
                 cpu += c_draft if c_draft is not None else f_draft(cur) / 1e3
@@ -720,8 +721,8 @@ class _Segment:
             if t > cpu:
                 sync_step.append(old_step[k] if k < nd else step - nd)
                 sync0.append(cpu)
-                sync1.append(t)
-                cpu = t
+                cpu = t + wake
+                sync1.append(cpu)
             po0.append(cpu)
             cpu += po_s[k]
             a = po_a[k]

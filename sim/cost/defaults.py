@@ -19,6 +19,11 @@ NS = 1e-6  # one nanosecond in ms
 DEFAULTS: dict[str, Any] = {
     "version": PROFILE_VERSION,
     "notes": "built-in defaults (public data points and estimates), not a calibration",
+    # A host blocked on a GPU event (the token copy, accepted counts) resumes `wake_ms` after
+    # the event: the result's D2H copy on the copy stream and the waiter's wake-up. Measured on
+    # an H100 host (2026-11-26, llama3.2-1b, depths 1-3): median 0.47-0.53 ms between a decode
+    # step's GPU end and the end of the host's wait for its tokens. 0 = resume at the event.
+    "sync_wait": {"wake_ms": 0.0},
     "gpu_pass": {
         # A decode CUDA graph that starts on an idle GPU (idle >= min_idle_ms before its
         # launch) runs `scale` x the time of one queued behind other work: measured on an H100

@@ -33,7 +33,7 @@ class ProfileError(ConfigError):
 
 
 META_STR_KEYS = ("gpu", "model", "dtype", "date", "notes")
-PARAM_TABLES = ("gpu_pass.roofline", "gpu_pass.idle_start", "launch", "ngram_gpu")
+PARAM_TABLES = ("gpu_pass.roofline", "gpu_pass.idle_start", "launch", "ngram_gpu", "sync_wait")
 GPU_FIT_KINDS = ("decode", "mixed", "verify")
 EFFICIENCY_KEYS = ("mem_efficiency", "matmul_efficiency", "attn_efficiency", "scale")
 TOP_KEYS = (
@@ -46,6 +46,7 @@ TOP_KEYS = (
     "terms",
     "ngram_gpu",
     "sync",
+    "sync_wait",
     "gc",
     "alloc_objects",
     "alloc_terms",
@@ -178,7 +179,7 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
                 _check_decode(where, f"gpu_pass.{kind}", gp[kind])
         if "mixed" in gp:
             _check_gpu_model(where, "gpu_pass.mixed", gp["mixed"], LINEAR_TERMS)
-    for key in ("launch", "ngram_gpu"):
+    for key in ("launch", "ngram_gpu", "sync_wait"):
         if key in prof:
             _check_params(where, key, prof[key])
     for key, names in (
@@ -211,7 +212,7 @@ def merge_profile(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str,
                 fit = json.loads(json.dumps(v))  # a max form holds a list: copy it too
                 params = sub in ("roofline", "idle_start")  # parameter tables: key by key
                 gp[sub] = {**gp.get(sub, {}), **v} if params else fit
-        elif key in ("launch", "ngram_gpu", "gc"):
+        elif key in ("launch", "ngram_gpu", "gc", "sync_wait"):
             out[key] = {**out.get(key, {}), **value}
         elif key in ("cpu_phases", "alloc_objects", "terms", "alloc_terms"):
             out[key] = {**out.get(key, {}), **{n: dict(m) for n, m in value.items()}}
