@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import sys
 import types
 from pathlib import Path
@@ -446,12 +447,16 @@ def test_sigterm_stops_the_workers_too(tmp_path: Path, trace: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = ["whatif", str(trace), *TINY, "--variants", "gc_freeze", "--jobs", "2", "-q"]
     cmd = [sys.executable, "-c", WORKER_SCRIPT, str(pids), *argv, "-o", "out/w"]
-    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50)
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
     assert res.returncode == 143, res.stderr
     assert res.stderr.strip() == "terminated (SIGTERM)"
     assert listing(tmp_path) == ["pids", "t.parquet"]
     workers = [int(p.name.split("-")[1]) for p in pids.iterdir()]
-    assert workers and not any(atomic.pid_alive(w) for w in workers)
+    assert workers
+    deadline = time.monotonic() + 10  # a loaded machine may take a moment to reap them
+    while any(atomic.pid_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(atomic.pid_alive(w) for w in workers)
 
 
 def test_disk_full_while_writing_is_one_line_naming_the_output(
