@@ -7,8 +7,8 @@ import json
 import os
 import signal
 import subprocess
-import time
 import sys
+import time
 import types
 from pathlib import Path
 
