@@ -2,6 +2,7 @@
 # Measured runs of the generalization protocol (reports/fidelity/README.md), on a GPU host:
 #   bash reports/fidelity/gpu_checks.sh PART MODEL OUTDIR PACKDIR
 # PART: calib (the one short calibration run: traces/fidelity/azure45x4, depth 2),
+# calib-spec (a short ngram-gpu run for the spec CPU phases), mixed-ab (cuda_graphs_mixed off/on),
 # checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
 # never used in a fit), sweep (the clean-GPU envelope sweep, `python -m replay shapes`).
 # Each run folder is packed into PACKDIR/<model>-<name>.tgz (without timeline.json) as soon as
@@ -38,6 +39,14 @@ case $part in
     replay azure_late-d1 $C/azure_late.parquet --set batches_in_flight=1
     replay azure_late-d3 $C/azure_late.parquet --set batches_in_flight=3
     replay asap $C/asap.parquet --set arrival=asap
+    ;;
+  calib-spec)  # the short calibration run for speculative decoding's CPU phases (bundled
+    # traces/specdec.parquet; the check traces/checks/specdec.parquet is another workload)
+    replay calib-spec traces/specdec.parquet --set spec.method=ngram-gpu --set spec.k=3
+    ;;
+  mixed-ab)  # prefill/mixed steps as CUDA graphs: the same check off and on, back to back
+    replay burst-mgoff $C/burst.parquet
+    replay burst-mgon $C/burst.parquet --set cuda_graphs_mixed=true
     ;;
   sweep)
     log "shapes $tag"
