@@ -554,12 +554,7 @@ class Engine:
         hidden = self.model(ids, pos, attn, kv)
         g = cfg.max_num_seqs * self.q  # logits rows: k + 1 per request with drafts
         logits = self.model.compute_logits(hidden[torch.arange(g, device=dev) % n_tok])
-        r = torch.arange(g, dtype=torch.int32, device=dev)
-        rows = SampleRows(r % cfg.max_num_seqs, r * 0, r, r * 0 - 1, r, forced_tok=r * 0 - 1)
-        # verification rows' penalty history (engine.spec.decoder) lives alongside the logits
-        extra = torch.zeros_like(logits, dtype=torch.int32) if self.sd is not None else None
-        self.sampler.sample(logits, rows, torch.empty_like(r))
-        del extra
+        self._profile_sample(logits)
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated(dev) - before
         del hidden, logits, kv
@@ -567,3 +562,19 @@ class Engine:
         self.sampler.last_sampled.zero_()
         torch.cuda.empty_cache()
         return peak
+
+    def _profile_sample(self, logits: torch.Tensor) -> None:
+        """Sampling of the largest step's logits rows [G, vocab], every row with history, on
+        the path a step of this engine takes: speculative decoding verifies max_num_seqs x
+        (k + 1) rows with `Sampler.choose` (engine.spec.decoder; the drafts' penalty history
+        [G, vocab] lives alongside the logits), plain decoding samples its max_num_seqs rows
+        with `Sampler.sample`, whose greedy kernel (CUDA, temperature 0) holds at most
+        num_slots + 1 rows: verification rows never go there."""
+        g = logits.shape[0]
+        r = torch.arange(g, dtype=torch.int32, device=logits.device)
+        rows = SampleRows(r % self.cfg.max_num_seqs, r * 0, r, r * 0 - 1, r, forced_tok=r * 0 - 1)
+        if self.sd is not None:
+            extra = torch.zeros_like(logits, dtype=torch.int32)
+            self.sampler.choose(logits, rows, extra)
+        else:
+            self.sampler.sample(logits, rows, torch.empty_like(r))

@@ -80,7 +80,10 @@ class Sampler:
         self.counts = torch.zeros((num_slots + 1, vocab), dtype=torch.int32, device=device)
         self.prompt_mask = torch.zeros((num_slots + 1, vocab), dtype=torch.bool, device=device)
         self._vocab_ids = torch.arange(vocab, device=device)
-        self.greedy_ws = None  # Triton greedy sampling of plain decoding (CUDA only)
+        # Triton greedy sampling of plain decoding (CUDA only): `sample` / `sample_graph` rows
+        # are <= num_slots + 1 (one per request, padded graph rows in the spare slot); spec
+        # verification's k + 1 rows per request go through `choose`, never through it
+        self.greedy_ws = None
         if device.type == "cuda" and cfg.temperature == 0:
             from engine.kernels.sampling import GreedyWorkspace
 

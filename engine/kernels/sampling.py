@@ -94,6 +94,16 @@ class GreedyWorkspace:
         self.part_idx = torch.empty((max_rows, self.num_chunks), dtype=torch.int32, device=device)
 
 
+def check_greedy_args(logits: torch.Tensor, ws: GreedyWorkspace) -> None:
+    """What `greedy_sample` needs of its logits [G, vocab]: the workspace's vocab, G <= its rows,
+    unit stride along the vocab (host-side shape checks only: CPU tests run it too)."""
+    rows, vocab = logits.shape
+    assert vocab == ws.vocab and rows <= ws.part_max.shape[0] and logits.stride(1) == 1, (
+        f"greedy_sample: logits {rows} x {vocab} (stride {tuple(logits.stride())}) for a "
+        f"workspace of {ws.part_max.shape[0]} rows x vocab {ws.vocab}"
+    )
+
+
 def greedy_sample(
     logits: torch.Tensor,  # [G, vocab] float
     forced: torch.Tensor,  # [G] int32, -1 = not forced
@@ -103,8 +113,8 @@ def greedy_sample(
     ws: GreedyWorkspace,
 ) -> None:
     """out[g] = forced[g] if >= 0 else argmax(logits[g]); last_sampled[slots[g]] = out[g]."""
+    check_greedy_args(logits, ws)
     rows, vocab = logits.shape
-    assert vocab == ws.vocab and rows <= ws.part_max.shape[0] and logits.stride(1) == 1
     if rows == 0:
         return
     n, on = ws.num_chunks, pdl.enabled(logits)
