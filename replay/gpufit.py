@@ -14,7 +14,7 @@ hold over the sweep's whole grid instead, each still plain (weighted) least squa
   may run slower than the KV stream (the longest attention program): the `{"max": [...]}`
   straggler branch, a spline in num_tokens through the table's first column (the step without
   KV) + c x program_keys, with c fitted by the same hinge iteration as the linear form's.
-- mixed (`fit_mixed`): a linear spline in num_tokens (hat functions at log-spaced knots) plus
+- mixed (`fit_mixed`): a linear spline in num_tokens (hat functions at the rows' own values) plus
   linear attention terms, non-negative.
 Rows are weighted by 1 / measured ms (relative error: a 1 ms decode and a 40 ms prefill count
 alike). replay.heldback chooses the grid points a refit leaves out and scores its predictions.
@@ -37,7 +37,6 @@ Cols = Mapping[str, np.ndarray]
 TABLE_X, TABLE_Y = "num_tokens", "kv_per_token"
 MAX_NODES = 24  # per axis; more distinct values are thinned (log-spaced, ends kept)
 NODE_MERGE = 0.05  # values within 5 % of a node are one node (rows between nodes interpolate)
-MAX_KNOTS = 10  # spline knots (log-spaced over the rows' num_tokens)
 PENALTY = 0.05  # weight of a cell's curvature, relative to one row's relative error
 STRAGGLER_START = 1.05  # rows this far above the table seed the straggler fit
 MIN_STRAGGLER_ROWS = 2  # c is one number: two rows that straggle clearly pin it
@@ -176,9 +175,10 @@ def fit_decode(
 
     ms = table_on(uni if uni.sum() >= 4 else rows)
     pred_t = w_all @ ms
-    base = wx_all @ _no_kv(ms, xs, ys)
-    strag = cand & (y > STRAGGLER_START * pred_t)
     c = 0.0
+    base_nodes = _base(ms, xs, ys, x_all, uni & (keys > 0), pred_t - c * keys)
+    base = wx_all @ base_nodes
+    strag = cand & (y > STRAGGLER_START * pred_t)
     for _ in range(20):
         if strag.sum() < MIN_STRAGGLER_ROWS:
             break
@@ -187,7 +187,8 @@ def fit_decode(
         new = cand & (base + c * keys > pred_t)
         ms = table_on(uni | (other & ~new))
         pred_t = w_all @ ms
-        base = wx_all @ _no_kv(ms, xs, ys)
+        base_nodes = _base(ms, xs, ys, x_all, uni & (keys > 0), pred_t - c * keys)
+        base = wx_all @ base_nodes
         if (new == strag).all():
             break
         strag = new
@@ -199,7 +200,7 @@ def fit_decode(
     table = {"x": TABLE_X, "y": TABLE_Y, "xs": xs, "ys": ys, "ms": grid.tolist()}
     model: dict[str, Any] = {"table": table}
     if use_strag:
-        spline = {"x": TABLE_X, "knots": xs, "ms": _no_kv(ms, xs, ys).tolist()}
+        spline = {"x": TABLE_X, "knots": xs, "ms": base_nodes.tolist()}
         model = {"max": [model, {"spline": spline, "program_keys": c}]}
     delta = offset_fn(model) if offset_fn is not None else 0.0
     if delta:
@@ -217,10 +218,35 @@ def fit_decode(
 
 def _no_kv(ms: np.ndarray, xs: Sequence[float], ys: Sequence[float]) -> np.ndarray:
     """Per x node, the table continued linearly from its first two columns to no KV at all
-    (>= 0): the step's work besides attention, the straggler branch's base."""
+    (>= 0): the step's work besides attention, where those columns stream KV."""
     g = ms.reshape(len(xs), len(ys))
     slope = (g[:, 1] - g[:, 0]) / (ys[1] - ys[0])
     return np.maximum(g[:, 0] - slope * ys[0], 0.0)
+
+
+def _base(
+    ms: np.ndarray,
+    xs: Sequence[float],
+    ys: Sequence[float],
+    x: np.ndarray,
+    uni: np.ndarray,
+    rest: np.ndarray,
+) -> np.ndarray:
+    """The straggler branch's base per x node: `_no_kv`, but at most the table minus c x
+    program_keys on each uniform row on that node (`rest` = table - c x keys per row). A
+    uniform step runs max(KV stream, base + c x keys) too, so the table bounds the base from
+    above; where a small batch of short contexts sits on its longest program's floor (one
+    tile of keys), the first columns are flat and `_no_kv` alone continues them to a base
+    with that floor in it (the branch then ran 4.5 % above 2-row batches of 64-256 keys)."""
+    out = _no_kv(ms, xs, ys)
+    node = np.searchsorted(np.asarray(xs), x)
+    on = uni & (node < len(xs))
+    on &= np.isclose(np.asarray(xs)[np.minimum(node, len(xs) - 1)], x)
+    if on.any():
+        cap = np.full(len(xs), np.inf)
+        np.minimum.at(cap, node[on], rest[on])
+        out = np.maximum(np.minimum(out, cap), 0.0)
+    return out
 
 
 def shift(model: Mapping[str, Any], delta_ms: float) -> dict[str, Any]:
@@ -243,12 +269,15 @@ def shift(model: Mapping[str, Any], delta_ms: float) -> dict[str, Any]:
 
 # ---- mixed -------------------------------------------------------------------------------------
 def mixed_knots(cols: Cols, rows: np.ndarray) -> list[float] | None:
-    """Log-spaced knots over the rows' num_tokens (integers, distinct); None below 3 values."""
+    """Knots at the rows' own num_tokens values (as table nodes: merged within NODE_MERGE,
+    thinned log-spaced to MAX_NODES); None below 3 values. Knots at sampled values, not on a
+    fixed log grid: the sweep's prefill axis steps by sqrt 2, and a GEMM knee between two
+    fixed knots (e.g. 128 and 256) bent the spline 6 % above the points between them."""
     v = np.unique(cols["num_tokens"][rows])
     if len(v) < 3:
         return None
-    k = np.unique(np.round(np.geomspace(v[0], v[-1], min(MAX_KNOTS, len(v)))))
-    return [float(x) for x in k] if len(k) >= 2 else None
+    k = _nodes(v, MAX_NODES)
+    return k if len(k) >= 2 else None
 
 
 def fit_mixed(
