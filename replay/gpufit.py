@@ -26,20 +26,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from replay.graphsteps import Segment, with_steps
 from replay.lsq import fit, numeric_rank
 
 Cols = Mapping[str, np.ndarray]
 
 TABLE_X, TABLE_Y = "num_tokens", "kv_per_token"
 MAX_NODES = 24  # per axis; more distinct values are thinned (log-spaced, ends kept)
+MAX_STEP_NODES = 96  # x nodes of a table with graph padding steps (each bucket and midpoint)
 NODE_MERGE = 0.05  # values within 5 % of a node are one node (rows between nodes interpolate)
 PENALTY = 0.05  # weight of a cell's curvature, relative to one row's relative error
 STRAGGLER_START = 1.05  # rows this far above the table seed the straggler fit
 MIN_STRAGGLER_ROWS = 2  # c is one number: two rows that straggle clearly pin it
+
+
+class TableNodes(NamedTuple):
+    xs: list[float]  # num_tokens
+    ys: list[float]  # kv_per_token
+    breaks: list[float] = []  # xs that start a padded graph segment (replay.graphsteps)
 
 
 @dataclass
@@ -58,11 +66,11 @@ def table_rule() -> Any:
 
 
 # ---- nodes -------------------------------------------------------------------------------------
-def _nodes(values: np.ndarray, most: int) -> list[float]:
-    """The distinct values (those within NODE_MERGE of the previous kept one merge into it),
-    thinned to `most` (log-spaced picks, first and last kept)."""
+def _nodes(values: np.ndarray, most: int, merge: bool = True) -> list[float]:
+    """The distinct values (with `merge`, those within NODE_MERGE of the previous kept one merge
+    into it), thinned to `most` (log-spaced picks, first and last kept)."""
     v = np.unique(values[np.isfinite(values)])
-    if len(v) > 1:
+    if len(v) > 1 and merge:
         keep = [0]
         for i in range(1, len(v)):
             if v[i] > v[keep[-1]] * (1 + NODE_MERGE):
@@ -80,19 +88,24 @@ def uniform_rows(cols: Cols) -> np.ndarray:
     return cols["max_kv_tokens"] * cols["num_reqs"] == cols["kv_read_tokens"]
 
 
-def _curvature(nodes: Sequence[float]) -> np.ndarray:
-    """(n-2, n) rows: node i minus the linear interpolation of nodes i-1 and i+1."""
+def _curvature(nodes: Sequence[float], breaks: Sequence[float] = ()) -> np.ndarray:
+    """(n-2, n) rows: node i minus the linear interpolation of nodes i-1 and i+1; a row whose
+    three nodes straddle a break (a node in `breaks` after the first of them) is left out."""
     n = len(nodes)
-    out = np.zeros((max(n - 2, 0), n))
-    for i in range(1, n - 1):
+    cut = set(breaks)
+    keep = [i for i in range(1, n - 1) if nodes[i] not in cut and nodes[i + 1] not in cut]
+    out = np.zeros((len(keep), n))
+    for r, i in enumerate(keep):
         h1, h2 = nodes[i] - nodes[i - 1], nodes[i + 1] - nodes[i]
-        out[i - 1, i - 1 : i + 2] = (-h2 / (h1 + h2), 1.0, -h1 / (h1 + h2))
+        out[r, i - 1 : i + 2] = (-h2 / (h1 + h2), 1.0, -h1 / (h1 + h2))
     return out
 
 
-def _table_penalty(xs: Sequence[float], ys: Sequence[float]) -> np.ndarray:
+def _table_penalty(
+    xs: Sequence[float], ys: Sequence[float], breaks: Sequence[float] = ()
+) -> np.ndarray:
     nx, ny = len(xs), len(ys)
-    cx, cy = _curvature(xs), _curvature(ys)
+    cx, cy = _curvature(xs, breaks), _curvature(ys)
     rows = [np.kron(cx, np.eye(ny)), np.kron(np.eye(nx), cy)]
     return (
         np.vstack([r for r in rows if r.size])
@@ -128,26 +141,32 @@ def _solve(w: np.ndarray, y: np.ndarray, pen: np.ndarray, extra: np.ndarray | No
 
 
 # ---- decode ------------------------------------------------------------------------------------
-def decode_nodes(cols: Cols, rows: np.ndarray) -> tuple[list[float], list[float]] | None:
+def decode_nodes(
+    cols: Cols, rows: np.ndarray, segments: Sequence[Segment] = ()
+) -> TableNodes | None:
     """Table nodes from the uniform rows among `rows` without drafts (a verify row of k drafts
     reads (context + k) / (k + 1) keys per query row: off the plain grid, it joins as a scattered
-    row); None when either axis has < 2 values."""
+    row); None when either axis has < 2 values. With padded graph `segments`
+    (replay.graphsteps) the x nodes are the rows' own values, unmerged (a midpoint 2 % from its
+    bucket is another segment's node), plus each segment's first x."""
     t = table_rule()
     u = rows & uniform_rows(cols)
     plain = u & (cols["draft_tokens"] == 0)
     u = plain if plain.any() else u
-    xs = _nodes(t.axis_values(TABLE_X, cols)[u], MAX_NODES)
+    xv = t.axis_values(TABLE_X, cols)[u]
+    xs = _nodes(xv, MAX_STEP_NODES, merge=False) if segments else _nodes(xv, MAX_NODES)
     ys = _nodes(t.axis_values(TABLE_Y, cols)[u], MAX_NODES)
     if len(xs) < 2 or len(ys) < 2:
         return None
-    return xs, ys
+    xs, breaks = with_steps(xs, segments)
+    return TableNodes(xs, ys, breaks)
 
 
 def fit_decode(
     cols: Cols,
     y: np.ndarray,
     rows: np.ndarray,
-    nodes: tuple[list[float], list[float]],
+    nodes: TableNodes,
     offset_fn: Callable[[dict[str, Any]], float] | None = None,
     straggler: bool = True,
 ) -> PiecewiseFit:
@@ -156,7 +175,7 @@ def fit_decode(
     sim.cost.splits; not a verify step's). `offset_fn(model)`: ms to add to every cell (a sweep
     that times less than a run's step; None: 0)."""
     t = table_rule()
-    xs, ys = nodes
+    xs, ys, breaks = nodes
     mask = rows
     cols = {k: v[mask] for k, v in cols.items()}  # from here on: the fit's rows only
     y = y[mask]
@@ -164,7 +183,7 @@ def fit_decode(
     x_all, y_all = t.axis_values(TABLE_X, cols), t.axis_values(TABLE_Y, cols)
     w_all = t.table_weights(xs, ys, x_all, y_all)
     wx_all = t.spline_weights(xs, x_all)  # the table's no-KV column (`_no_kv`) at each row's x
-    pen = _table_penalty(xs, ys)
+    pen = _table_penalty(xs, ys, breaks)
     keys = cols["program_keys"] if "program_keys" in cols else np.zeros(len(y))
     uni = uniform_rows(cols)
     other = ~uni
@@ -207,6 +226,7 @@ def fit_decode(
         model = shift(model, delta)
     report = {
         "nodes": [len(xs), len(ys)],
+        "graph_steps": len(breaks),
         "rows": int(rows.sum()),
         "uniform_rows": int(uni.sum()),
         "straggler_rows": int(strag.sum()),
