@@ -40,6 +40,7 @@ MAX_NODES = 24  # per axis; more distinct values are thinned (log-spaced, ends k
 MAX_STEP_NODES = 96  # x nodes of a table with graph padding steps (each bucket and midpoint)
 NODE_MERGE = 0.05  # values within 5 % of a node are one node (rows between nodes interpolate)
 PENALTY = 0.05  # weight of a cell's curvature, relative to one row's relative error
+BREAK_WEIGHT = 0.01  # of a curvature row across a graph step (replay.graphsteps), relative
 STRAGGLER_START = 1.05  # rows this far above the table seed the straggler fit
 MIN_STRAGGLER_ROWS = 2  # c is one number: two rows that straggle clearly pin it
 
@@ -90,14 +91,16 @@ def uniform_rows(cols: Cols) -> np.ndarray:
 
 def _curvature(nodes: Sequence[float], breaks: Sequence[float] = ()) -> np.ndarray:
     """(n-2, n) rows: node i minus the linear interpolation of nodes i-1 and i+1; a row whose
-    three nodes straddle a break (a node in `breaks` after the first of them) is left out."""
+    three nodes straddle a break (a node in `breaks` after the first of them) weighs
+    BREAK_WEIGHT: the step there costs almost nothing, yet a column with few rows of its own
+    between two breaks (a bucket a budget cut left one row of) still follows its neighbours."""
     n = len(nodes)
+    out = np.zeros((max(n - 2, 0), n))
     cut = set(breaks)
-    keep = [i for i in range(1, n - 1) if nodes[i] not in cut and nodes[i + 1] not in cut]
-    out = np.zeros((len(keep), n))
-    for r, i in enumerate(keep):
+    for i in range(1, n - 1):
         h1, h2 = nodes[i] - nodes[i - 1], nodes[i + 1] - nodes[i]
-        out[r, i - 1 : i + 2] = (-h2 / (h1 + h2), 1.0, -h1 / (h1 + h2))
+        w = BREAK_WEIGHT if nodes[i] in cut or nodes[i + 1] in cut else 1.0
+        out[i - 1, i - 1 : i + 2] = (-w * h2 / (h1 + h2), w, -w * h1 / (h1 + h2))
     return out
 
 
@@ -195,7 +198,7 @@ def fit_decode(
     ms = table_on(uni if uni.sum() >= 4 else rows)
     pred_t = w_all @ ms
     c = 0.0
-    base_nodes = _base(ms, xs, ys, x_all, uni & (keys > 0), pred_t - c * keys)
+    base_nodes = _base(ms, xs, ys, x_all, uni & (keys > 0), pred_t - c * keys, breaks)
     base = wx_all @ base_nodes
     strag = cand & (y > STRAGGLER_START * pred_t)
     for _ in range(20):
@@ -206,7 +209,7 @@ def fit_decode(
         new = cand & (base + c * keys > pred_t)
         ms = table_on(uni | (other & ~new))
         pred_t = w_all @ ms
-        base_nodes = _base(ms, xs, ys, x_all, uni & (keys > 0), pred_t - c * keys)
+        base_nodes = _base(ms, xs, ys, x_all, uni & (keys > 0), pred_t - c * keys, breaks)
         base = wx_all @ base_nodes
         if (new == strag).all():
             break
@@ -251,21 +254,29 @@ def _base(
     x: np.ndarray,
     uni: np.ndarray,
     rest: np.ndarray,
+    breaks: Sequence[float] = (),
 ) -> np.ndarray:
     """The straggler branch's base per x node: `_no_kv`, but at most the table minus c x
     program_keys on each uniform row on that node (`rest` = table - c x keys per row). A
     uniform step runs max(KV stream, base + c x keys) too, so the table bounds the base from
     above; where a small batch of short contexts sits on its longest program's floor (one
     tile of keys), the first columns are flat and `_no_kv` alone continues them to a base
-    with that floor in it (the branch then ran 4.5 % above 2-row batches of 64-256 keys)."""
+    with that floor in it (the branch then ran 4.5 % above 2-row batches of 64-256 keys).
+    A graph step's first node (`breaks`, no rows) continues its segment's next two nodes
+    linearly, as the table's own cells there do."""
     out = _no_kv(ms, xs, ys)
     node = np.searchsorted(np.asarray(xs), x)
     on = uni & (node < len(xs))
     on &= np.isclose(np.asarray(xs)[np.minimum(node, len(xs) - 1)], x)
+    cap = np.full(len(xs), np.inf)
     if on.any():
-        cap = np.full(len(xs), np.inf)
         np.minimum.at(cap, node[on], rest[on])
         out = np.maximum(np.minimum(out, cap), 0.0)
+    cut = set(breaks)
+    for i in range(len(xs) - 2):
+        if xs[i] in cut and cap[i] == np.inf and xs[i + 1] not in cut and xs[i + 2] not in cut:
+            slope = (out[i + 2] - out[i + 1]) / (xs[i + 2] - xs[i + 1])
+            out[i] = max(out[i + 1] - slope * (xs[i + 1] - xs[i]), 0.0)
     return out
 
 
