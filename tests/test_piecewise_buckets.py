@@ -110,3 +110,48 @@ def test_segments_start_past_the_previous_bucket() -> None:
     assert breaks == [3.0, 5.0, 9.0] and xs == [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 72]
     spec = {"num_reqs": np.array([6.0]), "num_tokens": np.array([24.0])}  # 3 drafts a row
     assert padded_segments(spec, np.ones(1, bool), np.array([8]), [4, 8]) == [(20.0, 32.0)]
+
+
+def test_the_llama_1b_sweep_of_today(tmp_path: Path) -> None:
+    """The grid `replay shapes --set model=llama3.2-1b --set num_kv_blocks=40000` times (whole:
+    the default budget holds it; 32 cells past the cache), with graph padding and 0.5 % noise:
+    held-back points and every batch size 1-256 through the sim's cost model."""
+    from replay.shapes_plan import plan
+    from sim.cost.splits import program_keys_fn
+
+    cfg = Config(model="llama3.2-1b", num_kv_blocks=40_000)
+    p = plan(cfg, 40_000, buckets=BUCKETS)
+    assert len(p.batches) == p.grid_shapes
+    keys = program_keys_fn(8, 132)
+
+    def truth(s: dict[str, int], bucket: int) -> float:
+        b, kv = s["num_reqs"], s["kv_read_tokens"]
+        rows = 1.2 + 0.002 * bucket + 0.006 * max(0, bucket - 128)
+        bulk = rows + 1.5e-5 * kv * (1 + 2 / (1 + b / 8))
+        return max(bulk, rows + 3e-4 * keys(b, s["max_kv_tokens"]))
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for b in p.batches:
+        s = batch_shape(b.entries)
+        bucket = bucket_of(len(b.entries)) if b.kind == "decode" else 0
+        ms = truth(s, bucket) if bucket else 1.3 * mixed_truth(s)
+        sample = Sample(ms * (1 + 0.005 * rng.standard_normal()), 0.1, 0.2)
+        wrapped = b.blocks(16) > 40_000
+        rows.append(shape_row(b, [sample], 0, bucket, b.max_seq_len, b.blocks(16), wrapped))
+    assert sum(r["kv_wrapped"] for r in rows) > 10
+    meta = {"format": "replay.shapes", "version": FORMAT_VERSION, "model": "llama3.2-1b",
+            "gpu": H100, "dtype": "bfloat16", MEASURES_KEY: MEASURES_STEP,
+            "graph_buckets": BUCKETS}  # fmt: skip
+    f = write_sweep(tmp_path / "s.parquet", rows, meta)
+    cal = calibrate([eager_run(tmp_path / "r", seed=0, cfg=cfg)], shapes=[f])
+    assert cal.verdict.endswith("within 5 % everywhere"), cal.verdict
+    assert cal.quality["gpu_pass.held_back"]["regions"]["decode all"]["max_rel"] < 0.03
+    cm = CostModel(cfg, cal.profile)
+    err = []
+    for b in range(1, 257):
+        for ctx in (100, 700, 2000):
+            s = batch_shape([Entry(ctx - 1, 1, False)] * b)
+            got = cm.gpu_pass_ms(BatchShape(**{k: s[k] for k in SHAPE_FIELDS}))
+            err.append(abs(got / truth(s, bucket_of(b)) - 1))
+    assert max(err) < 0.03, max(err)
