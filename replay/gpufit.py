@@ -1,4 +1,4 @@
-"""Piecewise GPU pass fits from a shape sweep: a decode table and a mixed-step spline.
+"""Piecewise GPU pass fits from a shape sweep: the decode table (and the shared solve).
 
 One global linear decode model, fitted where a calibration run went (batch < 32, ~10k KV
 tokens a step), over-predicted a long-output workload by 14-23 % (docs/cost-model.md). These fits
@@ -14,8 +14,9 @@ hold over the sweep's whole grid instead, each still plain (weighted) least squa
   may run slower than the KV stream (the longest attention program): the `{"max": [...]}`
   straggler branch, a spline in num_tokens through the table's first column (the step without
   KV) + c x program_keys, with c fitted by the same hinge iteration as the linear form's.
-- mixed (`fit_mixed`): a linear spline in num_tokens (hat functions at the rows' own values) plus
-  linear attention terms, non-negative.
+  Where decode graphs padded the rows to their buckets the table steps there
+  (replay.graphsteps: extra x nodes and a penalty cut).
+- mixed: replay.mixedfit (a spline in num_tokens through the same penalised solve).
 Rows are weighted by 1 / measured ms (relative error: a 1 ms decode and a 40 ms prefill count
 alike). replay.heldback chooses the grid points a refit leaves out and scores its predictions.
 
@@ -31,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from replay.graphsteps import Segment, with_steps
-from replay.lsq import fit, numeric_rank
+from replay.lsq import fit
 
 Cols = Mapping[str, np.ndarray]
 
@@ -67,7 +68,7 @@ def table_rule() -> Any:
 
 
 # ---- nodes -------------------------------------------------------------------------------------
-def _nodes(values: np.ndarray, most: int, merge: bool = True) -> list[float]:
+def nodes_of(values: np.ndarray, most: int, merge: bool = True) -> list[float]:
     """The distinct values (with `merge`, those within NODE_MERGE of the previous kept one merge
     into it), thinned to `most` (log-spaced picks, first and last kept)."""
     v = np.unique(values[np.isfinite(values)])
@@ -89,7 +90,7 @@ def uniform_rows(cols: Cols) -> np.ndarray:
     return cols["max_kv_tokens"] * cols["num_reqs"] == cols["kv_read_tokens"]
 
 
-def _curvature(nodes: Sequence[float], breaks: Sequence[float] = ()) -> np.ndarray:
+def curvature(nodes: Sequence[float], breaks: Sequence[float] = ()) -> np.ndarray:
     """(n-2, n) rows: node i minus the linear interpolation of nodes i-1 and i+1; a row whose
     three nodes straddle a break (a node in `breaks` after the first of them) weighs
     BREAK_WEIGHT: the step there costs almost nothing, yet a column with few rows of its own
@@ -108,7 +109,7 @@ def _table_penalty(
     xs: Sequence[float], ys: Sequence[float], breaks: Sequence[float] = ()
 ) -> np.ndarray:
     nx, ny = len(xs), len(ys)
-    cx, cy = _curvature(xs, breaks), _curvature(ys)
+    cx, cy = curvature(xs, breaks), curvature(ys)
     rows = [np.kron(cx, np.eye(ny)), np.kron(np.eye(nx), cy)]
     return (
         np.vstack([r for r in rows if r.size])
@@ -117,7 +118,7 @@ def _table_penalty(
     )
 
 
-def _solve(w: np.ndarray, y: np.ndarray, pen: np.ndarray, extra: np.ndarray | None = None):
+def solve(w: np.ndarray, y: np.ndarray, pen: np.ndarray, extra: np.ndarray | None = None):
     """Relative least squares of y on [w, extra] + PENALTY x each node's curvature relative to
     the node's value (a first pass at the median target estimates the values), so a 1 % kink
     costs alike at 1 ms and at 50 ms; w's part >= 0 by clipping, extra's by NNLS when given."""
@@ -157,8 +158,8 @@ def decode_nodes(
     plain = u & (cols["draft_tokens"] == 0)
     u = plain if plain.any() else u
     xv = t.axis_values(TABLE_X, cols)[u]
-    xs = _nodes(xv, MAX_STEP_NODES, merge=False) if segments else _nodes(xv, MAX_NODES)
-    ys = _nodes(t.axis_values(TABLE_Y, cols)[u], MAX_NODES)
+    xs = nodes_of(xv, MAX_STEP_NODES, merge=False) if segments else nodes_of(xv, MAX_NODES)
+    ys = nodes_of(t.axis_values(TABLE_Y, cols)[u], MAX_NODES)
     if len(xs) < 2 or len(ys) < 2:
         return None
     xs, breaks = with_steps(xs, segments)
@@ -193,7 +194,7 @@ def fit_decode(
     cand = other & (keys > 0) & straggler
 
     def table_on(mask: np.ndarray) -> np.ndarray:
-        return _solve(w_all[mask], y[mask], pen)
+        return solve(w_all[mask], y[mask], pen)
 
     ms = table_on(uni if uni.sum() >= 4 else rows)
     pred_t = w_all @ ms
@@ -296,45 +297,3 @@ def shift(model: Mapping[str, Any], delta_ms: float) -> dict[str, Any]:
     else:
         out["intercept"] = out.get("intercept", 0.0) + delta_ms
     return out
-
-
-# ---- mixed -------------------------------------------------------------------------------------
-def mixed_knots(cols: Cols, rows: np.ndarray) -> list[float] | None:
-    """Knots at the rows' own num_tokens values (as table nodes: merged within NODE_MERGE,
-    thinned log-spaced to MAX_NODES); None below 3 values. Knots at sampled values, not on a
-    fixed log grid: the sweep's prefill axis steps by sqrt 2, and a GEMM knee between two
-    fixed knots (e.g. 128 and 256) bent the spline 6 % above the points between them."""
-    v = np.unique(cols["num_tokens"][rows])
-    if len(v) < 3:
-        return None
-    k = _nodes(v, MAX_NODES)
-    return k if len(k) >= 2 else None
-
-
-def fit_mixed(
-    cols: Cols, y: np.ndarray, rows: np.ndarray, knots: list[float], terms: Sequence[str]
-) -> PiecewiseFit:
-    """A spline in num_tokens + non-negative linear `terms` (those that add information)."""
-    t = table_rule()
-    w = t.spline_weights(knots, cols["num_tokens"][rows])
-    lin: list[str] = []
-    cols_in = [w]
-    rank = numeric_rank(w)  # knots no row reaches add no rank: compare with the rank so far
-    for f in terms:
-        if f in ("intercept", "num_tokens") or f not in cols or not np.any(cols[f][rows]):
-            continue
-        trial = np.column_stack([*cols_in, cols[f][rows]])
-        if numeric_rank(trial) == rank + 1:
-            cols_in.append(cols[f][rows][:, None])
-            lin.append(f)
-            rank += 1
-    extra = np.hstack(cols_in[1:]) if lin else np.zeros((int(rows.sum()), 0))
-    coef = _solve(w, y[rows], _curvature(knots), extra)
-    nk = len(knots)
-    model: dict[str, Any] = {"spline": {"x": "num_tokens", "knots": knots, "ms": []}}
-    model["spline"]["ms"] = [float(max(v, 0.0)) for v in coef[:nk]]
-    for f, c in zip(lin, coef[nk:].tolist()):
-        if c > 0:
-            model[f] = c
-    report = {"knots": len(knots), "rows": int(rows.sum()), "terms": lin}
-    return PiecewiseFit(model, report, rows)

@@ -1,4 +1,5 @@
-"""`replay calibrate`'s piecewise GPU pass models from shape sweeps (fits: replay.gpufit).
+"""`replay calibrate`'s piecewise GPU pass models from shape sweeps (fits: replay.gpufit,
+replay.mixedfit).
 
 `--gpu-model` (GPU_MODELS): `linear` keeps the linear (and max-of-linear) fits of
 replay.calibrate; `piecewise` fits the decode table and the mixed spline from the sweep;
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from replay import gpufit, graphsteps, heldback
+from replay import gpufit, graphsteps, heldback, mixedfit
 from replay.shapes import SweepRows
 from replay.steps import CalibrationError, Steps, eval_linear
 from replay.sweepmeta import measures_steps
@@ -87,15 +88,15 @@ def fit_piecewise(
         _fit_table(out, regions, "verify", cols, y, dec & drafts, run_dec & drafts, whole, notes,
                    steps)  # fmt: skip
     rows = mix | run_mix
-    knots = gpufit.mixed_knots(cols, rows) if mix.any() else None
+    knots = mixedfit.mixed_knots(cols, rows) if mix.any() else None
     if knots is None:
         if mix.any():
             notes.append("gpu_pass.mixed: fewer than 3 token counts in the sweep; kept linear")
     else:
         hold = heldback.mixed_hold(cols, mix)
-        held = gpufit.fit_mixed(cols, y, rows & ~hold, knots, mixed_terms)
+        held = mixedfit.fit_mixed(cols, y, rows & ~hold, knots, mixed_terms)
         regions.update(_held_errors("mixed", held.model, cols, y, hold))
-        fitted = gpufit.fit_mixed(cols, y, rows, knots, mixed_terms)
+        fitted = mixedfit.fit_mixed(cols, y, rows, knots, mixed_terms)
         out.models["mixed"], out.fit_rows["mixed"] = fitted.model, rows
         out.report["gpu_pass.mixed.piecewise"] = {**fitted.report, "run_steps": int(run_mix.sum())}
     out.verdict = heldback.verdict(regions)
