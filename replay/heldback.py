@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from replay.gpufit import TABLE_X, TABLE_Y, Cols, table_rule, uniform_rows
+from replay.gpufit import TABLE_X, TABLE_Y, Cols, TableNodes, table_rule, uniform_rows
 
 HOLD_EVERY = 3  # every 3rd grid value per axis (interior points only)
 HELD_BACK_OK = 0.05  # the verdict's bound on a region's max relative error
@@ -22,12 +22,16 @@ DECODE_BANDS = (1, 8, 32, 128)  # num_reqs band edges of the decode (and verify)
 MIXED_BANDS = (1, 256, 2048)  # num_tokens band edges of the mixed regions
 
 
-def decode_hold(cols: Cols, rows: np.ndarray, nodes: tuple[list[float], list[float]]):
+def decode_hold(cols: Cols, rows: np.ndarray, nodes: TableNodes):
     """Rows held back: uniform rows on interior nodes (i, j) with i % HOLD_EVERY == 1 and
-    j % HOLD_EVERY == 1 (their neighbours stay in), and every HOLD_EVERY-th row off the nodes."""
+    j % HOLD_EVERY == 1 (their neighbours stay in), and every HOLD_EVERY-th row off the nodes.
+    i counts the x nodes rows sit on: a graph step's first node (no row, replay.graphsteps)
+    before every bucket's midpoint would otherwise take the pattern's place."""
     t = table_rule()
-    xs, ys = nodes
+    ys = nodes.ys
     x, yv = t.axis_values(TABLE_X, cols), t.axis_values(TABLE_Y, cols)
+    sits = x[rows & uniform_rows(cols)]
+    xs = [v for v in nodes.xs if v not in nodes.breaks or np.isclose(sits, v).any()]
     ix = np.searchsorted(np.array(xs), x)
     iy = np.searchsorted(np.array(ys), yv)
     on = (ix < len(xs)) & (iy < len(ys))

@@ -1,4 +1,5 @@
-"""`replay calibrate`'s piecewise GPU pass models from shape sweeps (fits: replay.gpufit).
+"""`replay calibrate`'s piecewise GPU pass models from shape sweeps (fits: replay.gpufit,
+replay.mixedfit).
 
 `--gpu-model` (GPU_MODELS): `linear` keeps the linear (and max-of-linear) fits of
 replay.calibrate; `piecewise` fits the decode table and the mixed spline from the sweep;
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from replay import gpufit, heldback
+from replay import gpufit, graphsteps, heldback, mixedfit
 from replay.shapes import SweepRows
 from replay.steps import CalibrationError, Steps, eval_linear
 from replay.sweepmeta import measures_steps
@@ -79,19 +80,23 @@ def fit_piecewise(
     mix = np.concatenate([np.zeros(n, bool), ~sweep.decode])
     regions: dict[str, Any] = {}
     whole = all(measures_steps(m) for m in sweep.meta)
-    _fit_table(out, regions, "decode", cols, y, dec & ~drafts, run_dec & ~drafts, whole, notes)
+    sb = sweep.bucket if sweep.bucket is not None else np.zeros(len(sweep), np.int64)
+    steps = _Steps(np.concatenate([np.zeros(n, np.int64), sb]), sweep.graph_buckets())
+    _fit_table(out, regions, "decode", cols, y, dec & ~drafts, run_dec & ~drafts, whole, notes,
+               steps)  # fmt: skip
     if (dec & drafts).any():  # spec verify widths: another attention kernel, their own table
-        _fit_table(out, regions, "verify", cols, y, dec & drafts, run_dec & drafts, whole, notes)
+        _fit_table(out, regions, "verify", cols, y, dec & drafts, run_dec & drafts, whole, notes,
+                   steps)  # fmt: skip
     rows = mix | run_mix
-    knots = gpufit.mixed_knots(cols, rows) if mix.any() else None
+    knots = mixedfit.mixed_knots(cols, rows) if mix.any() else None
     if knots is None:
         if mix.any():
             notes.append("gpu_pass.mixed: fewer than 3 token counts in the sweep; kept linear")
     else:
         hold = heldback.mixed_hold(cols, mix)
-        held = gpufit.fit_mixed(cols, y, rows & ~hold, knots, mixed_terms)
+        held = mixedfit.fit_mixed(cols, y, rows & ~hold, knots, mixed_terms)
         regions.update(_held_errors("mixed", held.model, cols, y, hold))
-        fitted = gpufit.fit_mixed(cols, y, rows, knots, mixed_terms)
+        fitted = mixedfit.fit_mixed(cols, y, rows, knots, mixed_terms)
         out.models["mixed"], out.fit_rows["mixed"] = fitted.model, rows
         out.report["gpu_pass.mixed.piecewise"] = {**fitted.report, "run_steps": int(run_mix.sum())}
     out.verdict = heldback.verdict(regions)
@@ -104,6 +109,12 @@ def fit_piecewise(
     return out
 
 
+@dataclass
+class _Steps:
+    bucket: np.ndarray  # per joined row: the decode graph's batch size (0: eager, run steps)
+    buckets: list[int]  # the engine's graph sizes
+
+
 def _fit_table(
     out: Piecewise,
     regions: dict[str, Any],
@@ -114,10 +125,13 @@ def _fit_table(
     run_rows: np.ndarray,
     whole: bool,
     notes: list[str],
+    steps: _Steps,
 ) -> None:
     """The table of `kind` (decode: plain decode steps, + the straggler branch; verify: decode
-    steps with drafts, which run paged_attention, no straggler rule) on the sweep's `rows`."""
-    nodes = gpufit.decode_nodes(cols, rows) if rows.any() else None
+    steps with drafts, which run paged_attention, no straggler rule) on the sweep's `rows`,
+    stepping where graphs padded its rows (replay.graphsteps)."""
+    segments = graphsteps.padded_segments(cols, rows, steps.bucket, steps.buckets)
+    nodes = gpufit.decode_nodes(cols, rows, segments) if rows.any() else None
     if nodes is None:
         what = "kept the linear form" if kind == "decode" else "verify steps use the decode model"
         notes.append(
@@ -137,6 +151,7 @@ def _fit_table(
     notes.append(
         f"gpu_pass.{kind}: a table over {nodes[0][0]:g}-{nodes[0][-1]:g} query rows x "
         f"{nodes[1][0]:g}-{nodes[1][-1]:g} KV tokens per row from {int(rows.sum())} sweep rows"
+        + (f", stepping at {len(nodes.breaks)} padded graph sizes" if nodes.breaks else "")
         + (f", the longest program's branch at {strag * 1e3:.3f} us per key" if strag else "")
         + (f", shifted by the runs' offset {delta:+.3f} ms" if delta else "")
     )

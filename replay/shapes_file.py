@@ -134,6 +134,15 @@ class SweepRows:
     file: np.ndarray  # index into paths
     paths: list[str]
     meta: list[dict[str, Any]]
+    bucket: np.ndarray | None = None  # the decode graph's batch size (0: eager; None: no column)
+
+    def graph_buckets(self) -> list[int]:
+        """The decode graph sizes the sweeps' engines captured (metadata `graph_buckets`), else
+        the buckets their rows replayed; sorted."""
+        out = {int(b) for m in self.meta for b in m.get("graph_buckets") or ()}
+        if self.bucket is not None:
+            out |= {int(b) for b in np.unique(self.bucket) if b > 0}
+        return sorted(out)
 
     def __len__(self) -> int:
         return len(self.gpu_ms)
@@ -202,4 +211,12 @@ def read_sweeps(paths: Sequence[str | Path]) -> SweepRows:
         file=np.concatenate([np.full(len(c["gpu_ms"]), i) for i, (c, _) in enumerate(parts)]),
         paths=[str(p) for p in paths],
         meta=[m for _, m in parts],
+        bucket=np.concatenate(
+            [
+                c["bucket"].astype(np.int64)
+                if "bucket" in c
+                else np.zeros(len(c["gpu_ms"]), np.int64)
+                for c, _ in parts
+            ]
+        ),  # fmt: skip
     )

@@ -19,6 +19,7 @@ from core.models import get_model
 from core.shape import SHAPE_FIELDS, BatchShape
 from replay.calibrate import CalibrationError, calibrate, write_calibration
 from replay.shapes import FORMAT_VERSION, Limits, Sample, batch_shape, grid, shape_row, write_sweep
+from replay.shapes_grid import MIN_DECODE_CONTEXT
 from replay.sweepmeta import MEASURES_KEY, MEASURES_STEP
 from sim.cost import CostModel
 from sim.cost.splits import program_keys_fn
@@ -102,7 +103,8 @@ def test_piecewise_fit_recovers_the_sweep_and_reports_held_back_points(fitted) -
     rep = json.loads(side.read_text())
     assert rep["verdict"] == cal.verdict and rep["fit"]["gpu_pass.held_back"]["every"] == 3
     env = cal.profile["envelope"]
-    assert env["decode"]["num_reqs"] == [1, 256] and env["decode"]["kv_per_req"][0] == 128
+    assert env["decode"]["num_reqs"] == [1, 256]
+    assert env["decode"]["kv_per_req"][0] == MIN_DECODE_CONTEXT  # the grid's shortest context
     assert env["mixed"]["prefill_tokens"] == [16, 8192] and "prefill_tokens" not in env["decode"]
 
 
