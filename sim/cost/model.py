@@ -24,6 +24,7 @@ from typing import Any
 
 from core.config import Config
 from core.gpus import get_gpu
+from core.graph_buckets import mixed_graph_tokens
 from core.models import get_model, with_context
 from core.phases import CPU_PHASES
 from core.shape import BatchShape
@@ -67,10 +68,13 @@ class CostModel:
         derived = self._decode_derived(decode, where) if decode is not None else {}
         self._gpu_decode = self._gpu_fn(decode, gpu_extra, derived)
         self._gpu_mixed = self._gpu_fn(prof["gpu_pass"].get("mixed"), gpu_extra)
-        # what-if `cuda_graphs_mixed` (not in the engine): mixed steps replay a graph captured
-        # for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
-        # per-token time (no attention: they belong to no sequence)
-        self._mixed_graphs = config.cuda_graphs and config.cuda_graphs_mixed
+        # `cuda_graphs_mixed` (engine.mixed_graphs): steps with a prefill replay a graph
+        # captured for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
+        # per-token time (no attention: they belong to no sequence). Speculative decoding
+        # leaves those steps eager, as the engine does.
+        self._mixed_graphs = (
+            config.cuda_graphs and config.cuda_graphs_mixed and not config.spec.enabled
+        )
         self._mixed_ms_per_token = self._per_token_ms(prof["gpu_pass"].get("mixed"))
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
 
@@ -125,8 +129,8 @@ class CostModel:
     def graphed(self, shape: BatchShape, cuda_graphs: bool) -> bool:
         """The forward is one CUDA graph replay: pure decode within the captured sizes, every
         request with k drafts under speculative decoding (a CPU proposer that finds fewer for
-        some request makes the step eager); with the what-if `cuda_graphs_mixed`, every step
-        with a prefill too."""
+        some request makes the step eager); with `cuda_graphs_mixed` (and no speculative
+        decoding), every step with a prefill too."""
         if shape.num_prefill_reqs:
             return cuda_graphs and self._mixed_graphs
         graphable = shape.decode_tokens <= self._graph_max_tokens
@@ -212,19 +216,6 @@ class CostModel:
         ms_per_byte = 1e3 / (self.gpu.hbm_gb_per_s * 1e9 * mem_eff)
         per_req_bytes = self.model.max_context * n_values * params["bytes_per_position"]
         return {"intercept": n_values * params["ms_per_n"], "num_reqs": per_req_bytes * ms_per_byte}
-
-
-MIXED_GRAPH_POW2_MAX = 512  # mixed-graph buckets: powers of two up to here ...
-MIXED_GRAPH_STEP = 256  # ... then every multiple of this
-
-
-def mixed_graph_tokens(num_tokens: int) -> int:
-    """The token bucket a mixed step's graph would be captured for (the what-if
-    `cuda_graphs_mixed`): the next power of two up to 512, then the next multiple of 256, so
-    padding stays under 256 tokens where the GEMMs dominate."""
-    if num_tokens <= MIXED_GRAPH_POW2_MAX:
-        return 1 if num_tokens <= 1 else 1 << (num_tokens - 1).bit_length()
-    return -(-num_tokens // MIXED_GRAPH_STEP) * MIXED_GRAPH_STEP
 
 
 def _check_identity(
