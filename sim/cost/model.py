@@ -70,12 +70,16 @@ class CostModel:
         self._gpu_mixed = self._gpu_fn(prof["gpu_pass"].get("mixed"), gpu_extra)
         # `cuda_graphs_mixed` (engine.mixed_graphs): steps with a prefill replay a graph
         # captured for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
-        # per-token time (no attention: they belong to no sequence). Speculative decoding
-        # leaves those steps eager, as the engine does.
+        # per-token time (no attention: they belong to no sequence). The graph also computes
+        # and samples min(max_num_seqs, bucket) logits rows, whatever the step generates: the
+        # extra rows cost the roofline's lm-head GEMM + logits traffic per row. Speculative
+        # decoding leaves those steps eager, as the engine does.
         self._mixed_graphs = (
             config.cuda_graphs and config.cuda_graphs_mixed and not config.spec.enabled
         )
         self._mixed_ms_per_token = self._per_token_ms(prof["gpu_pass"].get("mixed"))
+        self._mixed_ms_per_row = self.roofline.lm_ms_per_row + self.roofline.logits_ms_per_row
+        self._max_rows = config.max_num_seqs
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
 
         # Launch: constant per mode; graphs only for pure decode of <= graph_max_tokens.
@@ -109,9 +113,14 @@ class CostModel:
     # ---- GPU ---------------------------------------------------------------------------------
     def gpu_pass_ms(self, shape: BatchShape) -> float:
         if shape.num_prefill_reqs:
-            if self._mixed_graphs:  # the graph's padding tokens run the GEMMs too
-                pad = mixed_graph_tokens(shape.num_tokens) - shape.num_tokens
-                return self._gpu_mixed(shape) + self._mixed_ms_per_token * pad
+            if self._mixed_graphs:  # the graph's padding tokens and rows run the GEMMs too
+                bucket = mixed_graph_tokens(shape.num_tokens)
+                rows = min(self._max_rows, bucket) - shape.decode_tokens - shape.num_prefill_reqs
+                return (
+                    self._gpu_mixed(shape)
+                    + self._mixed_ms_per_token * (bucket - shape.num_tokens)
+                    + self._mixed_ms_per_row * max(rows, 0)
+                )
             return self._gpu_mixed(shape)
         return self._gpu_decode(shape)
 
