@@ -79,16 +79,20 @@ def _paged_attention_kernel(
     FLAT_SEQS: tl.constexpr,  # 0: axis 0 is the sequence; else a power of two >= num_seqs
 ):
     if FLAT_SEQS > 0:  # axis 0: a query block of the flat layout (see `paged_attention`)
-        seq, flat_block = _flat_query_block(query_start_loc_ptr, num_seqs, BLOCK_Q, FLAT_SEQS)
+        seq, q_block = _flat_query_block(query_start_loc_ptr, num_seqs, BLOCK_Q, FLAT_SEQS)
+        split = tl.program_id(2)  # NUM_SPLITS (1 with DECODE_SPLITS > 1)
+        if DECODE_SPLITS > 1:  # past the flat blocks: splits 1.. of each sequence row
+            extra = tl.program_id(0) - (num_tokens // BLOCK_Q + num_seqs)
+            seq = tl.where(extra >= 0, extra // (DECODE_SPLITS - 1), seq)
+            q_block = tl.where(extra >= 0, 0, q_block)
+            split = tl.where(extra >= 0, extra % (DECODE_SPLITS - 1) + 1, 0)
     else:
         seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    if FLAT_SEQS > 0:  # axis 2: the split (NUM_SPLITS, or DECODE_SPLITS of one-token rows)
-        q_block = flat_block
-        split = tl.program_id(2)
-        if DECODE_SPLITS > 1:
+    if FLAT_SEQS > 0:
+        if DECODE_SPLITS > 1:  # only one-token rows have splits past 0
             is_decode = q_len == 1
             if (split > 0) & (q_len != 1):
                 return
@@ -333,7 +337,8 @@ def paged_attention(
     grid depends on the token count and the number of sequence rows only: a mixed-step CUDA
     graph of a token bucket (engine.mixed_graphs) captures it with num_seqs = the most
     sequences the bucket can hold and max_query_len = its tokens, and programs past the real
-    work (padded rows own no query tokens) exit at once. With the per-sequence grid such a
+    work (padded rows own no query tokens) exit at once; decode splits 1.. of each row (only
+    one-token rows use them) come after the flat blocks. With the per-sequence grid such a
     bucket would launch num_seqs x cdiv(tokens, BLOCK_Q) programs per kv head, almost all
     empty (256 x 128 for 2048 tokens)."""
     num_tokens, num_q_heads, head_dim = q.shape
@@ -377,8 +382,8 @@ def paged_attention(
     else:
         part_acc = part_ml = out  # unused
     dim_pad = triton.next_power_of_2(head_dim)
-    if flat:
-        grid = (flat_blocks, num_kv_heads, max(num_splits, decode_splits))
+    if flat:  # decode splits 1.. of every sequence row follow the flat blocks on axis 0
+        grid = (flat_blocks + num_seqs * (decode_splits - 1), num_kv_heads, num_splits)
     elif decode_splits == 1:
         grid = (num_seqs, num_kv_heads, num_q_blocks * num_splits)
     else:
