@@ -221,7 +221,7 @@ def test_interp_flat_grid_with_padded_rows_and_tokens(splits, decode_splits, blo
 # ---- GPU: the graphs ---------------------------------------------------------------------------
 def gpu_cfg(**kw) -> Config:
     base = dict(
-        device="cuda", dtype="bfloat16", max_num_seqs=16, max_num_batched_tokens=256,
+        device="cuda", dtype="bfloat16", max_num_seqs=16, max_num_batched_tokens=64,
         max_model_len=1024, num_kv_blocks=512,
     )  # fmt: skip
     base.update(kw)
@@ -230,15 +230,16 @@ def gpu_cfg(**kw) -> Config:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-def test_gpu_mixed_graph_logits_match_the_eager_step():
+@pytest.mark.parametrize("model", ["tiny", "small"])
+def test_gpu_mixed_graph_logits_match_the_eager_step(model):
     """Every mixed step: its graph's logits (kept for the test) against the plain eager
     forward of the same step (bf16 tolerance), and the graph's tokens are its logits' argmax."""
-    eng = Engine(gpu_cfg(cuda_graphs_mixed=False))
+    eng = Engine(gpu_cfg(model=model, cuda_graphs_mixed=False))
     graphs = __import__("engine.mixed_graphs", fromlist=["MixedGraphs"]).MixedGraphs(
-        eng.model, eng.kv_cache, eng.inputs, eng.sampler, 256, eng.max_model_len,
-        keep_logits=True,
+        eng.model, eng.kv_cache, eng.inputs, eng.sampler, eng.inputs.max_tokens,
+        eng.max_model_len, keep_logits=True,
     )  # fmt: skip
-    # the engine's buffers hold 256 tokens = the largest bucket; capture shares nothing
+    # the engine's buffers hold max_tokens = 64 tokens, the largest bucket
     graphs.capture()
     eng.mixed = graphs
     forward, checked = eng._forward, []
@@ -271,18 +272,18 @@ def test_gpu_mixed_graph_logits_match_the_eager_step():
     reqs = workload(12, seed=4)
     outs = eng.run(reqs, arrival="asap")
     assert [len(o.token_ids) for o in outs] == [r.output_len for r in reqs]
-    assert len(checked) > 5 and len(set(checked)) >= 3, checked
+    assert len(checked) > 10 and len(set(checked)) >= 2, checked
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("model", ["tiny", "small"])
-def test_gpu_switch_on_and_off_emit_the_same_greedy_tokens(model):
+def test_gpu_switch_on_and_off_emit_the_same_greedy_tokens():
     """float32 (bf16 rounding differences between a padded graph step and an eager one can flip
-    near-ties of random weights); chunked prefill, prefix hits, decode rows beside prefill
-    chunks, a request joining mid-run."""
+    near-ties of random weights; "small" is not run in float32: its decode graphs' skinny GEMM
+    needs more shared memory than an H100 has in float32, with or without this switch);
+    chunked prefill, prefix hits, decode rows beside prefill chunks, requests joining mid-run."""
     reqs = workload(14, seed=1)
-    cfg = gpu_cfg(model=model, dtype="float32")
+    cfg = gpu_cfg(model="tiny", dtype="float32")
     off, eng_off, _ = run(cfg.replace(cuda_graphs_mixed=False), reqs)
     on, eng_on, used = run(cfg, reqs, model=eng_off.model)
     assert eng_on.mixed is not None and eng_on.mixed.graphs
@@ -295,7 +296,7 @@ def test_gpu_switch_on_and_off_emit_the_same_greedy_tokens(model):
 def test_gpu_bf16_forced_tokens_and_penalties():
     sampling = [("temperature", 0.8), ("top_k", 40), ("repetition_penalty", 1.3)]
     reqs = workload(12, seed=5, forced_every=1, history_every=3)
-    on, eng, used = run(gpu_cfg(sampling=sampling), reqs)
+    on, eng, used = run(gpu_cfg(model="small", sampling=sampling), reqs)
     assert len(used) > 5
     for r, toks in zip(reqs, on):
         assert toks == list(r.output_ids)
