@@ -23,3 +23,20 @@ def mixed_graph_buckets(max_tokens: int) -> list[int]:
     while out[-1] < max_tokens:
         out.append(mixed_graph_tokens(out[-1] + 1))
     return out
+
+
+MIXED_GRAPH_FEW_ROWS = 16  # a bucket's graph variant for steps that sample at most this many
+
+
+def mixed_graph_row_options(bucket: int, max_num_seqs: int) -> list[int]:
+    """Logits/sampling row counts a bucket's graphs are captured for: all the sequences the
+    bucket can hold (min(max_num_seqs, bucket)), and a variant of MIXED_GRAPH_FEW_ROWS rows
+    for steps that sample few tokens (prefill-heavy steps), whose padded logits rows would
+    otherwise cost the lm-head GEMM and sampling of up to max_num_seqs rows."""
+    rows = min(max_num_seqs, bucket)
+    return sorted({min(rows, MIXED_GRAPH_FEW_ROWS), rows})
+
+
+def mixed_graph_rows(num_gen: int, bucket: int, max_num_seqs: int) -> int:
+    """The sampling rows of the graph a step of `bucket` tokens sampling num_gen tokens runs."""
+    return next(r for r in mixed_graph_row_options(bucket, max_num_seqs) if r >= num_gen)

@@ -238,7 +238,9 @@ class Engine:
             bucket = self.graphs.bucket_for(shape.num_reqs)
         elif self.mixed is not None and not shape.is_pure_decode:
             bucket = self.mixed.bucket_for(shape.num_tokens)
-            mixed_rows = self.mixed.rows(bucket) if bucket else 0
+            if bucket:
+                num_gen = sum(1 for e in batch.entries if e.generates)
+                mixed_rows = self.mixed.rows_for(bucket, num_gen)
         if sd is None:
             step = self.inputs.fill(batch, self.states, bucket, width, mixed_rows)
         else:  # seed 5 on: the GPU corrects what in-flight steps rejected (`sd.correct`)
@@ -270,7 +272,7 @@ class Engine:
         hist = step.rows.hist_rows.numel() > 0
         if step.mixed:  # sampled by the graph; logits only where kept (CPU: always)
             assert self.mixed is not None
-            return self.mixed.replay(step.bucket, hist)  # type: ignore[return-value]
+            return self.mixed.replay(step.bucket, step.mixed, hist)  # type: ignore[return-value]
         if step.bucket:
             assert self.graphs is not None
             return self.graphs.replay(step.bucket, hist)
@@ -287,9 +289,12 @@ class Engine:
         if self.sd is not None:
             self.sd.sample(self.sampler, batch, self.states, step, logits, out)
         elif self._graph_samples(step):  # sampled by the graph: one copy to the ring
-            graphs = self.mixed if step.mixed else self.graphs
-            assert graphs is not None
-            out.copy_(graphs.tokens[step.bucket][:g])
+            if step.mixed:
+                assert self.mixed is not None
+                out.copy_(self.mixed.tokens[step.bucket, step.mixed][:g])
+            else:
+                assert self.graphs is not None
+                out.copy_(self.graphs.tokens[step.bucket][:g])
         elif g:
             self.sampler.sample(logits[:g], step.rows, out)
         if self.sd is None or self.sd.cpu_proposer is not None:

@@ -62,7 +62,7 @@ class StepInputs:
     num_pairs: int  # block-table entries to send
     table_cols: int  # block-table columns this step reads
     spec: Any = None  # speculative decoding's extra views (engine.spec.inputs.SpecViews)
-    mixed: bool = False  # bucket is a mixed-step graph's token bucket (engine.mixed_graphs)
+    mixed: int = 0  # > 0: bucket is a mixed-step graph's token bucket, this its sampling rows
 
 
 def _pinned(shape: tuple[int, ...], cuda: bool) -> torch.Tensor:
@@ -172,7 +172,8 @@ class InputBuffers:
         """Host work only: write the pinned buffers of the next ring slot for `batch` (every
         entry's request holds a slot). `bucket` > 0: a pure-decode batch padded to `bucket` rows
         for a CUDA graph; with `mixed_rows` > 0, any batch padded to `bucket` tokens and
-        `mixed_rows` sequence and sampling rows for a mixed-step graph (engine.mixed_graphs).
+        `mixed_rows` sampling rows for a mixed-step graph (engine.mixed_graphs; sequence rows
+        are padded over the whole row width in any case).
         `send` then enqueues the device work. Forced tokens go in the rows (`forced_width` is
         used by speculative decoding's override only)."""
         k = self._k
@@ -275,7 +276,7 @@ class InputBuffers:
             padded_tokens=t,
             num_pairs=len(p_idx),
             table_cols=min(mb, -(-max_seq // bs)),
-            mixed=mixed_rows > 0,
+            mixed=mixed_rows,
         )
 
     def _fill_sequences(

@@ -160,7 +160,7 @@ def test_mixed_graphs_what_if_launches_a_graph_and_pays_the_padding():
     )
     row = graphs.roofline.lm_ms_per_row + graphs.roofline.logits_ms_per_row
     assert 0 < row < 0.01
-    rows = 255  # 256 rows (max_num_seqs) computed, 1 generating
+    rows = 15  # a 16-row graph (core.graph_buckets.mixed_graph_rows), 1 generating
     want = eager.gpu_pass_ms(mixed) + 24 * 0.003 + rows * row
     assert graphs.gpu_pass_ms(mixed) == pytest.approx(want)
     p1024 = prefill_shape(1024)
@@ -178,6 +178,9 @@ def test_mixed_graphs_what_if_launches_a_graph_and_pays_the_padding():
         1024,
     ]
     assert graphs.gpu_pass_ms(dec) == eager.gpu_pass_ms(dec)  # decode untouched
+    many = BatchShape(num_reqs=41, num_prefill_reqs=1, prefill_tokens=400, decode_tokens=40)
+    want = eager.gpu_pass_ms(many) + 72 * 0.003 + (256 - 41) * row  # 41 rows: the full graph
+    assert graphs.gpu_pass_ms(many) == pytest.approx(want)
     assert not graphs.graphed(mixed, False)  # cuda_graphs off at run time: nothing is graphed
     roof = CostModel(Config(model="llama3.2-1b", cuda_graphs_mixed=True))  # no mixed fit
     assert roof.gpu_pass_ms(mixed) > CostModel(Config(model="llama3.2-1b")).gpu_pass_ms(mixed)

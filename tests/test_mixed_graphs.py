@@ -71,9 +71,13 @@ LATE = [  # (after step, request): joining mid-run, beside running decodes
 ]
 
 
+rows_used: list[int] = []
+
+
 def run(cfg: Config, reqs, model=None):
     """Serve `reqs` (all at once) while the LATE requests join at their steps. Returns the
-    tokens of all (LATE last), the engine and the mixed-graph bucket of each padded step."""
+    tokens of all (LATE last), the engine and the mixed-graph bucket of each padded step
+    (`rows_used` gets its sampling rows)."""
     eng = Engine(cfg, model)
     used: list[int] = []
     fill = eng.inputs.fill
@@ -82,6 +86,7 @@ def run(cfg: Config, reqs, model=None):
         step = fill(*a, **kw)
         if step.mixed:
             used.append(step.bucket)
+            rows_used.append(step.mixed)
         return step
 
     eng.inputs.fill = spy  # type: ignore[method-assign]
@@ -126,6 +131,20 @@ def test_bucketed_path_emits_the_plain_paths_greedy_tokens(depth):
     assert sum(st.req.num_cached_tokens for st in eng_on.states) > 0  # prefix-cache hits
 
 
+def test_bucketed_path_with_few_and_many_sampling_rows():
+    """max_num_seqs 32: buckets of 32+ tokens have a 16-row graph (prefill-heavy steps) and a
+    32-row one (steps sampling more); both give the plain path's tokens."""
+    rng = np.random.default_rng(3)  # 20 short prompts decoding while LATE's prefill runs
+    reqs = [RequestInput(f"s{i}", 8, 50, 0.0, rng.integers(0, 500, 8)) for i in range(20)]
+    cfg = make_cfg(max_num_seqs=32, num_kv_blocks=400)
+    off, eng_off, _ = run(cfg.replace(cuda_graphs_mixed=False), reqs)
+    rows_used.clear()
+    on, eng_on, used = run(cfg, reqs, model=eng_off.model)
+    assert on == off
+    assert eng_on.mixed is not None and eng_on.mixed.row_options(64) == [16, 32]
+    assert {16, 32} <= set(rows_used), rows_used
+
+
 def test_bucketed_path_with_sampling_penalties_and_forced_tokens():
     """Seeded random sampling with penalties (the with-history variant) and forced outputs:
     the padded rows sample into the spare slot and change no request's state."""
@@ -147,7 +166,12 @@ def test_input_buffers_hold_the_largest_bucket():
     eng = Engine(make_cfg(max_num_batched_tokens=600))
     assert eng.mixed is not None and eng.mixed.max_bucket == 768
     assert eng.inputs.max_tokens == 768
-    assert eng.mixed.rows(768) == 8 and eng.mixed.rows(2) == 2
+    assert eng.mixed.seq_rows(768) == 8 and eng.mixed.seq_rows(2) == 2
+    assert eng.mixed.row_options(768) == [8]  # max_num_seqs 8: one graph per bucket
+    big = Engine(make_cfg(max_num_seqs=64, max_num_batched_tokens=128))
+    assert big.mixed is not None and big.mixed.row_options(128) == [16, 64]
+    assert big.mixed.rows_for(128, 3) == 16 and big.mixed.rows_for(128, 17) == 64
+    assert big.mixed.row_options(8) == [8] and big.mixed.rows_for(8, 0) == 8
 
 
 def test_spec_decoding_leaves_mixed_steps_eager_as_the_cost_model_says():
@@ -255,7 +279,8 @@ def test_gpu_mixed_graph_logits_match_the_eager_step(model):
         hidden = eng.model(step.input_ids, step.positions, plain, eng.kv_cache)
         eager = eng.model.compute_logits(hidden[step.logits_idx])
         torch.testing.assert_close(graph_logits, eager, atol=2e-2, rtol=2e-2)
-        assert torch.equal(graphs.tokens[step.bucket][:g], graph_logits.argmax(-1).int())
+        got = graphs.tokens[step.bucket, step.mixed][:g]
+        assert torch.equal(got, graph_logits.argmax(-1).int())
         checked.append(step.bucket)
         return None
 
@@ -265,7 +290,8 @@ def test_gpu_mixed_graph_logits_match_the_eager_step(model):
     def fill(batch, states, bucket, width, mixed_rows=0):
         if not batch.shape.is_pure_decode:
             bucket = graphs.bucket_for(batch.shape.num_tokens)
-            mixed_rows = graphs.rows(bucket)
+            num_gen = sum(1 for e in batch.entries if e.generates)
+            mixed_rows = graphs.rows_for(bucket, num_gen)
         return real_fill(batch, states, bucket, width, mixed_rows)
 
     eng.inputs.fill = fill  # type: ignore[method-assign]

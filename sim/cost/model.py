@@ -24,7 +24,7 @@ from typing import Any
 
 from core.config import Config
 from core.gpus import get_gpu
-from core.graph_buckets import mixed_graph_tokens
+from core.graph_buckets import mixed_graph_rows, mixed_graph_tokens
 from core.models import get_model, with_context
 from core.phases import CPU_PHASES
 from core.shape import BatchShape
@@ -71,9 +71,10 @@ class CostModel:
         # `cuda_graphs_mixed` (engine.mixed_graphs): steps with a prefill replay a graph
         # captured for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
         # per-token time (no attention: they belong to no sequence). The graph also computes
-        # and samples min(max_num_seqs, bucket) logits rows, whatever the step generates: the
-        # extra rows cost the roofline's lm-head GEMM + logits traffic per row. Speculative
-        # decoding leaves those steps eager, as the engine does.
+        # and samples a fixed number of logits rows (core.graph_buckets.mixed_graph_rows: 16,
+        # or min(max_num_seqs, bucket)): the rows past the step's cost the roofline's lm-head
+        # GEMM + logits traffic per row. Speculative decoding leaves those steps eager, as the
+        # engine does.
         self._mixed_graphs = (
             config.cuda_graphs and config.cuda_graphs_mixed and not config.spec.enabled
         )
@@ -115,7 +116,8 @@ class CostModel:
         if shape.num_prefill_reqs:
             if self._mixed_graphs:  # the graph's padding tokens and rows run the GEMMs too
                 bucket = mixed_graph_tokens(shape.num_tokens)
-                rows = min(self._max_rows, bucket) - shape.decode_tokens - shape.num_prefill_reqs
+                gen = shape.decode_tokens + shape.num_prefill_reqs  # the roofline's rows
+                rows = mixed_graph_rows(gen, bucket, self._max_rows) - gen
                 return (
                     self._gpu_mixed(shape)
                     + self._mixed_ms_per_token * (bucket - shape.num_tokens)
