@@ -73,7 +73,7 @@ def run_case(cfg: Config, model, case, steps: int) -> dict:
     if eng.mixed is not None and eng.mixed.graphs:
         out["capture_s"] = eng.mixed.capture_s
         out["pool_mib"] = eng.mixed.pool_bytes / 2**20
-        out["buckets"] = len(eng.mixed.buckets)
+        out["graphs"] = len(eng.mixed.graphs)
     del eng
     torch.cuda.empty_cache()
     return out
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
             extra = ""
             if "capture_s" in r:
-                extra = f"{r['buckets']} graphs {r['capture_s']:.1f} s, {r['pool_mib']:.0f} MiB"
+                extra = f"{r['graphs']} graphs {r['capture_s']:.1f} s, {r['pool_mib']:.0f} MiB"
             print(f"{r['case']:>14} {'on' if on else 'off':>6} {r['steps']:>5} "
                   f"{r['prepare_inputs_ms']:>8.3f} {r['launch_ms']:>9.3f} {r['sample_ms']:>9.3f} "
                   f"{r['host_ms']:>8.3f} {r['gpu_ms']:>8.3f}  {extra}")  # fmt: skip
