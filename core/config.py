@@ -93,8 +93,8 @@ class Config:
     chunked_prefill: bool = True
     prefix_caching: bool = True
     cuda_graphs: bool = True
-    # simulator what-if, not in the engine (replay refuses it): prefill/mixed steps replayed as
-    # CUDA graphs captured per token bucket (sim.cost.model.mixed_graph_tokens)
+    # prefill/mixed steps replay CUDA graphs captured per token bucket (engine.mixed_graphs,
+    # core.graph_buckets); with speculative decoding those steps stay eager
     cuda_graphs_mixed: bool = False
     gc_freeze: bool = True
     batches_in_flight: int = 2  # 1 = synchronous; 2, 3 = async scheduling depth

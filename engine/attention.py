@@ -36,6 +36,9 @@ class AttentionMetadata:
     max_query_len: int  # >= every q_b; sizes the kernel grid
     max_seq_len: int  # >= every seq_lens[b]
     num_kv_splits: int = 0  # triton split-KV; 0 = choose from the sizes above
+    # triton: the flat grid (engine.kernels.paged_attention), fixed by the token count and the
+    # number of sequence rows: the sizes above are a mixed-step CUDA graph's bucket bounds
+    flat_grid: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -254,4 +257,5 @@ class PagedAttention:
             attn.max_seq_len,
             scale,
             num_splits=attn.num_kv_splits,
+            flat=attn.flat_grid,
         )

@@ -31,6 +31,7 @@ import torch
 
 from core import phases as P
 from core.config import Config
+from core.graph_buckets import mixed_graph_tokens
 from core.models import PRESETS, ModelSpec, get_model
 from core.policy import ScheduledBatch, Scheduler
 from core.policy.sizing import kv_blocks_from_free_bytes, scheduler_config
@@ -41,6 +42,7 @@ from engine.attention import AttentionMetadata
 from engine.graphs import DecodeGraphs
 from engine.hooks import DRAFT_BEGIN, FORWARD_BEGIN, FORWARD_END, StepHooks, StepTrace
 from engine.inputs import InputBuffers, StepInputs
+from engine.mixed_graphs import MixedGraphs
 from engine.model import LlamaModel, allocate_kv_cache, kv_cache_bytes_per_block
 from engine.outputs import OutputRing, first_placeholder, update_async_output_token_ids
 from engine.requests import (
@@ -90,11 +92,6 @@ class Engine:
     def __init__(self, cfg: Config, model: LlamaModel | None = None) -> None:
         self.cfg = cfg
         self.device = torch.device(cfg.device)
-        if cfg.cuda_graphs_mixed:
-            raise ValueError(
-                "config key 'cuda_graphs_mixed': a simulator what-if; this engine runs prefill "
-                "and mixed steps eagerly (only the simulator can predict the switch)"
-            )
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("config key 'device': cuda, but no CUDA device is available")
         self.max_model_len = cfg.max_model_len or get_model(cfg.model).max_context
@@ -104,6 +101,9 @@ class Engine:
         self.depth = 1 if cfg.spec.method == "ngram-cpu" else cfg.batches_in_flight
         n = cfg.max_num_seqs
         max_tokens = max(cfg.max_num_batched_tokens, n)
+        # mixed-step graphs (plain decoding only): buffers hold the largest token bucket
+        mixed = cfg.cuda_graphs_mixed and not cfg.spec.enabled
+        buffer_tokens = mixed_graph_tokens(max_tokens) if mixed else max_tokens
         max_blocks = -(-self.max_model_len // cfg.block_size)
         self.sd: SpecDecoder | None = None  # speculative decoding (engine.spec)
         self.q = 1  # logits rows per generating request: 1, or k + 1 with drafts
@@ -116,12 +116,12 @@ class Engine:
         self.sampler = Sampler(cfg.sampling, cfg.seed, n, vocab, self.device, last_sampled)
         if self.sd is not None:
             self.inputs = SpecInputBuffers(
-                self.depth, n, max_tokens, max_blocks, cfg.block_size, self.sd.token_source,
+                self.depth, n, buffer_tokens, max_blocks, cfg.block_size, self.sd.token_source,
                 cfg.spec.k,
             )  # fmt: skip
         else:
             self.inputs = InputBuffers(
-                self.depth, n, max_tokens, max_blocks, cfg.block_size, self.sampler.last_sampled
+                self.depth, n, buffer_tokens, max_blocks, cfg.block_size, self.sampler.last_sampled
             )
         self.outputs = OutputRing(self.depth, n * self.q, self.device)
         self.num_kv_blocks = self._kv_blocks()
@@ -130,12 +130,22 @@ class Engine:
         )
         self.sched = Scheduler(scheduler_config(cfg, self.spec, self.num_kv_blocks))
         self.graphs: DecodeGraphs | None = None
+        self.mixed: MixedGraphs | None = None  # on CPU: the same padded steps, run eagerly
+        pool = None
+        if mixed:
+            self.mixed = MixedGraphs(
+                self.model, self.kv_cache, self.inputs, self.sampler, max_tokens,
+                self.max_model_len,
+            )  # fmt: skip
+            if self.device.type == "cuda":
+                self.mixed.capture()  # first: its largest bucket sizes the shared pool
+                pool = self.mixed.pool
         if cfg.cuda_graphs and self.device.type == "cuda":
             sampler = self.sampler if self.sd is None else None  # graphs sample w/o drafts
             self.graphs = DecodeGraphs(
                 self.model, self.kv_cache, self.inputs, n, self.max_model_len, self.q, sampler
             )
-            self.graphs.capture()
+            self.graphs.capture(pool)
         self.hooks = StepHooks(self.device)
         self.states: list[RequestState] = []
         self.slots = SlotPool(n)
@@ -229,9 +239,16 @@ class Engine:
             for st in new:
                 if st.forced is not None:
                     width = max(width, len(st.forced))
-        bucket = self.graph_bucket(batch.shape)
+        shape = batch.shape
+        bucket = self.graph_bucket(shape)  # a decode graph, else maybe a mixed step's graph
+        mixed_rows = 0
+        if not bucket and self.mixed is not None and not shape.is_pure_decode:
+            bucket = self.mixed.bucket_for(shape.num_tokens)
+            if bucket:
+                num_gen = sum(1 for e in batch.entries if e.generates)
+                mixed_rows = self.mixed.rows_for(bucket, num_gen)
         if sd is None:
-            step = self.inputs.fill(batch, self.states, bucket, width)
+            step = self.inputs.fill(batch, self.states, bucket, width, mixed_rows)
         else:  # seed 5 on: the GPU corrects what in-flight steps rejected (`sd.correct`)
             fix = sd.optimistic and sd.drafts_in_flight(self.inflight)
             known = sd.rejected_known if fix else None
@@ -255,14 +272,21 @@ class Engine:
         return self.graphs.bucket_for(shape.num_reqs)
 
     def _graph_samples(self, step: StepInputs) -> bool:
-        """Does this step's CUDA graph finish its inputs and sample (engine.graphs)?"""
+        """Does this step's CUDA graph finish its inputs and sample (engine.graphs; a mixed
+        step's graph, engine.mixed_graphs, always does)?"""
+        if step.mixed:
+            return True
         return bool(step.bucket) and self.graphs is not None and self.graphs.samples
 
     def _forward(self, step: StepInputs) -> torch.Tensor:
         """Logits [>= G, vocab] float32; row g belongs to the g-th generating entry."""
+        hist = step.rows.hist_rows.numel() > 0
+        if step.mixed:  # sampled by the graph; logits only where kept (CPU: always)
+            assert self.mixed is not None
+            return self.mixed.replay(step.bucket, step.mixed, hist)  # type: ignore[return-value]
         if step.bucket:
             assert self.graphs is not None
-            return self.graphs.replay(step.bucket, step.rows.hist_rows.numel() > 0)
+            return self.graphs.replay(step.bucket, hist)
         hidden = self.model(step.input_ids, step.positions, step.attn, self.kv_cache)
         return self.model.compute_logits(hidden[step.logits_idx])
 
@@ -276,8 +300,12 @@ class Engine:
         if self.sd is not None:
             self.sd.sample(self.sampler, batch, self.states, step, logits, out)
         elif self._graph_samples(step):  # sampled by the graph: one copy to the ring
-            assert self.graphs is not None
-            out.copy_(self.graphs.tokens[step.bucket][:g])
+            if step.mixed:
+                assert self.mixed is not None
+                out.copy_(self.mixed.tokens[step.bucket, step.mixed][:g])
+            else:
+                assert self.graphs is not None
+                out.copy_(self.graphs.tokens[step.bucket][:g])
         elif g:
             self.sampler.sample(logits[:g], step.rows, out)
         if self.sd is None or self.sd.cpu_proposer is not None:

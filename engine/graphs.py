@@ -5,8 +5,9 @@ Padded rows B..bucket-1 own no query tokens (query_start_loc stays at B) and the
 slot -1, so they touch no KV and their logits rows are ignored. Inputs are the fixed-address views
 of `InputBuffers` (engine.inputs); the attention bounds are captured as max_query_len = 1 and
 max_seq_len = max_model_len (the kernel reads the real lengths from seq_lens). Mixed and prefill
-batches run eagerly. With speculative decoding (`query_len` = k + 1) a bucket serves B decodes
-of k drafts each: B * (k + 1) query tokens, laid out row after row, and logits for all of them.
+batches run eagerly, or replay engine.mixed_graphs' graphs (config key `cuda_graphs_mixed`).
+With speculative decoding (`query_len` = k + 1) a bucket serves B decodes of k drafts each:
+B * (k + 1) query tokens, laid out row after row, and logits for all of them.
 
 Without drafts a graph also does the step's device-side input work (decode ids from the last
 sampled tokens, the batch's block-table rows) and samples (`Sampler.sample_graph`) into its
@@ -136,8 +137,9 @@ class DecodeGraphs:
             hist.zero_()
 
     @torch.no_grad()  # not inference_mode: the static logits are updated in place (penalties)
-    def capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
+    def capture(self, pool=None) -> None:
+        """Capture every bucket into `pool` (default: a new private pool)."""
+        pool = torch.cuda.graph_pool_handle() if pool is None else pool
         side = torch.cuda.Stream()
         for bucket in reversed(self.buckets):
             for hist in self.variants:

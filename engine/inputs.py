@@ -62,6 +62,7 @@ class StepInputs:
     num_pairs: int  # block-table entries to send
     table_cols: int  # block-table columns this step reads
     spec: Any = None  # speculative decoding's extra views (engine.spec.inputs.SpecViews)
+    mixed: int = 0  # > 0: bucket is a mixed-step graph's token bucket, this its sampling rows
 
 
 def _pinned(shape: tuple[int, ...], cuda: bool) -> torch.Tensor:
@@ -117,7 +118,9 @@ class InputBuffers:
         self.sent_blocks[slot] = 0
 
     # ---- the device views a step (or a graph of `bucket` rows) reads -------------------------
-    def attn_views(self, b: int, t: int, max_query_len: int, max_seq_len: int) -> AttentionMetadata:
+    def attn_views(
+        self, b: int, t: int, max_query_len: int, max_seq_len: int, flat: bool = False
+    ) -> AttentionMetadata:
         return AttentionMetadata(
             query_start_loc=self.d_rows[QSL, : b + 1],
             seq_lens=self.d_rows[SEQ_LENS, :b],
@@ -125,6 +128,7 @@ class InputBuffers:
             slot_mapping=self.d_toks[2 * t : 3 * t],
             max_query_len=max_query_len,
             max_seq_len=max_seq_len,
+            flat_grid=flat,
         )
 
     def positions(self, t: int) -> torch.Tensor:
@@ -163,11 +167,15 @@ class InputBuffers:
         states: list[RequestState],
         bucket: int,
         forced_width: int,
+        mixed_rows: int = 0,
     ) -> StepInputs:
         """Host work only: write the pinned buffers of the next ring slot for `batch` (every
         entry's request holds a slot). `bucket` > 0: a pure-decode batch padded to `bucket` rows
-        for a CUDA graph. `send` then enqueues the device work. Forced tokens go in the rows
-        (`forced_width` is used by speculative decoding's override only)."""
+        for a CUDA graph; with `mixed_rows` > 0, any batch padded to `bucket` tokens and
+        `mixed_rows` sampling rows for a mixed-step graph (engine.mixed_graphs; sequence rows
+        are padded over the whole row width in any case).
+        `send` then enqueues the device work. Forced tokens go in the rows (`forced_width` is
+        used by speculative decoding's override only)."""
         k = self._k
         self._k = (k + 1) % self.depth
         entries = batch.entries
@@ -237,10 +245,12 @@ class InputBuffers:
         rows[GEN_FORCED_TOK, :g] = g_forced
         rows[HIST, :h] = hist
         rows[GEN_HIST, :g] = g_hist
-        if bucket > g:  # padded rows of a sampling graph: no forcing, no history, no slot
-            rows[GEN_SLOT, g:bucket] = self.max_num_seqs  # the sampler's spare slot
-            rows[GEN_FORCED_TOK, g:bucket] = -1
-            rows[GEN_HIST, g:bucket] = 0
+        pad = mixed_rows or bucket  # sampling rows of the graph
+        if pad > g:  # padded rows of a sampling graph: no forcing, no history, no slot
+            rows[GEN_SLOT, g:pad] = self.max_num_seqs  # the sampler's spare slot
+            rows[GEN_FORCED_TOK, g:pad] = -1
+            rows[GEN_HIST, g:pad] = 0
+            rows[LOGITS_IDX, g:pad] = 0  # a mixed graph's logits rows: any real token
         self._stage_pairs(k, p_idx, p_blk)
 
         max_seq = max(seq_lens)
@@ -266,6 +276,7 @@ class InputBuffers:
             padded_tokens=t,
             num_pairs=len(p_idx),
             table_cols=min(mb, -(-max_seq // bs)),
+            mixed=mixed_rows,
         )
 
     def _fill_sequences(
@@ -324,12 +335,15 @@ class InputBuffers:
             b, cols = step.num_reqs, step.table_cols
             self.batch_tables[:b, :cols] = self.block_table[self.d_rows[ROW_SLOT, :b], :cols]
 
-    def finish_graph(self, bucket: int) -> None:
-        """`send`'s device work for a graph of `bucket` one-token rows: whole table rows (the
-        columns a step reads are not fixed), padded rows gather a slot's row they never read."""
+    def finish_graph(self, bucket: int, num_rows: int = 0) -> None:
+        """`send`'s device work for a graph of `bucket` tokens and `num_rows` sequence rows
+        (default: `bucket` one-token rows): whole table rows (the columns a step reads are not
+        fixed); padded rows gather a slot's row they never read (ROW_SLOT past the batch keeps
+        earlier steps' slots, all valid)."""
         self._finish_ids(bucket)
-        slots = self.d_rows[ROW_SLOT, :bucket]
-        torch.index_select(self.block_table, 0, slots, out=self.batch_tables[:bucket])
+        n = num_rows or bucket
+        slots = self.d_rows[ROW_SLOT, :n]
+        torch.index_select(self.block_table, 0, slots, out=self.batch_tables[:n])
 
     def _finish_ids(self, t: int) -> None:
         """input_ids[:t] = host ids, with -(slot + 1) replaced by last_sampled[slot]."""

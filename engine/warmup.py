@@ -4,9 +4,12 @@ Triton compiles a kernel once per specialization: its constexprs (block sizes fr
 next_power_of_2, split counts) and, for each runtime argument, an integer's class (== 1, % 16 == 0,
 other) and a pointer's 16-byte alignment. A step meets a new one when its shape does, and the
 compile (or the load from Triton's disk cache) stalls that step for milliseconds to seconds.
-Decode steps replay CUDA graphs captured at start-up; the classes below are those of EAGER steps
-(prefill chunks, mixed batches, and all-single-token batches that are not a graph's), as the
-launch wrappers in engine.kernels choose them:
+Decode steps replay CUDA graphs captured at start-up, and so do prefill and mixed steps with
+`cuda_graphs_mixed` (engine.mixed_graphs: every token bucket up to the step limit is run eagerly
+twice before its capture, in Engine.__init__, so its kernels, the flat attention grid's
+included, are compiled before any run); the classes below are those of EAGER steps (prefill
+chunks, mixed batches, and all-single-token batches that are not a graph's), as the launch
+wrappers in engine.kernels choose them:
 
 - `paged_attention` (max_query_len >= 2): BLOCK_M (64 when max_query_len * group > 16, else 16),
   NUM_SPLITS (`choose_num_splits`: only for max_query_len <= 16, from programs = seqs x kv heads

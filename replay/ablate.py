@@ -50,7 +50,13 @@ SWITCHES: dict[str, tuple[Any, Any]] = {
     "optimistic_spec_decode": (False, True),  # seed 5
 }
 NEEDS_SPEC = ("preallocated_backup_tokens", "accepted_count_by_sum", "optimistic_spec_decode")
-EXTRA_BOOL_SWITCHES = ("gc_freeze", "cuda_graphs", "chunked_prefill", "prefix_caching")
+EXTRA_BOOL_SWITCHES = (
+    "gc_freeze",
+    "cuda_graphs",
+    "chunked_prefill",
+    "prefix_caching",
+    "cuda_graphs_mixed",  # engine.mixed_graphs
+)
 SIDES = ("off", "on")
 SIZE_TOLERANCE = 0.25  # predicted change within 25 % of the measured change
 NOISE_SE = 2.0  # a measured change within 2 standard errors of the difference is noise
@@ -85,6 +91,8 @@ def values(switch: str) -> tuple[Any, Any]:
 def skip_reason(cfg: Config, switch: str) -> str | None:
     if switch in NEEDS_SPEC and not cfg.spec.enabled:
         return "no effect without speculative decoding (set spec.method)"
+    if switch == "cuda_graphs_mixed" and cfg.spec.enabled:
+        return "no effect with speculative decoding (its mixed steps stay eager)"
     return None
 
 

@@ -165,7 +165,7 @@ def _graph_steps(run: Run, s: dict[str, np.ndarray]) -> np.ndarray:
         k = cfg.spec.k if cfg.spec.enabled else 0  # sim.cost.CostModel.graphed
         uniform = s["draft_tokens"] == k * s["num_reqs"]
         graphed = decode & (s["decode_tokens"] <= limit) & uniform
-        if cfg.cuda_graphs_mixed:  # the what-if: every step with a prefill replays a graph
+        if cfg.cuda_graphs_mixed and not cfg.spec.enabled:  # every step with a prefill
             graphed |= ~decode
         return cfg.cuda_graphs & graphed
     if not cfg.cuda_graphs or cfg.device != "cuda":
@@ -175,7 +175,10 @@ def _graph_steps(run: Run, s: dict[str, np.ndarray]) -> np.ndarray:
     q = cfg.spec.k + 1 if cfg.spec.enabled else 1
     max_bucket = min(cfg.max_num_seqs, max(cfg.max_num_batched_tokens, cfg.max_num_seqs) // q)
     uniform = s["draft_tokens"] == (q - 1) * s["num_reqs"]
-    return decode & uniform & (s["num_reqs"] <= max_bucket)
+    graphed = decode & uniform & (s["num_reqs"] <= max_bucket)
+    if cfg.cuda_graphs_mixed and not cfg.spec.enabled:  # engine.mixed_graphs: every bucket
+        graphed |= ~decode  # up to the step token limit is captured
+    return graphed
 
 
 def eval_linear(

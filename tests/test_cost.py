@@ -146,8 +146,9 @@ def test_launch_graph_vs_eager():
 
 
 def test_mixed_graphs_what_if_launches_a_graph_and_pays_the_padding():
-    """`cuda_graphs_mixed` (a simulator what-if): steps with a prefill replay a graph captured
-    for a token bucket; the padding costs the fitted per-token GPU time."""
+    """`cuda_graphs_mixed` (engine.mixed_graphs): steps with a prefill replay a graph captured
+    for a token bucket; the padding costs the fitted per-token GPU time, the graph's logits
+    rows past the step's (min(max_num_seqs, bucket) in all) the roofline's per-row time."""
     fit = {"intercept": 1.0, "num_tokens": 0.003, "kv_read_tokens": 1e-5}
     prof = {"version": 1, "gpu_pass": {"mixed": fit}}
     eager = CostModel(Config(model="llama3.2-1b"), prof)
@@ -157,10 +158,16 @@ def test_mixed_graphs_what_if_launches_a_graph_and_pays_the_padding():
     assert (
         graphs.launch_ms(mixed, True) == graphs.launch_ms(dec, True) < eager.launch_ms(mixed, True)
     )
-    assert graphs.gpu_pass_ms(mixed) == pytest.approx(eager.gpu_pass_ms(mixed) + 24 * 0.003)
-    assert graphs.gpu_pass_ms(prefill_shape(1024)) == eager.gpu_pass_ms(prefill_shape(1024))
+    row = graphs.roofline.lm_ms_per_row + graphs.roofline.logits_ms_per_row
+    assert 0 < row < 0.01
+    rows = 15  # a 16-row graph (core.graph_buckets.mixed_graph_rows), 1 generating
+    want = eager.gpu_pass_ms(mixed) + 24 * 0.003 + rows * row
+    assert graphs.gpu_pass_ms(mixed) == pytest.approx(want)
+    p1024 = prefill_shape(1024)
+    assert graphs.gpu_pass_ms(p1024) == pytest.approx(eager.gpu_pass_ms(p1024) + rows * row)
     big = prefill_shape(5000)  # past 512 tokens: multiples of 256 (5120), not 8192
-    assert graphs.gpu_pass_ms(big) == pytest.approx(eager.gpu_pass_ms(big) + 120 * 0.003)
+    want = eager.gpu_pass_ms(big) + 120 * 0.003 + rows * row
+    assert graphs.gpu_pass_ms(big) == pytest.approx(want)
     assert [mixed_graph_tokens(n) for n in (1, 3, 300, 512, 513, 767, 769)] == [
         1,
         4,
@@ -171,6 +178,9 @@ def test_mixed_graphs_what_if_launches_a_graph_and_pays_the_padding():
         1024,
     ]
     assert graphs.gpu_pass_ms(dec) == eager.gpu_pass_ms(dec)  # decode untouched
+    many = BatchShape(num_reqs=41, num_prefill_reqs=1, prefill_tokens=400, decode_tokens=40)
+    want = eager.gpu_pass_ms(many) + 72 * 0.003 + (256 - 41) * row  # 41 rows: the full graph
+    assert graphs.gpu_pass_ms(many) == pytest.approx(want)
     assert not graphs.graphed(mixed, False)  # cuda_graphs off at run time: nothing is graphed
     roof = CostModel(Config(model="llama3.2-1b", cuda_graphs_mixed=True))  # no mixed fit
     assert roof.gpu_pass_ms(mixed) > CostModel(Config(model="llama3.2-1b")).gpu_pass_ms(mixed)

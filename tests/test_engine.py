@@ -343,9 +343,3 @@ def test_decode_buckets():
     b = decode_buckets(256)
     assert b[:8] == [1, 2, 4, 8, 16, 24, 32, 40] and b[-1] == 256 and b == sorted(set(b))
     assert decode_buckets(100)[-1] == 100
-
-
-def test_engine_refuses_the_mixed_graphs_what_if():
-    """`cuda_graphs_mixed` is a simulator what-if: the engine names the key and refuses."""
-    with pytest.raises(ValueError, match="cuda_graphs_mixed"):
-        Engine(make_cfg(cuda_graphs_mixed=True))

@@ -24,6 +24,7 @@ from typing import Any
 
 from core.config import Config
 from core.gpus import get_gpu
+from core.graph_buckets import mixed_graph_rows, mixed_graph_tokens
 from core.models import get_model, with_context
 from core.phases import CPU_PHASES
 from core.shape import BatchShape
@@ -75,11 +76,19 @@ class CostModel:
             checked = self._gpu_fn(verify, gpu_extra, derived_v)
             self._gpu_decode = lambda s: checked(s) if s.draft_tokens else plain(s)
         self._gpu_mixed = self._gpu_fn(prof["gpu_pass"].get("mixed"), gpu_extra)
-        # what-if `cuda_graphs_mixed` (not in the engine): mixed steps replay a graph captured
-        # for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
-        # per-token time (no attention: they belong to no sequence)
-        self._mixed_graphs = config.cuda_graphs and config.cuda_graphs_mixed
+        # `cuda_graphs_mixed` (engine.mixed_graphs): steps with a prefill replay a graph
+        # captured for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
+        # per-token time (no attention: they belong to no sequence). The graph also computes
+        # and samples a fixed number of logits rows (core.graph_buckets.mixed_graph_rows: 16,
+        # or min(max_num_seqs, bucket)): the rows past the step's cost the roofline's lm-head
+        # GEMM + logits traffic per row. Speculative decoding leaves those steps eager, as the
+        # engine does.
+        self._mixed_graphs = (
+            config.cuda_graphs and config.cuda_graphs_mixed and not config.spec.enabled
+        )
         self._mixed_ms_per_token = self._per_token_ms(prof["gpu_pass"].get("mixed"))
+        self._mixed_ms_per_row = self.roofline.lm_ms_per_row + self.roofline.logits_ms_per_row
+        self._max_rows = config.max_num_seqs
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
         # a graphed pass that starts on a GPU idle for >= idle_start_min_s runs
         # idle_start_scale x its time (sim.stream.gpu_pass; the default 1.0 changes nothing)
@@ -122,9 +131,15 @@ class CostModel:
     # ---- GPU ---------------------------------------------------------------------------------
     def gpu_pass_ms(self, shape: BatchShape) -> float:
         if shape.num_prefill_reqs:
-            if self._mixed_graphs:  # the graph's padding tokens run the GEMMs too
-                pad = mixed_graph_tokens(shape.num_tokens) - shape.num_tokens
-                return self._gpu_mixed(shape) + self._mixed_ms_per_token * pad
+            if self._mixed_graphs:  # the graph's padding tokens and rows run the GEMMs too
+                bucket = mixed_graph_tokens(shape.num_tokens)
+                gen = shape.decode_tokens + shape.num_prefill_reqs  # the roofline's rows
+                rows = mixed_graph_rows(gen, bucket, self._max_rows) - gen
+                return (
+                    self._gpu_mixed(shape)
+                    + self._mixed_ms_per_token * (bucket - shape.num_tokens)
+                    + self._mixed_ms_per_row * max(rows, 0)
+                )
             return self._gpu_mixed(shape)
         return self._gpu_decode(shape)
 
@@ -142,8 +157,8 @@ class CostModel:
     def graphed(self, shape: BatchShape, cuda_graphs: bool) -> bool:
         """The forward is one CUDA graph replay: pure decode within the captured sizes, every
         request with k drafts under speculative decoding (a CPU proposer that finds fewer for
-        some request makes the step eager); with the what-if `cuda_graphs_mixed`, every step
-        with a prefill too."""
+        some request makes the step eager); with `cuda_graphs_mixed` (and no speculative
+        decoding), every step with a prefill too."""
         if shape.num_prefill_reqs:
             return cuda_graphs and self._mixed_graphs
         graphable = shape.decode_tokens <= self._graph_max_tokens
@@ -235,19 +250,6 @@ class CostModel:
         ms_per_byte = 1e3 / (self.gpu.hbm_gb_per_s * 1e9 * mem_eff)
         per_req_bytes = self.model.max_context * n_values * params["bytes_per_position"]
         return {"intercept": n_values * params["ms_per_n"], "num_reqs": per_req_bytes * ms_per_byte}
-
-
-MIXED_GRAPH_POW2_MAX = 512  # mixed-graph buckets: powers of two up to here ...
-MIXED_GRAPH_STEP = 256  # ... then every multiple of this
-
-
-def mixed_graph_tokens(num_tokens: int) -> int:
-    """The token bucket a mixed step's graph would be captured for (the what-if
-    `cuda_graphs_mixed`): the next power of two up to 512, then the next multiple of 256, so
-    padding stays under 256 tokens where the GEMMs dominate."""
-    if num_tokens <= MIXED_GRAPH_POW2_MAX:
-        return 1 if num_tokens <= 1 else 1 << (num_tokens - 1).bit_length()
-    return -(-num_tokens // MIXED_GRAPH_STEP) * MIXED_GRAPH_STEP
 
 
 def _check_identity(
