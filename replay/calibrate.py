@@ -72,6 +72,8 @@ from core.config import Config
 from core.phases import CPU_PHASES, LAUNCH
 from core.runfmt import Run, load_run
 from replay.idle_start import fit_idle_start
+from replay.level import TOLERANCE as LEVEL_TOLERANCE
+from replay.level import level_ratio, scaled
 from replay.lsq import fit, numeric_rank
 from replay.outdir import atomic_file
 from replay.piecewise import Piecewise, fit_piecewise, use_piecewise
@@ -318,6 +320,15 @@ def calibrate(
         pw = fit_piecewise(joined, y_less, len(steps), sweep, dec_rows, gterms["mixed"], notes)
         gp.update(pw.models)
         fit_rows.update(pw.fit_rows)
+        if "decode" in pw.models:  # the one short run sets the sweep surface's level
+            k, level_report = level_ratio(runs, gp["decode"])
+            if k is not None and abs(k - 1) > LEVEL_TOLERANCE:
+                gp["decode"] = scaled(gp["decode"], k)
+                notes.append(
+                    f"gpu_pass.decode: levelled x{k:.3f} to {level_report['steps']} clean "
+                    f"queued decode steps of the runs (measured/sweep p10 "
+                    f"{level_report['ratio_p10']:.3f}, p90 {level_report['ratio_p90']:.3f})"
+                )
     if gp:
         prof["gpu_pass"] = gp
         prof["envelope"] = _envelope(joined, fit_rows, gp)
