@@ -85,6 +85,7 @@ from replay.steps import (
     draft_gpu_ms,
     eval_linear,
     load_steps,
+    mixed_attention,
     program_keys,
     run_config,
 )
@@ -420,6 +421,7 @@ def _load_sweeps(paths: Sequence[str | Path], runs: Sequence[Run]) -> SweepRows:
     sweep.cols["program_keys"] = program_keys(
         runs[0], sweep.cols["num_reqs"], sweep.cols["max_kv_tokens"]
     )
+    sweep.cols.update(mixed_attention(runs[0], sweep.cols))
     return sweep
 
 

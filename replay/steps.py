@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,9 @@ from core.config import Config, from_dict
 from core.phases import CPU_PHASES, DRAFT, LAUNCH, SAMPLE
 from core.runfmt import Run
 from core.shape import SHAPE_FIELDS
+
+# sim.cost.mixedsplits.MIXED_DERIVED (sim is imported lazily here: the GPU host has no simpy)
+MIXED_DERIVED = ("mixed_keys", "grid_blocks")
 
 # GPU event times reach the host clock through one base event (engine.hooks), good to a few us
 CLEAN_TOL_S = 10e-6
@@ -57,6 +61,8 @@ def load_steps(runs: Sequence[Run]) -> Steps:
     cols = {f: cat[f].astype(np.float64) for f in SHAPE_FIELDS}
     cols["num_tokens"] = cols["prefill_tokens"] + cols["decode_tokens"]
     cols["program_keys"] = cat["program_keys"].astype(np.float64)
+    for term in MIXED_DERIVED:
+        cols[term] = cat[term].astype(np.float64)
     cols["intercept"] = np.ones(len(cat["run"]))
     steps = Steps(
         cols=cols,
@@ -90,6 +96,7 @@ def _run_steps(run: Run, index: int) -> dict[str, np.ndarray]:
     out["graph"] = _graph_steps(run, s)
     out["run"] = np.full(n, index)
     out["program_keys"] = program_keys(run, s["num_reqs"], s["max_kv_tokens"])
+    out.update(mixed_attention(run, s))
     return out
 
 
@@ -109,6 +116,41 @@ def program_keys(run: Run, num_reqs: np.ndarray, max_kv: np.ndarray) -> np.ndarr
         return np.zeros(len(num_reqs))
     keys = program_keys_fn(kv_heads, sms)
     return np.array([keys(int(r), int(m)) for r, m in zip(num_reqs, max_kv)], np.float64)
+
+
+def mixed_attention(run: Run, cols: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The mixed-step derived terms (sim.cost.mixedsplits: `mixed_keys`, `grid_blocks`) of each
+    row of `cols` (shape fields) for the run's model and GPU; zeros where either is unknown."""
+    from sim.cost.mixedsplits import mixed_attention_fn
+
+    n = len(cols["num_reqs"])
+    out = {t: np.zeros(n) for t in MIXED_DERIVED}
+    heads = _model_heads(run)
+    if heads is None:
+        return out
+    fn = mixed_attention_fn(*heads)
+    rows = np.flatnonzero(np.asarray(cols["num_prefill_reqs"]) > 0)
+    fields = ("num_reqs", "num_prefill_reqs", "prefill_tokens", "kv_read_tokens", "attn_pairs",
+              "max_kv_tokens")  # fmt: skip
+    vals = np.stack([np.asarray(cols[f], np.float64) for f in fields], axis=1)
+    for i in rows:
+        keys, blocks = fn(SimpleNamespace(**dict(zip(fields, (int(v) for v in vals[i])))))
+        out[MIXED_DERIVED[0]][i], out[MIXED_DERIVED[1]][i] = keys, blocks
+    return out
+
+
+def _model_heads(run: Run) -> tuple[int, int, int] | None:
+    """(query heads, kv heads, SMs) of the run's model and GPU, None where either is unknown."""
+    from core.models import get_model
+    from sim.cost.splits import num_sms
+
+    cfg = run_config(run)
+    sms = num_sms(str((run.summary.get("source") or {}).get("gpu") or cfg.gpu))
+    try:
+        model = get_model(cfg.model)
+    except ValueError:  # a checkpoint folder not on this machine
+        return None
+    return None if sms is None else (model.num_heads, model.num_kv_heads, sms)
 
 
 def _clean(run: Run, s: dict[str, np.ndarray], ends: np.ndarray) -> np.ndarray:

@@ -10,7 +10,8 @@ times per simulated step, for millions of steps).
 A GPU pass model may also be `{"max": [LINEAR, LINEAR, ...]}`: the larger of its branches
 (`compile_model`; pure decode: the KV stream vs the longest attention program), and its linear
 models may use derived terms the caller defines for one model and GPU (`derived`:
-`program_keys`, sim.cost.splits), which compile to a call of the caller's function. A GPU pass
+`program_keys`, sim.cost.splits; a mixed model's `mixed_keys` and `grid_blocks`,
+sim.cost.mixedsplits), which compile to a call of the caller's function. A GPU pass
 model (or branch) may also hold a piecewise-linear term, `"table"` or `"spline"`
 (sim.cost.table), added to its linear terms and compiled to a call the same way.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 from core.shape import SHAPE_FIELDS, BatchShape
 
+from .mixedsplits import MIXED_DERIVED
 from .table import NONLINEAR_KEYS, TABLE_KEY, compile_spline, compile_table
 
 INTERCEPT = "intercept"
@@ -30,6 +32,8 @@ MAX_KEY = "max"
 # derived terms that need the model and GPU (sim.cost.splits): pure-decode GPU models only
 PROGRAM_KEYS = "program_keys"
 DECODE_TERMS: tuple[str, ...] = (*LINEAR_TERMS, PROGRAM_KEYS)
+# derived terms of mixed-step models (the paged attention kernel's, sim.cost.mixedsplits)
+MIXED_TERMS: tuple[str, ...] = (*LINEAR_TERMS, *MIXED_DERIVED)
 
 LinearFn = Callable[[BatchShape], float]
 Derived = Mapping[str, LinearFn]

@@ -39,6 +39,7 @@ from .linear import (
     compile_linear,
     compile_model,
 )
+from .mixedsplits import MIXED_DERIVED, mixed_derived
 from .profile import ProfileError, load_profile, resolve_profile, validate_profile
 from .roofline import Roofline
 from .splits import num_sms, program_keys_fn
@@ -75,7 +76,9 @@ class CostModel:
             plain, derived_v = self._gpu_decode, self._decode_derived(verify, where)
             checked = self._gpu_fn(verify, gpu_extra, derived_v)
             self._gpu_decode = lambda s: checked(s) if s.draft_tokens else plain(s)
-        self._gpu_mixed = self._gpu_fn(prof["gpu_pass"].get("mixed"), gpu_extra)
+        mixed = prof["gpu_pass"].get("mixed")
+        derived_m = self._mixed_derived(mixed, where) if mixed is not None else {}
+        self._gpu_mixed = self._gpu_fn(mixed, gpu_extra, derived_m)
         # `cuda_graphs_mixed` (engine.mixed_graphs): steps with a prefill replay a graph
         # captured for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
         # per-token time (no attention: they belong to no sequence). The graph also computes
@@ -226,13 +229,28 @@ class CostModel:
         keys = program_keys_fn(self.model.num_kv_heads, sms)
         return {PROGRAM_KEYS: lambda s: keys(s.num_reqs, s.max_kv_tokens)}
 
+    def _mixed_derived(self, mixed: Mapping[str, Any], where: str | None) -> Derived:
+        """`mixed_keys` / `grid_blocks` (sim.cost.mixedsplits) if the mixed model uses them."""
+        used = [t for t in MIXED_DERIVED if any(b.get(t) for b in branches(mixed))]
+        if not used:
+            return {}
+        sms = num_sms(self.gpu.name)
+        if sms is None:
+            name = f" '{where}'" if where else ""
+            raise ProfileError(
+                f"cost profile{name}: key 'gpu_pass.mixed': term '{used[0]}' needs the "
+                f"GPU's SM count, unknown for {self.gpu.name!r} (sim.cost.splits.NUM_SMS)"
+            )
+        return mixed_derived(self.model.num_heads, self.model.num_kv_heads, sms)
+
     def _per_token_ms(self, fit: Mapping[str, Any] | None) -> float:
         """GPU ms per query token of a mixed step: the fitted num_tokens (+ prefill_tokens)
         coefficient (+ a token spline's mean slope over its knots), else the roofline's
         marginal cost of one more prefill token."""
         if fit is not None:
-            per = float(fit.get("num_tokens", 0.0)) + float(fit.get("prefill_tokens", 0.0))
-            sp = fit.get(SPLINE_KEY)
+            first: Mapping[str, Any] = branches(fit)[0]  # a max form's: the GEMMs' (mixedfit)
+            per = float(first.get("num_tokens", 0.0)) + float(first.get("prefill_tokens", 0.0))
+            sp = first.get(SPLINE_KEY)
             if sp is not None and sp["x"] in ("num_tokens", "prefill_tokens"):
                 per += (sp["ms"][-1] - sp["ms"][0]) / (sp["knots"][-1] - sp["knots"][0])
             return per

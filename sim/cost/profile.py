@@ -4,8 +4,9 @@ A profile holds any subset of `defaults.DEFAULTS` (docs/cost-model.md describes 
 bad profile gets one `ProfileError` naming the key. Merging rules: parameter tables
 (`gpu_pass.roofline`, `launch`, `ngram_gpu`, `gc`) merge key by key; a linear model (a phase,
 a term, `sync`, `gpu_pass.decode`/`mixed`) is replaced whole, since a fit's coefficients only
-make sense together. `gpu_pass.decode` may also be `{"max": [LINEAR, LINEAR, ...]}` (the larger
-of its branches) and its models may use the derived term `program_keys` (sim.cost.splits).
+make sense together. `gpu_pass.decode` and `mixed` may also be `{"max": [LINEAR, LINEAR, ...]}`
+(the larger of its branches); decode models may use the derived term `program_keys`
+(sim.cost.splits), mixed ones `mixed_keys` and `grid_blocks` (sim.cost.mixedsplits).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from core.phases import CPU_PHASES
 
 from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
 from .envelope import EnvelopeError, check_envelope
-from .linear import DECODE_TERMS, LINEAR_TERMS, MAX_KEY
+from .linear import DECODE_TERMS, LINEAR_TERMS, MAX_KEY, MIXED_TERMS
 from .table import NONLINEAR_KEYS, TABLE_KEY, TableError, check_spline, check_table
 from .terms import TERM_NAMES
 
@@ -98,11 +99,11 @@ def _check_gpu_model(where: str, key: str, value: Any, terms: tuple[str, ...]) -
     _check_linear(where, key, {t: c for t, c in model.items() if t not in nonlin}, terms)
 
 
-def _check_decode(where: str, key: str, value: Any) -> None:
-    """A GPU model over DECODE_TERMS, or `{"max": [model, model, ...]}` (2 or more)."""
+def _check_decode(where: str, key: str, value: Any, terms: tuple[str, ...] = DECODE_TERMS) -> None:
+    """A GPU model over `terms`, or `{"max": [model, model, ...]}` (2 or more)."""
     model = _table(where, key, value)
     if MAX_KEY not in model:
-        _check_gpu_model(where, key, model, DECODE_TERMS)
+        _check_gpu_model(where, key, model, terms)
         return
     if len(model) > 1:
         other = next(k for k in model if k != MAX_KEY)
@@ -112,7 +113,7 @@ def _check_decode(where: str, key: str, value: Any) -> None:
         raise _fail(where, f"{key}.{MAX_KEY}", f"expected a list of 2 or more linear models, "
                     f"got {parts!r}")  # fmt: skip
     for i, part in enumerate(parts):
-        _check_gpu_model(where, f"{key}.{MAX_KEY}[{i}]", part, DECODE_TERMS)
+        _check_gpu_model(where, f"{key}.{MAX_KEY}[{i}]", part, terms)
 
 
 def _check_params(where: str, key: str, value: Any) -> None:
@@ -178,7 +179,7 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
             if kind in gp:
                 _check_decode(where, f"gpu_pass.{kind}", gp[kind])
         if "mixed" in gp:
-            _check_gpu_model(where, "gpu_pass.mixed", gp["mixed"], LINEAR_TERMS)
+            _check_decode(where, "gpu_pass.mixed", gp["mixed"], MIXED_TERMS)
     for key in ("launch", "ngram_gpu", "sync_wait"):
         if key in prof:
             _check_params(where, key, prof[key])
