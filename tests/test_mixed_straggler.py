@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "reports/fidelity/gen/shapes-h100-llama3.2-1b.parquet"
 ATTN = mixed_attention_fn(32, 8, 132)  # llama3.2-1b (32 query heads, 8 kv heads) on an H100
 FIELDS = ("num_reqs", "num_prefill_reqs", "prefill_tokens", "kv_read_tokens", "attn_pairs",
-          "max_kv_tokens")  # fmt: skip
+          "max_kv_tokens", "decode_tokens")  # fmt: skip
 
 
 def _attn(entries: list[Entry]) -> tuple[float, float]:
@@ -67,6 +67,10 @@ def test_mixed_keys_and_grid_blocks_follow_the_paged_kernel() -> None:
     assert _attn([_chunk(3000, 1000), _dec(2000)])[0] == 4000.0
     assert _attn([_chunk(3000, 500), _chunk(3000, 500)])[0] == 3500.0
     assert ATTN(SimpleNamespace(**{f: 0 for f in FIELDS}) ) == (0.0, 0.0)  # fmt: skip
+    # a mixed-step graph's flat grid: tokens // BLOCK_Q + a block per sequence (x 2 decode splits)
+    s = batch_shape([_chunk(0, 7937)] + [_dec(256)] * 255)
+    flat = mixed_attention_fn(32, 8, 132, flat=True)
+    assert flat(SimpleNamespace(**{f: s[f] for f in FIELDS})) == (7937.0, 8192 // 16 + 256 * 2)
 
 
 def straggler_truth(s: dict[str, int], keys: float, blocks: float) -> float:
@@ -144,6 +148,15 @@ def test_the_sim_compiles_the_max_form_and_old_profiles_load_unchanged(tmp_path:
                         4.2e-4 * 131071 + 3e-3)  # fmt: skip
     assert cm.gpu_pass_ms(shape) == pytest.approx(want, rel=1e-9)  # the straggler branch
     assert want > 50 and cm.gpu_pass_ms(shape) > 2 * (spline + 1e-6 * s["attn_pairs"] + 2)
+    many = batch_shape([_chunk(0, 7937)] + [_dec(256)] * 255)  # 127k empty blocks when eager
+    many_shape = BatchShape(**{k: many[k] for k in SHAPE_FIELDS})
+    graphs = CostModel(
+        load_config(None, ["model=llama3.2-1b", "gpu=h100", "cuda_graphs_mixed=true"]),
+        load_profile(path),
+    )  # the flat grid: no empty blocks (the graph's padding tokens cost apart, none here)
+    assert cm.gpu_pass_ms(many_shape) - graphs.gpu_pass_ms(many_shape) == pytest.approx(
+        1.3e-4 * (256 * 497 - 1024), rel=1e-6
+    )
     old = {"intercept": 1.5, "num_tokens": 0.01, "attn_pairs": 1e-6}
     p2 = save_profile(tmp_path / "o.json", {"version": 1, "gpu_pass": {"mixed": old}})
     cm2 = _cost_model(p2)

@@ -51,37 +51,49 @@ def _cdiv(a: float, b: int) -> int:
 
 
 def mixed_attention_fn(
-    num_q_heads: int, num_kv_heads: int, sms: int
+    num_q_heads: int, num_kv_heads: int, sms: int, flat: bool = False
 ) -> Callable[[Any], tuple[float, float]]:
-    """`shape -> (mixed_keys, grid_blocks)` for a model and a GPU; (0, 0) without a chunk."""
+    """`shape -> (mixed_keys, grid_blocks)` for a model and a GPU; (0, 0) without a chunk.
+    `flat`: the flat grid of a mixed-step CUDA graph (engine.mixed_graphs), whose blocks are
+    num_tokens // BLOCK_Q + num_seqs (+ decode splits past the first per sequence): no
+    sequence gets another's query blocks (the graph's padding is its bucket's, priced apart)."""
     group = max(num_q_heads // max(num_kv_heads, 1), 1)
     fill = TARGET_PROGRAMS_PER_SM * sms
 
     def attention(s: Any) -> tuple[float, float]:
         reqs, chunks, pre = s.num_reqs, s.num_prefill_reqs, s.prefill_tokens
+        dec_tok = s.decode_tokens
         kv, pairs, longest = s.kv_read_tokens, s.attn_pairs, s.max_kv_tokens
         if chunks <= 0 or pre <= 0:
             return 0.0, 0.0
+        tokens = pre + dec_tok
         q = _cdiv(pre, chunks)  # the longest chunk (all chunks alike)
         block_m = max(BLOCK_M if q * group > 16 else SMALL_BLOCK_M, _pow2(group))
-        blocks = _cdiv(q, max(block_m // group, 1))
+        block_q = max(block_m // group, 1)
+        blocks = _cdiv(q, block_q)
         if q <= MAX_SPLIT_QUERY:  # every row splits alike (choose_num_splits)
             programs = reqs * blocks * num_kv_heads
             splits = 1
             if programs < fill:
                 splits = min(_cdiv(fill, programs), _cdiv(longest, MIN_KEYS_PER_SPLIT), MAX_SPLITS)
                 splits = _pow2(splits)
+            if flat:
+                return float(_cdiv(longest, splits)), float(tokens // block_q + reqs)
             return float(_cdiv(longest, splits)), float(reqs * blocks * splits)
         ctx = ((pairs - kv) / (q - 1) + chunks * q / 2) / chunks
         ctx = min(max(ctx, float(q)), float(longest))
         dec = _pow2(min(_cdiv(longest, LONG_SPLIT_KEYS), MAX_LONG_SPLITS))
         row = min(longest, max(_cdiv(longest, dec), LONG_SPLIT_KEYS)) if reqs > chunks else 0
+        if flat:
+            return float(max(ctx, row)), float(tokens // block_q + reqs * dec)
         return float(max(ctx, row)), float(reqs * max(blocks, dec))
 
     return attention
 
 
-def mixed_derived(num_q_heads: int, num_kv_heads: int, sms: int) -> dict[str, ShapeFn]:
+def mixed_derived(
+    num_q_heads: int, num_kv_heads: int, sms: int, flat: bool = False
+) -> dict[str, ShapeFn]:
     """The two derived terms as functions of a shape (sim.cost.linear's `derived`)."""
-    fn = mixed_attention_fn(num_q_heads, num_kv_heads, sms)
+    fn = mixed_attention_fn(num_q_heads, num_kv_heads, sms, flat)
     return {MIXED_KEYS: lambda s: fn(s)[0], GRID_BLOCKS: lambda s: fn(s)[1]}

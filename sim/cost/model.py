@@ -76,9 +76,6 @@ class CostModel:
             plain, derived_v = self._gpu_decode, self._decode_derived(verify, where)
             checked = self._gpu_fn(verify, gpu_extra, derived_v)
             self._gpu_decode = lambda s: checked(s) if s.draft_tokens else plain(s)
-        mixed = prof["gpu_pass"].get("mixed")
-        derived_m = self._mixed_derived(mixed, where) if mixed is not None else {}
-        self._gpu_mixed = self._gpu_fn(mixed, gpu_extra, derived_m)
         # `cuda_graphs_mixed` (engine.mixed_graphs): steps with a prefill replay a graph
         # captured for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
         # per-token time (no attention: they belong to no sequence). The graph also computes
@@ -89,6 +86,9 @@ class CostModel:
         self._mixed_graphs = (
             config.cuda_graphs and config.cuda_graphs_mixed and not config.spec.enabled
         )
+        mixed = prof["gpu_pass"].get("mixed")
+        derived_m = self._mixed_derived(mixed, where) if mixed is not None else {}
+        self._gpu_mixed = self._gpu_fn(mixed, gpu_extra, derived_m)
         self._mixed_ms_per_token = self._per_token_ms(prof["gpu_pass"].get("mixed"))
         self._mixed_ms_per_row = self.roofline.lm_ms_per_row + self.roofline.logits_ms_per_row
         self._max_rows = config.max_num_seqs
@@ -230,7 +230,8 @@ class CostModel:
         return {PROGRAM_KEYS: lambda s: keys(s.num_reqs, s.max_kv_tokens)}
 
     def _mixed_derived(self, mixed: Mapping[str, Any], where: str | None) -> Derived:
-        """`mixed_keys` / `grid_blocks` (sim.cost.mixedsplits) if the mixed model uses them."""
+        """`mixed_keys` / `grid_blocks` (sim.cost.mixedsplits) if the mixed model uses them; a
+        mixed-step graph runs the flat grid (no empty blocks per sequence)."""
         used = [t for t in MIXED_DERIVED if any(b.get(t) for b in branches(mixed))]
         if not used:
             return {}
@@ -241,7 +242,8 @@ class CostModel:
                 f"cost profile{name}: key 'gpu_pass.mixed': term '{used[0]}' needs the "
                 f"GPU's SM count, unknown for {self.gpu.name!r} (sim.cost.splits.NUM_SMS)"
             )
-        return mixed_derived(self.model.num_heads, self.model.num_kv_heads, sms)
+        heads = (self.model.num_heads, self.model.num_kv_heads)
+        return mixed_derived(*heads, sms, flat=self._mixed_graphs)
 
     def _per_token_ms(self, fit: Mapping[str, Any] | None) -> float:
         """GPU ms per query token of a mixed step: the fitted num_tokens (+ prefill_tokens)
