@@ -79,6 +79,7 @@ from replay.outdir import atomic_file
 from replay.piecewise import Piecewise, fit_piecewise, use_piecewise
 from replay.quality import active_terms_ms, evaluate, print_quality, stats
 from replay.shapes import SweepRows, read_sweeps
+from replay.spread import fit_spread
 from replay.steps import (
     CalibrationError,
     Steps,
@@ -230,6 +231,7 @@ class Calibration:
     notes: list[str]
     shapes: list[str] = field(default_factory=list)  # shape sweep files used
     verdict: str = ""  # held-back sweep points, one line (piecewise GPU models only)
+    spread: dict[str, Any] = field(default_factory=dict)  # cpu_spread fit report, per phase
 
 
 def _recorded_terms(
@@ -252,12 +254,15 @@ def calibrate(
     shapes: Sequence[str | Path] = (),
     shapes_kinds: Sequence[str] = ("mixed",),
     gpu_model: str = "auto",
+    spread: bool = True,
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
     (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
     files whose rows join the GPU pass fits (module docstring); `shapes_kinds`: the batch kinds
     whose sweep rows may join the linear fits (the others are only reported). `gpu_model`:
-    replay.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps)."""
+    replay.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps).
+    `spread`: fit the CPU phases' spread around the fitted models (`cpu_spread`,
+    replay.spread)."""
     from sim.cost import resolve_profile
 
     runs = [load_run(d) for d in run_dirs]
@@ -355,6 +360,7 @@ def calibrate(
     if gc:
         prof["gc"] = gc
     from sim.cost import merge_profile, validate_profile
+    from sim.cost.spread import SPREAD_KEY
 
     validate_profile(prof)
     used = merge_profile(base, prof) if base else prof
@@ -376,6 +382,12 @@ def calibrate(
             f"decode graph steps issued to an idle GPU (measured/predicted p10 "
             f"{idle_report['ratio_p10']:.2f}, p90 {idle_report['ratio_p90']:.2f})"
         )
+    spread_report: dict[str, Any] = {}
+    if spread:  # around the fitted models: last, on the profile the sim will use
+        tables, spread_report = fit_spread(resolve_profile(used), runs, steps, notes)
+        if tables:
+            prof[SPREAD_KEY] = tables
+            used = merge_profile(base, prof) if base else prof
     quality = evaluate(used, runs, steps)
     quality.update(_gpu_fit_quality(used, joined, joined_y, fit_rows, len(steps)))
     if straggler:
@@ -384,7 +396,7 @@ def calibrate(
         quality.update(_sweep_quality(used, steps, gpu_y, sweep, gterms, dterms, notes))
     quality.update(pw.report)
     paths = list(sweep.paths) if sweep is not None else []
-    return Calibration(prof, quality, notes, paths, pw.verdict)
+    return Calibration(prof, quality, notes, paths, pw.verdict, spread_report)
 
 
 def _envelope(
@@ -741,5 +753,7 @@ def write_calibration(cal: Calibration, path: str | Path, checks: dict[str, Any]
         report["verdict"] = cal.verdict
     if cal.shapes:
         report["shapes"] = cal.shapes
+    if cal.spread:
+        report["cpu_spread"] = cal.spread
     text = json.dumps(report, indent=2, allow_nan=False) + "\n"
     return atomic_file(p.with_name(p.stem + ".fit.json"), text)

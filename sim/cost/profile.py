@@ -24,6 +24,7 @@ from core.phases import CPU_PHASES
 from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
 from .envelope import EnvelopeError, check_envelope
 from .linear import DECODE_TERMS, LINEAR_TERMS, MAX_KEY
+from .spread import SPREAD_KEY, SpreadError, check_spread
 from .table import NONLINEAR_KEYS, TABLE_KEY, TableError, check_spline, check_table
 from .terms import TERM_NAMES
 
@@ -43,6 +44,7 @@ TOP_KEYS = (
     "gpu_pass",
     "launch",
     "cpu_phases",
+    SPREAD_KEY,
     "terms",
     "ngram_gpu",
     "sync",
@@ -153,6 +155,18 @@ def _check_gc(where: str, value: Any) -> None:
                 raise _fail(where, f"gc.{k}[{g}]", f"must be >= 0, got {x!r}")
 
 
+def _check_spread(where: str, value: Any) -> None:
+    """`cpu_spread`: per CPU phase, a quantile table of measured / predicted (sim.cost.spread)."""
+    table = _table(where, SPREAD_KEY, value)
+    _known(where, f"{SPREAD_KEY}.", table, CPU_PHASES)
+    for phase, t in table.items():
+        try:
+            check_spread(t)
+        except SpreadError as e:
+            key = f"{SPREAD_KEY}.{phase}" + (f".{e.key}" if e.key else "")
+            raise _fail(where, key, e.why) from None
+
+
 def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any]:
     """Check a (partial) profile; return it unchanged. Raises ProfileError naming the key."""
     where = f" '{path}'" if path is not None else ""
@@ -190,6 +204,8 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
     ):
         if key in prof:
             _check_linear_map(where, key, prof[key], names)
+    if SPREAD_KEY in prof:
+        _check_spread(where, prof[SPREAD_KEY])
     if "sync" in prof:
         _check_linear(where, "sync", prof["sync"])
     if "gc" in prof:
@@ -214,7 +230,7 @@ def merge_profile(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str,
                 gp[sub] = {**gp.get(sub, {}), **v} if params else fit
         elif key in ("launch", "ngram_gpu", "gc", "sync_wait"):
             out[key] = {**out.get(key, {}), **value}
-        elif key in ("cpu_phases", "alloc_objects", "terms", "alloc_terms"):
+        elif key in ("cpu_phases", "alloc_objects", "terms", "alloc_terms", SPREAD_KEY):
             out[key] = {**out.get(key, {}), **{n: dict(m) for n, m in value.items()}}
         else:
             out[key] = json.loads(json.dumps(value))
