@@ -98,9 +98,17 @@ def fit_history(sweep: SweepRows) -> tuple[dict[str, float] | None, dict[str, An
             # some rows with history (mix): the engine's cost is all or nothing, so these fit
             # the same line; a large error here would say it is per history row after all
             "mix_err_p50": float(np.median(err[~all_rows])) if (~all_rows).any() else None,
+            # per context: the extra ms per row should not depend on it (dense counts)
+            "extra_us_per_row_by_context": _by_context(sweep, h, extra / rows),
         }
     )
     return model, report
+
+
+def _by_context(sweep: SweepRows, idx: np.ndarray, per_row_ms: np.ndarray) -> dict[str, float]:
+    """Median extra microseconds per row of the pairs, per longest context (max_kv_tokens)."""
+    ctx = sweep.cols["max_kv_tokens"][idx]
+    return {str(int(c)): float(np.median(per_row_ms[ctx == c]) * 1e3) for c in np.unique(ctx)}
 
 
 def describe(report: dict[str, Any]) -> str:

@@ -110,7 +110,7 @@ def _bucket(n: int) -> int:
     return decode_graph_rows(n, LIM.max_seqs, LIM.max_tokens)
 
 
-def _sweep_file(tmp: Path, noise: float = 0.0) -> Path:
+def _sweep_file(tmp: Path, noise: float = 0.0, **meta_kw: str) -> Path:
     """The grid's decode rows timed by a known model: history rows pay the penalty line per
     graph row, whatever share of rows has history (the engine's graph variant)."""
     rng = np.random.default_rng(1)
@@ -124,7 +124,7 @@ def _sweep_file(tmp: Path, noise: float = 0.0) -> Path:
         s = Sample(ms, 0.1, 0.0)
         rows.append(shape_row(b, [s], 0, _bucket(n), b.max_seq_len, 1, False))
     meta = {"format": "replay.shapes", "version": 1, "model": "tiny", "measures": "step"}
-    return write_sweep(tmp / "sweep.parquet", rows, meta)
+    return write_sweep(tmp / "sweep.parquet", rows, {**meta, **meta_kw})
 
 
 def test_the_fit_gives_the_penalty_line_back(tmp_path: Path):
@@ -137,6 +137,8 @@ def test_the_fit_gives_the_penalty_line_back(tmp_path: Path):
     assert model["ms"] == pytest.approx(FIXED_MS, abs=1e-9)
     assert model["ms_per_row"] == pytest.approx(PER_ROW_MS, rel=1e-9)
     assert report["err_abs_max"] < 1e-9 and report["mix_err_p50"] == pytest.approx(0, abs=1e-9)
+    by_ctx = report["extra_us_per_row_by_context"]
+    assert len(by_ctx) >= 2 and max(by_ctx.values()) > PER_ROW_MS * 1e3
     noisy = read_sweeps([_sweep_file(tmp_path, noise=0.01)])
     m2, _ = fit_history(noisy)
     assert m2 is not None and m2["ms_per_row"] == pytest.approx(PER_ROW_MS, rel=0.2)
@@ -144,6 +146,24 @@ def test_the_fit_gives_the_penalty_line_back(tmp_path: Path):
     plain = sweep.subset(~sweep.history())
     none, why = fit_history(plain)
     assert none is None and "0 history rows" in why["why"]
+
+
+def test_calibrate_fits_the_term_and_keeps_history_rows_out_of_the_decode_fit(tmp_path: Path):
+    from test_replay_shapes import H100, eager_run
+
+    from replay.calibrate import calibrate
+
+    runs = [eager_run(tmp_path / "r", seed=1)]
+    f = _sweep_file(tmp_path, gpu=H100, dtype="bfloat16")
+    cal = calibrate(runs, shapes=[f], shapes_kinds=("decode", "mixed"), gpu_model="linear")
+    hist = cal.profile["gpu_pass"]["history"]
+    assert hist["ms"] == pytest.approx(FIXED_MS) and hist["ms_per_row"] == pytest.approx(PER_ROW_MS)
+    assert cal.quality["gpu_pass.history"]["pairs"] > 10
+    assert any(n.startswith("gpu_pass.history: ") for n in cal.notes)
+    sweep = read_sweeps([f])
+    plain = int((sweep.decode & ~sweep.history()).sum())
+    assert cal.quality["gpu_pass.decode.fitted_on"]["shape_rows"] == plain
+    validate_profile(cal.profile)
 
 
 # ---- the cost model -----------------------------------------------------------------------------
