@@ -71,6 +71,8 @@ import numpy as np
 from core.config import Config
 from core.phases import CPU_PHASES, LAUNCH
 from core.runfmt import Run, load_run
+from replay.historyfit import describe as describe_history
+from replay.historyfit import fit_history
 from replay.idle_start import fit_idle_start
 from replay.level import TOLERANCE as LEVEL_TOLERANCE
 from replay.level import level_ratio, scaled
@@ -270,6 +272,12 @@ def calibrate(
         raise CalibrationError("calibrate needs at least one run folder")
     identity, notes = _identity(runs, gpu_preset)
     sweep = _load_sweeps(shapes, runs) if shapes else None
+    history: dict[str, Any] | None = None  # gpu_pass.history from the sweeps' history rows
+    history_report: dict[str, Any] | None = None
+    if sweep is not None and sweep.history().any():
+        history, history_report = fit_history(sweep)
+        notes.append(describe_history(history_report))
+        sweep = sweep.subset(~sweep.history())  # the other fits never see the penalties
     piecewise = use_piecewise(gpu_model, sweep)
     if sweep is not None:
         identity["notes"] += f" + {len(sweep.paths)} shape sweep(s) of {len(sweep)} rows"
@@ -337,6 +345,8 @@ def calibrate(
     if gp:
         prof["gpu_pass"] = gp
         prof["envelope"] = _envelope(joined, fit_rows, gp)
+    if history is not None:
+        prof.setdefault("gpu_pass", {})["history"] = history
     # CPU phases
     cpu: dict[str, dict[str, float]] = {}
     for phase, base_terms in PHASE_TERMS.items():
@@ -395,6 +405,8 @@ def calibrate(
     if sweep is not None:
         quality.update(_sweep_quality(used, steps, gpu_y, sweep, gterms, dterms, notes))
     quality.update(pw.report)
+    if history_report is not None:
+        quality["gpu_pass.history"] = history_report
     paths = list(sweep.paths) if sweep is not None else []
     return Calibration(prof, quality, notes, paths, pw.verdict, spread_report)
 

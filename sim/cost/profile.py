@@ -34,7 +34,15 @@ class ProfileError(ConfigError):
 
 
 META_STR_KEYS = ("gpu", "model", "dtype", "date", "notes")
-PARAM_TABLES = ("gpu_pass.roofline", "gpu_pass.idle_start", "launch", "ngram_gpu", "sync_wait")
+PARAM_TABLES = (
+    "gpu_pass.roofline",
+    "gpu_pass.idle_start",
+    "gpu_pass.history",
+    "launch",
+    "ngram_gpu",
+    "sync_wait",
+)
+GPU_PARAM_TABLES = ("roofline", "idle_start", "history")  # gpu_pass's, merged key by key
 GPU_FIT_KINDS = ("decode", "mixed", "verify")
 EFFICIENCY_KEYS = ("mem_efficiency", "matmul_efficiency", "attn_efficiency", "scale")
 TOP_KEYS = (
@@ -184,8 +192,8 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
         raise _fail(where, "source_runs", f"expected a list of strings, got {runs!r}")
     if "gpu_pass" in prof:
         gp = _table(where, "gpu_pass", prof["gpu_pass"])
-        _known(where, "gpu_pass.", gp, ("roofline", "idle_start", *GPU_FIT_KINDS))
-        for table in ("roofline", "idle_start"):
+        _known(where, "gpu_pass.", gp, (*GPU_PARAM_TABLES, *GPU_FIT_KINDS))
+        for table in GPU_PARAM_TABLES:
             if table in gp:
                 _check_params(where, f"gpu_pass.{table}", gp[table])
         for kind in ("decode", "verify"):
@@ -226,7 +234,7 @@ def merge_profile(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str,
             gp = out.setdefault("gpu_pass", {})
             for sub, v in value.items():
                 fit = json.loads(json.dumps(v))  # a max form holds a list: copy it too
-                params = sub in ("roofline", "idle_start")  # parameter tables: key by key
+                params = sub in GPU_PARAM_TABLES  # parameter tables: key by key
                 gp[sub] = {**gp.get(sub, {}), **v} if params else fit
         elif key in ("launch", "ngram_gpu", "gc", "sync_wait"):
             out[key] = {**out.get(key, {}), **value}
