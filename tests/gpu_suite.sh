@@ -7,7 +7,7 @@
 set -uo pipefail
 logs=$1; limit=${2:-150}; mkdir -p "$logs"
 export PYTHONUNBUFFERED=1
-files=$(grep -l "pytest.mark.gpu\|mark.gpu" tests/test_*.py)
+files=${FILES:-$(grep -l "pytest.mark.gpu\|mark.gpu" tests/test_*.py)}  # FILES="a b": these, in order
 bad=0
 for f in $files; do
   name=$(basename "$f" .py)
