@@ -40,3 +40,27 @@ def mixed_graph_row_options(bucket: int, max_num_seqs: int) -> list[int]:
 def mixed_graph_rows(num_gen: int, bucket: int, max_num_seqs: int) -> int:
     """The sampling rows of the graph a step of `bucket` tokens sampling num_gen tokens runs."""
     return next(r for r in mixed_graph_row_options(bucket, max_num_seqs) if r >= num_gen)
+
+
+def decode_buckets(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, 16, 24, ..., 64 (step 8), 80, ..., 128 (step 16), 160, ... (step 32), then
+    max_num_seqs itself, all <= max_num_seqs."""
+    out = [1, 2, 4]
+    b, step = 8, 8
+    while b < max_num_seqs:
+        out.append(b)
+        if b >= 128:
+            step = 32
+        elif b >= 64:
+            step = 16
+        b += step
+    out.append(max_num_seqs)
+    return sorted({x for x in out if x <= max_num_seqs})
+
+
+def decode_graph_rows(num_reqs: int, max_num_seqs: int, max_tokens: int, query_len: int = 1) -> int:
+    """The rows of the decode graph a pure decode of `num_reqs` requests replays (engine.graphs:
+    buckets for min(max_num_seqs, max_tokens // query_len) rows), or num_reqs when none holds
+    it (eager)."""
+    buckets = decode_buckets(min(max_num_seqs, max_tokens // query_len))
+    return next((b for b in buckets if b >= num_reqs), num_reqs)

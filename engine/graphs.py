@@ -26,25 +26,10 @@ from collections.abc import Callable
 
 import torch
 
+from core.graph_buckets import decode_buckets
 from engine.inputs import QSL, ROW_SLOT, SEQ_LENS, InputBuffers
 from engine.model import LlamaModel
 from engine.sampler import Sampler
-
-
-def decode_buckets(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, 16, 24, ..., 64 (step 8), 80, ..., 128 (step 16), 160, ... (step 32), then
-    max_num_seqs itself, all <= max_num_seqs."""
-    out = [1, 2, 4]
-    b, step = 8, 8
-    while b < max_num_seqs:
-        out.append(b)
-        if b >= 128:
-            step = 32
-        elif b >= 64:
-            step = 16
-        b += step
-    out.append(max_num_seqs)
-    return sorted({x for x in out if x <= max_num_seqs})
 
 
 class DecodeGraphs:

@@ -165,6 +165,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             shapes=args.shapes,
             shapes_kinds=kinds,
             gpu_model=args.gpu_model,
+            spread=not args.no_spread,
         )
         checks = {}
         if args.check:
@@ -177,6 +178,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print_quality(f"fit on {len(args.runs)} run(s){sweeps}:", cal.quality)
     if checks:
         print_quality(f"check on {len(args.check)} other run(s):", checks)
+    for phase, sp in cal.spread.items():
+        print(
+            f"cpu_spread.{phase}: measured/predicted over {sp['n']} steps, table p50 "
+            f"{sp['p50']:.3f} p99 {sp['p99']:.3f} p99.9 {sp['p999']:.3f} (mean 1; weighted "
+            f"mean of the ratios {sp['ratio_weighted_mean']:.3f})"
+        )
     for note in cal.notes:
         print(f"note: {note}")
     if cal.verdict:
@@ -357,6 +364,12 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         help="GPU pass form: piecewise = a decode table and a mixed-step spline fitted on the "
         "sweep, with held-back points checked; linear = one linear fit per kind (+ the decode "
         "straggler branch); auto (default) = piecewise for sweeps that measure whole steps",
+    )
+    p.add_argument(
+        "--no-spread",
+        action="store_true",
+        help="leave out the CPU phases' measured spread (profile key cpu_spread): every step "
+        "then takes the linear models' time",
     )
     p.set_defaults(func=cmd_calibrate)
 

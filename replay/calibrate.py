@@ -71,6 +71,8 @@ import numpy as np
 from core.config import Config
 from core.phases import CPU_PHASES, LAUNCH
 from core.runfmt import Run, load_run
+from replay.historyfit import describe as describe_history
+from replay.historyfit import fit_history
 from replay.idle_start import fit_idle_start
 from replay.level import TOLERANCE as LEVEL_TOLERANCE
 from replay.level import level_ratio, scaled
@@ -79,6 +81,7 @@ from replay.outdir import atomic_file
 from replay.piecewise import Piecewise, fit_piecewise, use_piecewise
 from replay.quality import active_terms_ms, evaluate, print_quality, stats
 from replay.shapes import SweepRows, read_sweeps
+from replay.spread import fit_spread
 from replay.steps import (
     CalibrationError,
     Steps,
@@ -231,6 +234,7 @@ class Calibration:
     notes: list[str]
     shapes: list[str] = field(default_factory=list)  # shape sweep files used
     verdict: str = ""  # held-back sweep points, one line (piecewise GPU models only)
+    spread: dict[str, Any] = field(default_factory=dict)  # cpu_spread fit report, per phase
 
 
 def _recorded_terms(
@@ -253,12 +257,15 @@ def calibrate(
     shapes: Sequence[str | Path] = (),
     shapes_kinds: Sequence[str] = ("mixed",),
     gpu_model: str = "auto",
+    spread: bool = True,
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
     (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
     files whose rows join the GPU pass fits (module docstring); `shapes_kinds`: the batch kinds
     whose sweep rows may join the linear fits (the others are only reported). `gpu_model`:
-    replay.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps)."""
+    replay.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps).
+    `spread`: fit the CPU phases' spread around the fitted models (`cpu_spread`,
+    replay.spread)."""
     from sim.cost import resolve_profile
 
     runs = [load_run(d) for d in run_dirs]
@@ -266,6 +273,12 @@ def calibrate(
         raise CalibrationError("calibrate needs at least one run folder")
     identity, notes = _identity(runs, gpu_preset)
     sweep = _load_sweeps(shapes, runs) if shapes else None
+    history: dict[str, Any] | None = None  # gpu_pass.history from the sweeps' history rows
+    history_report: dict[str, Any] | None = None
+    if sweep is not None and sweep.history().any():
+        history, history_report = fit_history(sweep)
+        notes.append(describe_history(history_report))
+        sweep = sweep.subset(~sweep.history())  # the other fits never see the penalties
     piecewise = use_piecewise(gpu_model, sweep)
     if sweep is not None:
         identity["notes"] += f" + {len(sweep.paths)} shape sweep(s) of {len(sweep)} rows"
@@ -333,6 +346,8 @@ def calibrate(
     if gp:
         prof["gpu_pass"] = gp
         prof["envelope"] = _envelope(joined, fit_rows, gp)
+    if history is not None:
+        prof.setdefault("gpu_pass", {})["history"] = history
     # CPU phases
     cpu: dict[str, dict[str, float]] = {}
     for phase, base_terms in PHASE_TERMS.items():
@@ -356,6 +371,7 @@ def calibrate(
     if gc:
         prof["gc"] = gc
     from sim.cost import merge_profile, validate_profile
+    from sim.cost.spread import SPREAD_KEY
 
     validate_profile(prof)
     used = merge_profile(base, prof) if base else prof
@@ -377,6 +393,12 @@ def calibrate(
             f"decode graph steps issued to an idle GPU (measured/predicted p10 "
             f"{idle_report['ratio_p10']:.2f}, p90 {idle_report['ratio_p90']:.2f})"
         )
+    spread_report: dict[str, Any] = {}
+    if spread:  # around the fitted models: last, on the profile the sim will use
+        tables, spread_report = fit_spread(resolve_profile(used), runs, steps, notes)
+        if tables:
+            prof[SPREAD_KEY] = tables
+            used = merge_profile(base, prof) if base else prof
     quality = evaluate(used, runs, steps)
     quality.update(_gpu_fit_quality(used, joined, joined_y, fit_rows, len(steps)))
     if straggler:
@@ -384,8 +406,10 @@ def calibrate(
     if sweep is not None:
         quality.update(_sweep_quality(used, steps, gpu_y, sweep, gterms, dterms, notes))
     quality.update(pw.report)
+    if history_report is not None:
+        quality["gpu_pass.history"] = history_report
     paths = list(sweep.paths) if sweep is not None else []
-    return Calibration(prof, quality, notes, paths, pw.verdict)
+    return Calibration(prof, quality, notes, paths, pw.verdict, spread_report)
 
 
 def _envelope(
@@ -743,5 +767,7 @@ def write_calibration(cal: Calibration, path: str | Path, checks: dict[str, Any]
         report["verdict"] = cal.verdict
     if cal.shapes:
         report["shapes"] = cal.shapes
+    if cal.spread:
+        report["cpu_spread"] = cal.spread
     text = json.dumps(report, indent=2, allow_nan=False) + "\n"
     return atomic_file(p.with_name(p.stem + ".fit.json"), text)

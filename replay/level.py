@@ -42,6 +42,7 @@ def level_ratio(runs: Sequence[Run], decode: Mapping[str, Any]) -> tuple[float |
         rows = np.flatnonzero(
             (s["num_prefill_reqs"] == 0)
             & (s["draft_tokens"] == 0)
+            & (s["history_tokens"] == 0)  # penalties: gpu_pass.history, not the level
             & np.isfinite(s["gpu_start_s"])
             & (s["gpu_start_s"] >= ends - 10e-6)  # clean: kernels alone
             & (s["gpu_idle_before_s"] < 10e-6)  # queued, as the sweep's samples are

@@ -39,21 +39,30 @@ def evaluate(profile: Mapping[str, Any], runs: Sequence[Run], steps: Steps | Non
         if clean.any() and clean.sum() < rows.sum():
             pc = eval_linear(prof["gpu_pass"][kind], steps.cols, clean) + gpu_extra[clean]
             out[f"gpu_pass.{kind}.clean"] = stats(pc, gpu_y[clean])
-    la = prof["launch"]
     for phase in CPU_PHASES:
         y = steps.phase_ms[phase]
         rows = np.isfinite(y)
         if not rows.any():
             continue
-        pred = eval_linear(prof["cpu_phases"].get(phase, {}), steps.cols, rows)
-        pred += active_terms_ms(prof, steps, phase)[rows]
-        if phase == LAUNCH:
-            nodes = _nodes(runs, steps, la)
-            graph_ms = la["graph_ms"] + la["graph_ms_per_node"] * nodes
-            eager_ms = la["eager_ms"] + la["eager_ms_per_kernel"] * nodes
-            pred += np.where(steps.graph, graph_ms, eager_ms)[rows]
+        pred = phase_predicted_ms(prof, runs, steps, phase, rows)
         out[f"cpu_phases.{phase}"] = stats(pred, y[rows])
     return out
+
+
+def phase_predicted_ms(
+    prof: Mapping[str, Any], runs: Sequence[Run], steps: Steps, phase: str, rows: np.ndarray
+) -> np.ndarray:
+    """What the sim predicts for `phase` at the steps `rows` of a resolved profile: base model
+    + active terms (+ the launch table for the launch phase)."""
+    pred = eval_linear(prof["cpu_phases"].get(phase, {}), steps.cols, rows)
+    pred += active_terms_ms(prof, steps, phase)[rows]
+    if phase == LAUNCH:
+        la = prof["launch"]
+        nodes = _nodes(runs, steps, la)
+        graph_ms = la["graph_ms"] + la["graph_ms_per_node"] * nodes
+        eager_ms = la["eager_ms"] + la["eager_ms_per_kernel"] * nodes
+        pred += np.where(steps.graph, graph_ms, eager_ms)[rows]
+    return pred
 
 
 def active_terms_ms(prof: Mapping[str, Any], steps: Steps, target: str) -> np.ndarray:

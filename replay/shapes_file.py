@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from core.atomic import temp_file
 from core.shape import SHAPE_FIELDS
-from replay.shapes_grid import Batch, batch_shape
+from replay.shapes_grid import Batch, batch_shape, history_rows
 from replay.steps import CalibrationError
 
 META_KEY = b"replay.shapes"
@@ -50,6 +50,7 @@ COLUMNS = (
     "spin_ms",  # median spin enqueued before the step (0 on CPU)
     "kv_blocks",  # KV blocks the batch's requests hold
     "kv_wrapped",  # the cache has fewer blocks: some requests share blocks
+    "history_rows",  # rows whose sampling needs the output history (penalties; older files: 0)
 )
 
 
@@ -95,6 +96,7 @@ def shape_row(
         "spin_ms": float(np.median([s.spin_ms for s in samples])),
         "kv_blocks": kv_blocks,
         "kv_wrapped": bool(kv_wrapped),
+        "history_rows": history_rows(batch.entries),
     }
 
 
@@ -135,6 +137,31 @@ class SweepRows:
     paths: list[str]
     meta: list[dict[str, Any]]
     bucket: np.ndarray | None = None  # the decode graph's batch size (0: eager; None: no column)
+    history_rows: np.ndarray | None = None  # rows with penalties per batch (None: all 0)
+
+    def history(self) -> np.ndarray:
+        """bool: batches with rows whose sampling needs the output history (penalties)."""
+        if self.history_rows is None:
+            return np.zeros(len(self.gpu_ms), bool)
+        return self.history_rows > 0
+
+    def subset(self, mask: np.ndarray) -> SweepRows:
+        """The rows where `mask` holds (same files and metadata)."""
+
+        def cut(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[mask]
+
+        return SweepRows(
+            cols={k: v[mask] for k, v in self.cols.items()},
+            gpu_ms=self.gpu_ms[mask],
+            decode=self.decode[mask],
+            graph=self.graph[mask],
+            file=self.file[mask],
+            paths=self.paths,
+            meta=self.meta,
+            bucket=cut(self.bucket),
+            history_rows=cut(self.history_rows),
+        )
 
     def graph_buckets(self) -> list[int]:
         """The decode graph sizes the sweeps' engines captured (metadata `graph_buckets`), else
@@ -219,4 +246,7 @@ def read_sweeps(paths: Sequence[str | Path]) -> SweepRows:
                 for c, _ in parts
             ]
         ),  # fmt: skip
+        history_rows=np.concatenate(
+            [c.get("history_rows", np.zeros(len(c["gpu_ms"]), np.int64)) for c, _ in parts]
+        ).astype(np.int64),
     )

@@ -16,7 +16,11 @@ the cache:
 - prefill@hit: the same after a prefix-cache hit (a new request: its slot is set up in the step);
 - chunks, chunks@ctx: a token total split into 2..16 fresh chunks; a new and a later chunk;
 - prefill+decode: a chunk of P tokens beside D decode rows of context c (P x D x c);
-- prefill+decode+long, prefill+decode(spread).
+- prefill+decode+long, prefill+decode(spread);
+- decode(history): decode cells (B at the graph buckets, c in HISTORY_CONTEXTS) whose every
+  row needs its output history (sampling with penalties: the decode graph's penalties variant,
+  engine.graphs); decode(history mix): every other row, or one row, with history. Each is a
+  decode-family cell with history added, so the pair gives the penalties' cost at one shape.
 
 Order: every point has a `level` from its axis indices (0: the first and last value of each
 axis; 1: every 4th; 2: every 2nd; 3: the rest; a point's level is its axes' largest: level 0
@@ -46,6 +50,8 @@ MIXED_DECODE_CONTEXTS = (256, 2048, 16384)  # decode rows beside a prefill chunk
 SPREAD_CONTEXTS = (128, 8192)  # log-uniform contexts of a "spread" batch
 LONG_CONTEXT = 16384  # a long row among short ones (plus max_context)
 CHUNK_SPLITS = (2, 4, 8, 16)
+HISTORY_CONTEXTS = (256, 2048, 16384)  # decode(history) cells: contexts of the decode lattice
+HISTORY_MIX = ((32, 2048), (128, 2048), (256, 2048))  # decode(history mix): (rows, context)
 FAMILIES = (  # the order within a level
     "decode",
     "prefill",
@@ -60,6 +66,8 @@ FAMILIES = (  # the order within a level
     "verify(widths)",
     "decode(spread)",
     "prefill+decode(spread)",
+    "decode(history)",  # last: the families before keep their turns within a level
+    "decode(history mix)",
 )
 NO_CACHE_LIMIT = 1 << 62
 
@@ -76,6 +84,7 @@ class Entry:
     prefill: bool
     drafts: int = 0
     hit: bool = False
+    hist: bool = False  # its sampling needs the output history (penalties)
 
     @property
     def seq_len(self) -> int:
@@ -180,9 +189,10 @@ class Limits:
 def batch_shape(entries: Sequence[Entry]) -> dict[str, int]:
     """The BatchShape fields of a synthetic step as `Scheduler._shape` computes them for the
     requests replay.shapes_step builds (a chunk ends its prompt; a decode row's request holds
-    start + 1 tokens; no history). replay.shapes writes the scheduler's own shape; this is the
+    start + 1 tokens, one of them a confirmed output: a `hist` decode row has a history of 1).
+    replay.shapes writes the scheduler's own shape; this is the
     grid's view of it (tests check the two agree)."""
-    n_pf = pf_tok = dec_tok = drafts = kv = pairs = ctx = new = 0
+    n_pf = pf_tok = dec_tok = drafts = kv = pairs = ctx = new = hist = 0
     longest = 0
     for e in entries:
         n, s = e.n, e.start
@@ -195,6 +205,7 @@ def batch_shape(entries: Sequence[Entry]) -> dict[str, int]:
             dec_tok += n
             drafts += e.drafts
             ctx += s + 1
+            hist += e.hist
         kv += s + n
         pairs += n * s + n * (n + 1) // 2
         longest = max(longest, s + n)
@@ -207,7 +218,7 @@ def batch_shape(entries: Sequence[Entry]) -> dict[str, int]:
         "kv_read_tokens": kv,
         "attn_pairs": pairs,
         "max_kv_tokens": longest,
-        "history_tokens": 0,
+        "history_tokens": hist,
         "context_tokens": ctx,
         "new_reqs": new,
         "finished_reqs": 0,
@@ -312,9 +323,14 @@ class _Grid:
         return [int(v) for v in np.clip(np.round(x), 2, hi)]
 
 
-def _dec(ctx: int, drafts: int = 0) -> Entry:
+def _dec(ctx: int, drafts: int = 0, hist: bool = False) -> Entry:
     """A decode row whose step reads `ctx` tokens of KV (its verified drafts included)."""
-    return Entry(ctx - 1 - drafts, 1 + drafts, False, drafts)
+    return Entry(ctx - 1 - drafts, 1 + drafts, False, drafts, hist=hist)
+
+
+def history_rows(entries: Sequence[Entry]) -> int:
+    """Rows whose sampling needs the output history (the file's `history_rows`)."""
+    return sum(e.hist for e in entries)
 
 
 def _ax(name: str, values: Sequence[int], v: int) -> tuple[str, int, int, int]:
@@ -368,6 +384,25 @@ def _decode(g: _Grid) -> None:
             g.add("decode+long", [_dec(SHORT_CONTEXT, k)] * (b - 1) + [_dec(long, k)])
     for b in (16, 64, 128, 256):
         g.add("decode(spread)", [_dec(c, k) for c in g.contexts(b, *SPREAD_CONTEXTS)])
+    _history(g, bs_axis, ctx_axis)
+
+
+def _history(g: _Grid, bs_axis: Sequence[int], ctx_axis: Sequence[int]) -> None:
+    """decode(history), decode(history mix): decode-family cells in the cache (their pair
+    without history is in the grid) with history rows."""
+    k = g.lim.spec_k
+    buckets = [b for b in g.lim.decode_buckets() if b <= g.lim.max_seqs]
+    contexts = [c for c in HISTORY_CONTEXTS if c in ctx_axis]
+    for b in buckets:
+        for c in contexts:
+            axes = [_ax("batch", buckets, b), _ax("context", contexts, c)]
+            if g.in_cache([_dec(c, k)] * b) and b in bs_axis:
+                g.add("decode(history)", [_dec(c, k, hist=True)] * b, axes)
+    for b, c in HISTORY_MIX:
+        if b > g.lim.max_seqs or c not in ctx_axis or not g.in_cache([_dec(c, k)] * b):
+            continue
+        g.add("decode(history mix)", [_dec(c, k, hist=i % 2 == 0) for i in range(b)])
+        g.add("decode(history mix)", [_dec(c, k, hist=i == 0) for i in range(b)])
 
 
 def _mixed(g: _Grid) -> None:

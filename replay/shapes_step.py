@@ -7,7 +7,9 @@ context is already "in the KV cache" and lets the engine's own scheduler build t
   (the block manager's `allocate`; a batch needing more blocks than the cache has gets block
   ids that repeat, outside the manager's accounting: `wrapped`). A decode row has a prompt of
   `start` tokens and one confirmed output (its step feeds that token and its drafts); a prefill
-  chunk ends its prompt. KV contents are whatever the cache holds.
+  chunk ends its prompt. KV contents are whatever the cache holds. A `hist` row's request needs
+  its output history (`needs_history`): `hold_slot` sets its sampler history (prompt mask and
+  output counts) up as a run's first step does, and its step samples with the penalties.
 - rows that ran before this step hold a slot (`Engine.hold_slot`: the device state a first step
   sets up, outside the timing) and, speculative decoding, their drafts: `draft_hint` for the
   policy, and on ngram-cpu the draft ids; ngram-gpu reads its device draft table (-1 there: no
@@ -246,9 +248,9 @@ def _add(engine: Engine, e: Entry, i: int, rng: np.random.Generator) -> Request:
     confirmed output, room for its drafts and one more output. A chunk: a prompt that it ends,
     one output to come."""
     if e.prefill:
-        inp = RequestInput(f"shape-{i}", e.start + e.n, 1)
+        inp = RequestInput(f"shape-{i}", e.start + e.n, 1, needs_history=e.hist)
     else:
-        inp = RequestInput(f"shape-{i}", e.start, e.drafts + 2)
+        inp = RequestInput(f"shape-{i}", e.start, e.drafts + 2, needs_history=e.hist)
     try:
         idx = engine.add_request(inp, arrival_ns=0)
     except ValueError as err:

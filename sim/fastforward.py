@@ -140,6 +140,7 @@ class _Costs:
         self.decode_fns = [*phases, cost.gpu_decode_ms_fn(), *rest]
         self._const: dict[Any, list[Any]] = {}
         self._quick: dict[Any, bool] = {}
+        self._spread = loop.spread is not None  # per-step phase times: never the quick block
 
     def const(self, shape: _Shape, key: Any = None) -> list[Any]:
         """For a decode of shape.num_reqs requests, per function: its value (the same at every
@@ -158,7 +159,7 @@ class _Costs:
                 else:
                     out.append(fn(shape) / 1e3 if i < self.NUM_MS else fn(shape))
             self._const[key] = out
-            self._quick[key] = quick_costs(out)
+            self._quick[key] = quick_costs(out) and not self._spread
         return out
 
     def quick(self, key: Any) -> bool:
@@ -374,6 +375,17 @@ class FastForward:
         po_a = [loop.cost.alloc_objects(P.PROCESS_OUTPUTS, p.batch.shape) for p in old]
         old_end = [p.gpu_end_s for p in old]
         old_step = [p.step for p in old]
+        # the CPU spread (sim.cost.spread): per-step multipliers, read from its window; the
+        # quick block assumes constant phase times, so with a spread only the general one runs
+        spread = loop.spread
+        m_sched = m_prep = m_launch = m_sample = m_draft = m_po = 1.0
+        w_sched = w_prep = w_launch = w_sample = w_draft = w_po = [1.0]
+        jlo = 0
+        if spread is not None:
+            spread.ensure(min([s0, *old_step]), s0 + MAX_SEGMENT_STEPS)
+            w_sched, w_prep, w_launch, w_sample, w_draft, w_po = spread.window
+            jlo = spread.lo
+            po_s = [x * w_po[st - jlo] for x, st in zip(po_s, old_step)]
         next_arrival_s = loop.next_arrival_s()
         cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
         idle_scale, idle_min_s = loop.cost.idle_start_scale, loop.cost.idle_start_min_s
@@ -492,7 +504,7 @@ class FastForward:
                     c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
                     a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
                 ) = vals = costs.all(mx)  # fmt: skip
-                quick = quick_costs(vals)
+                quick = quick_costs(vals) and spread is None
                 if changed:
                     sh.set_decode(b)
                     const = costs.const(sh)
@@ -551,9 +563,13 @@ class FastForward:
                 draft1.append(cpu)
                 po_s.append(c_po)
                 po_a.append(a_po)
-            else:  # the same, for any cost profile
+            else:  # the same, for any cost profile (and the CPU spread's multipliers)
+                if spread is not None:  # x 1.0 leaves a time unchanged, bit for bit
+                    j = step - jlo
+                    m_sched, m_prep, m_launch = w_sched[j], w_prep[j], w_launch[j]
+                    m_sample, m_draft, m_po = w_sample[j], w_draft[j], w_po[j]
                 sched0.append(cpu)
-                cpu += c_sched if c_sched is not None else f_sched(cur) / 1e3
+                cpu += (c_sched if c_sched is not None else f_sched(cur) / 1e3) * m_sched
                 a = a_sched if a_sched is not None else fa_sched(cur)
                 if a > 0:
                     pause = gc_allocate(a)
@@ -561,7 +577,7 @@ class FastForward:
                         pause_at((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
                         cpu += pause
                 sched1.append(cpu)
-                cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
+                cpu += (c_prep if c_prep is not None else f_prep(cur) / 1e3) * m_prep
                 a = a_prep if a_prep is not None else fa_prep(cur)
                 if a > 0:
                     pause = gc_allocate(a)
@@ -570,7 +586,7 @@ class FastForward:
                         cpu += pause
                 prep1.append(cpu)
                 launch0 = cpu
-                cpu += c_launch if c_launch is not None else f_launch(cur) / 1e3
+                cpu += (c_launch if c_launch is not None else f_launch(cur) / 1e3) * m_launch
                 a = a_launch if a_launch is not None else fa_launch(cur)
                 if a > 0:
                     pause = gc_allocate(a)
@@ -598,7 +614,7 @@ class FastForward:
                 g_start.append(start)
                 g_counts.append(counts)
                 g_end.append(gpu_free)
-                cpu += c_sample if c_sample is not None else f_sample(cur) / 1e3
+                cpu += (c_sample if c_sample is not None else f_sample(cur) / 1e3) * m_sample
                 a = a_sample if a_sample is not None else fa_sample(cur)
                 if a > 0:
                     pause = gc_allocate(a)
@@ -606,7 +622,7 @@ class FastForward:
                         pause_at((cpu, pause, gc.last_generation, P.SAMPLE, step))
                         cpu += pause
                 sample1.append(cpu)
-                cpu += c_draft if c_draft is not None else f_draft(cur) / 1e3
+                cpu += (c_draft if c_draft is not None else f_draft(cur) / 1e3) * m_draft
                 a = a_draft if a_draft is not None else fa_draft(cur)
                 if a > 0:
                     pause = gc_allocate(a)
@@ -614,7 +630,7 @@ class FastForward:
                         pause_at((cpu, pause, gc.last_generation, P.DRAFT, step))
                         cpu += pause
                 draft1.append(cpu)
-                po_s.append(c_po if c_po is not None else f_po(cur) / 1e3)
+                po_s.append((c_po if c_po is not None else f_po(cur) / 1e3) * m_po)
                 po_a.append(a_po if a_po is not None else fa_po(cur))
             # ---- complete_step of the oldest pass in flight
             if k < nd:

@@ -35,6 +35,7 @@ from core.runfmt import RunRecorder
 from core.shape import BatchShape
 from sim.acceptance import AcceptanceModel
 from sim.cost import CostModel
+from sim.cost.spread import PhaseSpread, phase_spread
 from sim.gcmodel import GCModel
 from sim.stream import gpu_pass
 
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 Event = simpy.events.Event
 _EMPTY = BatchShape()
 _INF = float("inf")
+_PHASE_INDEX = {p: i for i, p in enumerate(P.CPU_PHASES)}
 
 
 @dataclass(slots=True)
@@ -75,9 +77,11 @@ class SimLoop:
         *,
         fast_forward: bool = True,
         check_invariants: bool = False,
+        stream: int = 0,
     ) -> None:
         """`fast_forward`: compute runs of identical decode steps in bulk (same result);
-        `check_invariants`: check the policy's invariants after every step (tests, debugging)."""
+        `check_invariants`: check the policy's invariants after every step (tests, debugging);
+        `stream`: this replica's stream of CPU phase multipliers (sim.cost.spread)."""
         self.cfg = cfg
         self.sched = sched
         self.cost = cost
@@ -108,6 +112,8 @@ class SimLoop:
         self._spec = cfg.spec.enabled
         self._wait_for_counts = self._spec and not cfg.optimistic_spec_decode
         self._cpu_ngram = cfg.spec.method == "ngram-cpu"
+        # the profile's measured CPU spread: one multiplier per (step, phase), None without
+        self.spread: PhaseSpread | None = phase_spread(cost.profile, cfg.seed, stream)
         # Runs of decode steps in bulk (sim/fastforward.py), with own arrivals only: behind a
         # router the next submit is unknown. Drafts vary per step, so none with spec decoding:
         # its steps are fused instead (sim/specstep.py), whoever feeds the replica.
@@ -170,7 +176,7 @@ class SimLoop:
         if len(self.sched.running) > self.peak_running:
             self.peak_running = len(self.sched.running)
         shape = batch.shape if batch is not None else _EMPTY
-        t = self._phase_time(P.SCHEDULE, shape)
+        t = self._phase_time(P.SCHEDULE, shape, self.rec.num_steps)
         if batch is None:
             return False  # an empty schedule still costs the scan
         rec = self.rec
@@ -252,12 +258,16 @@ class SimLoop:
             self.rec.accepted(step, accepted)
 
     # ---- CPU time ---------------------------------------------------------------------------
-    def _phase_time(self, phase: str, shape: BatchShape) -> float:
-        """Advance the CPU clock by one phase (and any GC pause it triggers); returns the end."""
+    def _phase_time(self, phase: str, shape: BatchShape, step: int) -> float:
+        """Advance the CPU clock by one phase of `step` (and any GC pause it triggers); returns
+        the end. With a CPU spread the phase's seconds are scaled by the step's multiplier."""
         ms = self.cost.cpu_phase_ms(phase, shape)
         if phase == P.LAUNCH:
             ms += self.cost.launch_ms(shape, self._graphs)
-        self.cpu_s += ms / 1e3
+        if self.spread is None:
+            self.cpu_s += ms / 1e3
+        else:
+            self.cpu_s += ms / 1e3 * self.spread.at(_PHASE_INDEX[phase], step)
         pause_s = self.gc.allocate(self.cost.alloc_objects(phase, shape))
         if pause_s:
             self.rec.gc_pause(self.cpu_s, pause_s, self.gc.last_generation, phase)
@@ -266,7 +276,7 @@ class SimLoop:
 
     def _run_phase(self, step: int, phase: str, shape: BatchShape) -> float:
         t0 = self.cpu_s
-        t = self._phase_time(phase, shape)
+        t = self._phase_time(phase, shape, step)
         self.rec.phase(step, phase, t0, t)
         return t
 

@@ -415,6 +415,17 @@ class _Segment:
         po_s = [loop.cost.cpu_phase_ms(P.PROCESS_OUTPUTS, p.batch.shape) / 1e3 for p in old]
         po_a = [loop.cost.alloc_objects(P.PROCESS_OUTPUTS, p.batch.shape) for p in old]
         old_step = [p.step for p in old]
+        # the CPU spread (sim.cost.spread): per-step multipliers, read from its window; the
+        # quick block assumes constant phase times, so with a spread only the general one runs
+        spread = loop.spread
+        m_sched = m_prep = m_launch = m_sample = m_draft = m_po = 1.0
+        w_sched = w_prep = w_launch = w_sample = w_draft = w_po = [1.0]
+        jlo = 0
+        if spread is not None:
+            spread.ensure(min([s0, *old_step]), s0 + MAX_SEGMENT_STEPS)
+            w_sched, w_prep, w_launch, w_sample, w_draft, w_po = spread.window
+            jlo = spread.lo
+            po_s = [x * w_po[st - jlo] for x, st in zip(po_s, old_step)]
         old_end = [p.gpu_end_s for p in old]
         last_counts = old[-1].counts_s if old else 0.0
         for p in old:
@@ -559,7 +570,7 @@ class _Segment:
                     c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
                     a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
                 ) = vals = costs.all(mx)  # fmt: skip
-                quick = quick_costs(vals)
+                quick = quick_costs(vals) and spread is None
                 cur = mx
                 reload = True  # the next verify step takes its constants again
             else:
@@ -635,9 +646,13 @@ class _Segment:
                 draft1.append(cpu)
                 po_s.append(c_po)
                 po_a.append(a_po)
-            else:  # the same, for any cost profile
+            else:  # the same, for any cost profile (and the CPU spread's multipliers)
+                if spread is not None:  # x 1.0 leaves a time unchanged, bit for bit
+                    j = step - jlo
+                    m_sched, m_prep, m_launch = w_sched[j], w_prep[j], w_launch[j]
+                    m_sample, m_draft, m_po = w_sample[j], w_draft[j], w_po[j]
                 sched0.append(cpu)
-                cpu += c_sched if c_sched is not None else f_sched(cur) / 1e3
+                cpu += (c_sched if c_sched is not None else f_sched(cur) / 1e3) * m_sched
                 a = a_sched if a_sched is not None else fa_sched(cur)
                 if a > 0:
                     pause = gc_allocate(a)
@@ -654,7 +669,7 @@ class _Segment:
                         sync1.append(cpu)
                 if wait_counts:
                     prep0.append(cpu)
-                cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
+                cpu += (c_prep if c_prep is not None else f_prep(cur) / 1e3) * m_prep
                 a = a_prep if a_prep is not None else fa_prep(cur)
                 if a > 0:
                     pause = gc_allocate(a)
@@ -663,7 +678,7 @@ class _Segment:
                         cpu += pause
                 prep1.append(cpu)
                 launch0 = cpu
-                cpu += c_launch if c_launch is not None else f_launch(cur) / 1e3
+                cpu += (c_launch if c_launch is not None else f_launch(cur) / 1e3) * m_launch
                 a = a_launch if a_launch is not None else fa_launch(cur)
                 if a > 0:
                     pause = gc_allocate(a)
@@ -691,7 +706,7 @@ class _Segment:
                 g_start.append(start)
                 g_counts.append(counts)
                 g_end.append(gpu_free)
-                cpu += c_sample if c_sample is not None else f_sample(cur) / 1e3
+                cpu += (c_sample if c_sample is not None else f_sample(cur) / 1e3) * m_sample
                 a = a_sample if a_sample is not None else fa_sample(cur)
                 if a > 0:
                     pause = gc_allocate(a)
@@ -706,7 +721,7 @@ class _Segment:
                     sync1.append(cpu)
                 if cpu_ngram:
                     draft0.append(cpu)
-                cpu += c_draft if c_draft is not None else f_draft(cur) / 1e3
+                cpu += (c_draft if c_draft is not None else f_draft(cur) / 1e3) * m_draft
                 a = a_draft if a_draft is not None else fa_draft(cur)
                 if a > 0:
                     pause = gc_allocate(a)
@@ -714,7 +729,7 @@ class _Segment:
                         pause_at((cpu, pause, gc.last_generation, P.DRAFT, step))
                         cpu += pause
                 draft1.append(cpu)
-                po_s.append(c_po if c_po is not None else f_po(cur) / 1e3)
+                po_s.append((c_po if c_po is not None else f_po(cur) / 1e3) * m_po)
                 po_a.append(a_po if a_po is not None else fa_po(cur))
             # ---- complete_step of the oldest pass in flight
             t = old_end[k] if k < nd else g_end[k - nd]

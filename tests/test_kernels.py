@@ -515,12 +515,14 @@ def test_kernels_lower_to_sm90_cubin():
                 block_tables_ptr="*i32", scale_log2="fp32", num_tokens=i32, num_seqs=i32,
                 min_tiles=i32, stride_q_t=i32, stride_q_h=i32, stride_o_t=i32, stride_o_h=i32,
                 stride_bt=i32, stride_cache_block=i32)  # fmt: skip
-    for block_m, head_dim, splits, decode_splits in [
-        (16, 128, 1, 1), (64, 128, 1, 1), (16, 64, 4, 1), (64, 128, 1, 8), (64, 64, 1, 2)
+    for block_m, head_dim, splits, decode_splits, flat in [
+        (16, 128, 1, 1, 0), (64, 128, 1, 1, 0), (16, 64, 4, 1, 0), (64, 128, 1, 8, 0),
+        (64, 64, 1, 2, 0), (64, 128, 1, 1, 256), (64, 128, 1, 8, 256),  # flat: mixed graphs
     ]:  # fmt: skip
         consts = dict(NUM_Q_HEADS=32, NUM_KV_HEADS=8, GROUP=4, HEAD_DIM=head_dim,
                       DIM_PAD=head_dim, BLOCK_SIZE=16, BLOCK_M=block_m, BLOCK_Q=block_m // 4,
-                      BLOCK_N=64, NUM_SPLITS=splits, DECODE_SPLITS=decode_splits)  # fmt: skip
+                      BLOCK_N=64, NUM_SPLITS=splits, DECODE_SPLITS=decode_splits,
+                      FLAT_SEQS=flat)  # fmt: skip
         _compile_sm90(mods["paged_attention"]._paged_attention_kernel, attn, consts)
     reduce = dict(part_acc_ptr=f32, part_ml_ptr=f32, out_ptr=bf16, query_start_loc_ptr="*i32",
                   seq_lens_ptr="*i32", num_seqs=i32, num_tokens=i32, min_tiles=i32,

@@ -30,6 +30,13 @@ DEFAULTS: dict[str, Any] = {
         # (2026-11-26, llama3.2-1b, 20-40 % faster at batches under 32, in one run and across
         # depths 1-3; the mechanism is not known). 1.0 = no effect; `replay calibrate` fits it.
         "idle_start": {"scale": 1.0, "min_idle_ms": 0.05},
+        # Sampling penalties (engine.sampler.sample_graph): a pure decode step with any row
+        # whose sampling needs the output history (history_tokens > 0, penalties on) replays
+        # the decode graph's penalties variant, which applies them to every row of the bucket
+        # (a vocab-wide gather and a few elementwise passes per row): `ms` + `ms_per_row` x
+        # the graph's rows (eager: the batch's rows). 0 = free; `replay calibrate` fits it
+        # from a sweep's decode(history) rows against their pairs without history.
+        "history": {"ms": 0.0, "ms_per_row": 0.0},
         # Analytic roofline over core/models.py shapes and core/gpus.py datasheet ceilings.
         "roofline": {
             # Decode at batch 1 reaches ~70-85% of HBM bandwidth (vLLM/TRT-LLM Llama-8B H100

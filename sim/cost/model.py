@@ -24,7 +24,7 @@ from typing import Any
 
 from core.config import Config
 from core.gpus import get_gpu
-from core.graph_buckets import mixed_graph_rows, mixed_graph_tokens
+from core.graph_buckets import decode_graph_rows, mixed_graph_rows, mixed_graph_tokens
 from core.models import get_model, with_context
 from core.phases import CPU_PHASES
 from core.shape import BatchShape
@@ -76,6 +76,7 @@ class CostModel:
             plain, derived_v = self._gpu_decode, self._decode_derived(verify, where)
             checked = self._gpu_fn(verify, gpu_extra, derived_v)
             self._gpu_decode = lambda s: checked(s) if s.draft_tokens else plain(s)
+        self._gpu_decode = self._with_history(self._gpu_decode, prof["gpu_pass"]["history"])
         # `cuda_graphs_mixed` (engine.mixed_graphs): steps with a prefill replay a graph
         # captured for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
         # per-token time (no attention: they belong to no sequence). The graph also computes
@@ -214,6 +215,34 @@ class CostModel:
             return self.roofline
         roof, add = self.roofline, compile_linear(extra)
         return lambda s: roof(s) + add(s)
+
+    def _with_history(self, decode: LinearFn, params: Mapping[str, Any]) -> LinearFn:
+        """`decode` plus the penalties of steps with needs-history rows (defaults.py
+        `gpu_pass.history`): all or nothing per step, as the engine picks the graph variant,
+        and per padded graph row. Unchanged (history_tokens never read, so the fast-forward's
+        per-batch-size constants stay) when the term is 0 or the sampling has no penalties."""
+        fixed_ms, per_row_ms = float(params["ms"]), float(params["ms_per_row"])
+        c, sp = self.config, self.config.sampling
+        neutral = (
+            sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0 and sp.presence_penalty == 0
+        )
+        if neutral or (fixed_ms == 0 and per_row_ms == 0):
+            return decode
+        q = 1 + (c.spec.k if c.spec.enabled else 0)
+        cap = max(c.max_num_batched_tokens, c.max_num_seqs)  # engine.graphs: its input rows
+
+        def rows(s: BatchShape) -> int:
+            if self.graphed(s, c.cuda_graphs):
+                return decode_graph_rows(s.num_reqs, c.max_num_seqs, cap, q)
+            return s.num_reqs
+
+        def with_history(s: BatchShape) -> float:
+            base = decode(s)
+            if s.history_tokens <= 0:
+                return base
+            return base + fixed_ms + per_row_ms * rows(s)
+
+        return with_history
 
     def _decode_derived(self, decode: Mapping[str, Any], where: str | None) -> Derived:
         """`program_keys` (sim.cost.splits) if the decode model uses it: needs the GPU's SMs."""

@@ -25,6 +25,7 @@ from core.phases import CPU_PHASES
 from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
 from .envelope import EnvelopeError, check_envelope
 from .linear import DECODE_TERMS, LINEAR_TERMS, MAX_KEY, MIXED_TERMS
+from .spread import SPREAD_KEY, SpreadError, check_spread
 from .table import NONLINEAR_KEYS, TABLE_KEY, TableError, check_spline, check_table
 from .terms import TERM_NAMES
 
@@ -34,7 +35,15 @@ class ProfileError(ConfigError):
 
 
 META_STR_KEYS = ("gpu", "model", "dtype", "date", "notes")
-PARAM_TABLES = ("gpu_pass.roofline", "gpu_pass.idle_start", "launch", "ngram_gpu", "sync_wait")
+PARAM_TABLES = (
+    "gpu_pass.roofline",
+    "gpu_pass.idle_start",
+    "gpu_pass.history",
+    "launch",
+    "ngram_gpu",
+    "sync_wait",
+)
+GPU_PARAM_TABLES = ("roofline", "idle_start", "history")  # gpu_pass's, merged key by key
 GPU_FIT_KINDS = ("decode", "mixed", "verify")
 EFFICIENCY_KEYS = ("mem_efficiency", "matmul_efficiency", "attn_efficiency", "scale")
 TOP_KEYS = (
@@ -44,6 +53,7 @@ TOP_KEYS = (
     "gpu_pass",
     "launch",
     "cpu_phases",
+    SPREAD_KEY,
     "terms",
     "ngram_gpu",
     "sync",
@@ -154,6 +164,18 @@ def _check_gc(where: str, value: Any) -> None:
                 raise _fail(where, f"gc.{k}[{g}]", f"must be >= 0, got {x!r}")
 
 
+def _check_spread(where: str, value: Any) -> None:
+    """`cpu_spread`: per CPU phase, a quantile table of measured / predicted (sim.cost.spread)."""
+    table = _table(where, SPREAD_KEY, value)
+    _known(where, f"{SPREAD_KEY}.", table, CPU_PHASES)
+    for phase, t in table.items():
+        try:
+            check_spread(t)
+        except SpreadError as e:
+            key = f"{SPREAD_KEY}.{phase}" + (f".{e.key}" if e.key else "")
+            raise _fail(where, key, e.why) from None
+
+
 def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any]:
     """Check a (partial) profile; return it unchanged. Raises ProfileError naming the key."""
     where = f" '{path}'" if path is not None else ""
@@ -171,8 +193,8 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
         raise _fail(where, "source_runs", f"expected a list of strings, got {runs!r}")
     if "gpu_pass" in prof:
         gp = _table(where, "gpu_pass", prof["gpu_pass"])
-        _known(where, "gpu_pass.", gp, ("roofline", "idle_start", *GPU_FIT_KINDS))
-        for table in ("roofline", "idle_start"):
+        _known(where, "gpu_pass.", gp, (*GPU_PARAM_TABLES, *GPU_FIT_KINDS))
+        for table in GPU_PARAM_TABLES:
             if table in gp:
                 _check_params(where, f"gpu_pass.{table}", gp[table])
         for kind in ("decode", "verify"):
@@ -191,6 +213,8 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
     ):
         if key in prof:
             _check_linear_map(where, key, prof[key], names)
+    if SPREAD_KEY in prof:
+        _check_spread(where, prof[SPREAD_KEY])
     if "sync" in prof:
         _check_linear(where, "sync", prof["sync"])
     if "gc" in prof:
@@ -211,11 +235,11 @@ def merge_profile(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str,
             gp = out.setdefault("gpu_pass", {})
             for sub, v in value.items():
                 fit = json.loads(json.dumps(v))  # a max form holds a list: copy it too
-                params = sub in ("roofline", "idle_start")  # parameter tables: key by key
+                params = sub in GPU_PARAM_TABLES  # parameter tables: key by key
                 gp[sub] = {**gp.get(sub, {}), **v} if params else fit
         elif key in ("launch", "ngram_gpu", "gc", "sync_wait"):
             out[key] = {**out.get(key, {}), **value}
-        elif key in ("cpu_phases", "alloc_objects", "terms", "alloc_terms"):
+        elif key in ("cpu_phases", "alloc_objects", "terms", "alloc_terms", SPREAD_KEY):
             out[key] = {**out.get(key, {}), **{n: dict(m) for n, m in value.items()}}
         else:
             out[key] = json.loads(json.dumps(value))

@@ -119,7 +119,9 @@ class _Fleet:
             env, reqs = self.env, self.requests
             if self.split and n > 1:
                 env, reqs = simpy.Environment(), [self.requests[i] for i in self.rows[r].tolist()]
-            loop = SimLoop(cfg, sched, cost, rec, reqs, self.accept, gc, self._tick, env=env)
+            loop = SimLoop(
+                cfg, sched, cost, rec, reqs, self.accept, gc, self._tick, env=env, stream=r
+            )  # stream: each replica draws its own CPU spread (sim.cost.spread)
             self.recorders.append(rec)
             self.loops.append(loop)
 

@@ -1,0 +1,146 @@
+"""Measured spread of the CPU phases: per-step multipliers drawn from a seeded stream.
+
+A phase's linear model (sim.cost.model) gives its mean time for a batch shape; a real host
+takes more or less from one step to the next (cache misses, the allocator, interrupts, another
+thread). Profile key `cpu_spread.<phase>` describes that spread as the distribution of
+measured / predicted time, a quantile table:
+
+    {"p": [0.0, 0.01, ..., 0.999, 1.0], "ratio": [r0, r1, ..., rn]}
+
+p strictly increasing from 0 to 1, ratio non-decreasing and >= 0: the inverse CDF, linear
+between the points (so a heavy tail is the last segments: p 0.99 -> 0.999 -> 1). The
+simulator multiplies the phase's time of step i (launch: with launch_ms; not its GC pause) by
+ratio(u), u uniform in [0, 1), one u per (step, phase). `replay calibrate` writes the table
+normalised to mean 1 (`mean_ratio`), so the phase's mean stays the linear model's.
+
+The multipliers of a phase come in blocks of BLOCK_STEPS steps, block b drawn from its own
+`numpy.random.Generator` seeded with (config seed, stream, phase index, b): the multiplier of
+(step, phase) is a function of those alone, never of the order in which the step loop and the
+fast-forwards (sim.fastforward, sim.specforward) ask for it, so both see the same value and
+stay bit-identical. `stream` tells replicas behind a router apart. No `cpu_spread` (the
+default): no multiplier, the simulator's arithmetic is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from core.phases import CPU_PHASES
+
+if TYPE_CHECKING:
+    import numpy as np
+
+SPREAD_KEY = "cpu_spread"
+BLOCK_STEPS = 1 << 16
+
+
+class SpreadError(ValueError):
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+        self.key = key
+        self.why = why
+
+
+def _numbers(key: str, value: Any) -> list[float]:
+    if not isinstance(value, list) or len(value) < 2:
+        raise SpreadError(key, f"expected a list of 2 or more numbers, got {value!r}")
+    out = []
+    for i, x in enumerate(value):
+        ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+        if not ok:
+            raise SpreadError(f"{key}[{i}]", f"expected a finite number, got {x!r}")
+        out.append(float(x))
+    return out
+
+
+def check_spread(value: Any) -> None:
+    """One phase's table; SpreadError names the sub-key (`p`, `ratio`, `p[3]`)."""
+    if not isinstance(value, dict):
+        raise SpreadError("", f"expected an object with keys 'p' and 'ratio', got {value!r}")
+    for k in value:
+        if k not in ("p", "ratio"):
+            raise SpreadError(str(k), "unknown key, expected one of ['p', 'ratio']")
+    for k in ("p", "ratio"):
+        if k not in value:
+            raise SpreadError(k, "missing")
+    p, ratio = _numbers("p", value["p"]), _numbers("ratio", value["ratio"])
+    if len(p) != len(ratio):
+        raise SpreadError("ratio", f"expected {len(p)} numbers (one per p), got {len(ratio)}")
+    if p[0] != 0.0 or p[-1] != 1.0:
+        raise SpreadError("p", f"must run from 0 to 1, got {p[0]!r} .. {p[-1]!r}")
+    for i in range(1, len(p)):
+        if not p[i] > p[i - 1]:
+            raise SpreadError(f"p[{i}]", f"must be above p[{i - 1}] ({p[i - 1]!r}), got {p[i]!r}")
+        if ratio[i] < ratio[i - 1]:
+            raise SpreadError(f"ratio[{i}]", f"must be >= ratio[{i - 1}], got {ratio[i]!r}")
+    if ratio[0] < 0:
+        raise SpreadError("ratio[0]", f"must be >= 0, got {ratio[0]!r}")
+
+
+def mean_ratio(table: Mapping[str, Any]) -> float:
+    """The mean multiplier: the integral of the piecewise-linear inverse CDF."""
+    import numpy as np
+
+    p, r = np.asarray(table["p"], np.float64), np.asarray(table["ratio"], np.float64)
+    return float(np.sum(np.diff(p) * (r[1:] + r[:-1]) / 2))
+
+
+def draw(table: Mapping[str, Any], u: np.ndarray) -> np.ndarray:
+    """Multipliers for uniforms `u` in [0, 1): the table's inverse CDF."""
+    import numpy as np
+
+    return np.interp(u, table["p"], table["ratio"])
+
+
+class PhaseSpread:
+    """Per-step multipliers of the CPU phases, for one replica's step loop.
+
+    `window[i]` is the list of multipliers of CPU_PHASES[i] for steps lo .. hi - 1 (phases
+    without a table: 1.0); `ensure(first, last)` moves the window to cover those steps (whole
+    blocks, the earlier ones dropped). The loops index it as `window[i][step - lo]`."""
+
+    def __init__(self, spread: Mapping[str, Any], seed: int, stream: int = 0) -> None:
+        self.tables = [spread.get(phase) for phase in CPU_PHASES]
+        self.key = (int(seed), int(stream))
+        self.lo = self.hi = 0
+        self.window: list[list[float]] = [[] for _ in CPU_PHASES]
+        self._blocks: dict[tuple[int, int], list[float]] = {}
+
+    def _block(self, i: int, b: int) -> list[float]:
+        got = self._blocks.get((i, b))
+        if got is None:
+            table = self.tables[i]
+            if table is None:
+                got = [1.0] * BLOCK_STEPS
+            else:
+                import numpy as np
+
+                rng = np.random.default_rng([*self.key, i, b])
+                got = draw(table, rng.random(BLOCK_STEPS)).tolist()
+            self._blocks[(i, b)] = got
+        return got
+
+    def ensure(self, first: int, last: int) -> None:
+        """Cover steps first .. last (inclusive)."""
+        if self.lo <= first and last < self.hi:
+            return
+        b0, b1 = first // BLOCK_STEPS, last // BLOCK_STEPS
+        self._blocks = {k: v for k, v in self._blocks.items() if b0 <= k[1] <= b1}
+        for i in range(len(CPU_PHASES)):
+            self.window[i] = [x for b in range(b0, b1 + 1) for x in self._block(i, b)]
+        self.lo, self.hi = b0 * BLOCK_STEPS, (b1 + 1) * BLOCK_STEPS
+
+    def at(self, i: int, step: int) -> float:
+        """The multiplier of CPU_PHASES[i] at `step`."""
+        if not self.lo <= step < self.hi:
+            # the loop moves forward; a process_outputs looks back at most the depth
+            self.ensure(max(0, step - 64), step)
+        return self.window[i][step - self.lo]
+
+
+def phase_spread(profile: Mapping[str, Any], seed: int, stream: int = 0) -> PhaseSpread | None:
+    """The multipliers of a resolved profile's `cpu_spread`, or None when it has none."""
+    spread = profile.get(SPREAD_KEY) or {}
+    return PhaseSpread(spread, seed, stream) if spread else None
