@@ -428,6 +428,8 @@ def _meta_fn(
 ) -> Callable[[], dict[str, Any]]:
     """The file's metadata, built when written (rows and stats grow during the sweep); `cut`:
     repeats, budget_s, points."""
+    from replay.shapes_step import SCATTER_MAX_BLOCKS as scatter_max
+
     repeats, budget_s, points = cut
     import torch
 
@@ -450,6 +452,8 @@ def _meta_fn(
         "attn_backend": engine.model.attn_backend,
         "cuda_graphs": engine.graphs is not None,
         "graph_buckets": list(engine.graphs.buckets) if engine.graphs is not None else [],
+        # the KV block ids the synthetic batches read (replay.shapes_step.give_blocks)
+        "kv_layout": "scattered" if engine.num_kv_blocks <= scatter_max else "consecutive",
         "graphs_sample": bool(engine.graphs is not None and engine.graphs.samples),
         "spec": {"method": cfg.spec.method, "k": cfg.spec.k if cfg.spec.enabled else 0},
         "torch": torch.__version__,
