@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sysconfig
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import SHARED_TRACES, needs_shared
 
 from core.cli import UsageError
 from core.trace import TokenLists, TraceError, make_trace, read_trace, write_trace
@@ -20,14 +20,6 @@ from sim.workloads.servegen import servegen_trace
 from sim.workloads.stats import prefix_reuse, trace_stats
 from sim.workloads.synth import SynthSpec, synthesize
 from sim.workloads.textids import ngram_accepted, stdlib_sources
-
-# the public source data as traces/build.py finds it: $BUBBLESIM_SHARED, else the repository's
-# own shared/ when it has one, else the shared/ folder beside the repository
-_ROOT = Path(__file__).resolve().parents[1]
-_SHARED_ROOT = next(
-    (p for p in (_ROOT / "shared", _ROOT.parent / "shared") if p.is_dir()), _ROOT.parent / "shared"
-)
-SHARED = Path(os.environ.get("BUBBLESIM_SHARED") or _SHARED_ROOT) / "traces"
 
 
 def rate_and_cv(t: np.ndarray) -> tuple[float, float]:
@@ -281,13 +273,14 @@ def test_servegen_generator_on_a_fixture(tmp_path: Path) -> None:
         servegen_trace(d, seed=1, start_s=86_000, duration_s=600)
 
 
-@pytest.mark.skipif(
-    not (SHARED / "servegen_deepseek_r1").is_dir(),
-    reason=f"public source data not found: {SHARED} (set BUBBLESIM_SHARED)",
-)
+@needs_shared("servegen_deepseek_r1")
 def test_servegen_real_tables() -> None:
     t = servegen_trace(
-        SHARED / "servegen_deepseek_r1", seed=0, start_s=43_200, duration_s=120, rate_scale=0.1
+        SHARED_TRACES / "servegen_deepseek_r1",
+        seed=0,
+        start_s=43_200,
+        duration_s=120,
+        rate_scale=0.1,
     )
     assert 50 < len(t) < 600
     assert t.output_len.max() <= 32_768 and t.history_mask().all()
