@@ -1,4 +1,4 @@
-"""The one config read by `sim` and `replay` (DESIGN.md Contract 2).
+"""The one config read by `sim` and `replay` (docs/contracts.md Contract 2).
 
 A config comes from a TOML file plus `--set key=value` overrides, is validated on creation and is
 written into every run's output, so a run can be reproduced from its output alone. Nested tables

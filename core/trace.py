@@ -1,4 +1,4 @@
-"""The trace (DESIGN.md Contract 1): one parquet file, one row per request.
+"""The trace (docs/contracts.md Contract 1): one parquet file, one row per request.
 
 pyarrow + numpy only: this runs on the GPU host, which has neither polars nor (in `core/`)
 any reason to import torch. Every check is one vectorised pass over a column that reports the

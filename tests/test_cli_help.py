@@ -1,6 +1,6 @@
 """Every `--help` of `python -m sim` and `python -m replay` stands alone: every option and
-subcommand is described, and no text points at a file the user may not have (DESIGN.md, a
-contract number, a source file)."""
+subcommand is described, and no text points at a file the user may not have (docs/contracts.md,
+a contract number, a source file)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import replay.__main__ as replay_main
 import sim.__main__ as sim_main
 
 ROOT = Path(__file__).resolve().parents[1]
-# a pointer outside the help text: DESIGN.md, "Contract 3", "see sim/plan/spec.py", "see replay.x"
+# a pointer outside the help text: contracts.md, "Contract 3", "see sim/plan/spec.py", "see sim.x"
 POINTER = re.compile(
-    r"DESIGN|Contract \d|\b[\w.]+/[\w/]+\.(py|md)\b|\bsee (sim|core|replay|engine)\b"
+    r"contracts\.md|Contract \d|\b[\w.]+/[\w/]+\.(py|md)\b|\bsee (sim|core|replay|engine)\b"
 )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import SHARED_TRACES, needs_shared
 
 from core.cli import UsageError
 from core.trace import TokenLists, TraceError, make_trace, read_trace, write_trace
@@ -19,8 +20,6 @@ from sim.workloads.servegen import servegen_trace
 from sim.workloads.stats import prefix_reuse, trace_stats
 from sim.workloads.synth import SynthSpec, synthesize
 from sim.workloads.textids import ngram_accepted, stdlib_sources
-
-SHARED = Path("/work/shared/traces")
 
 
 def rate_and_cv(t: np.ndarray) -> tuple[float, float]:
@@ -274,10 +273,14 @@ def test_servegen_generator_on_a_fixture(tmp_path: Path) -> None:
         servegen_trace(d, seed=1, start_s=86_000, duration_s=600)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="shared/traces not present")
+@needs_shared("servegen_deepseek_r1")
 def test_servegen_real_tables() -> None:
     t = servegen_trace(
-        SHARED / "servegen_deepseek_r1", seed=0, start_s=43_200, duration_s=120, rate_scale=0.1
+        SHARED_TRACES / "servegen_deepseek_r1",
+        seed=0,
+        start_s=43_200,
+        duration_s=120,
+        rate_scale=0.1,
     )
     assert 50 < len(t) < 600
     assert t.output_len.max() <= 32_768 and t.history_mask().all()

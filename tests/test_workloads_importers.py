@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import SHARED_TRACES, needs_shared
 
 from core.trace import TraceError, read_trace, write_trace
 from sim.workloads.importers import import_azure, import_lengths_csv
 from sim.workloads.mooncake import BLOCK_TOKENS, import_mooncake
-
-SHARED = Path("/work/shared/traces")
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44
@@ -157,11 +156,14 @@ def test_lengths_csv_bad_value(tmp_path: Path) -> None:
         import_lengths_csv(src, np.random.default_rng(0), "poisson", 2.0, 1.0)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="shared/traces not present")
+@needs_shared("azure_llm_2023")
+@needs_shared("mooncake_fast25")
 def test_real_sources_import(tmp_path: Path) -> None:
-    az = import_azure(SHARED / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
+    az = import_azure(SHARED_TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
     assert len(az) == 19_366 and az.arrival_s.max() == pytest.approx(3501.7, abs=0.1)
-    mc, dropped = import_mooncake(SHARED / "mooncake_fast25" / "synthetic_trace.jsonl", 131_072)
+    mc, dropped = import_mooncake(
+        SHARED_TRACES / "mooncake_fast25" / "synthetic_trace.jsonl", 131_072
+    )
     assert len(mc) + dropped == 3_993 and dropped == 10
     back = round_trip(mc, tmp_path)
     assert back.prefix_group is not None and (back.prefix_group >= 0).mean() > 0.5

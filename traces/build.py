@@ -1,13 +1,15 @@
 """Regenerate every bundled trace in this folder: `python traces/build.py [NAME ...]`.
 
-Reads the public source data in shared/traces (the repository's `shared/` when it has one,
-else /work/shared); exits 1 naming the folder when it is absent. Same Python version, same
+Reads the public source data in `traces/` of the shared data folder: $BUBBLESIM_SHARED when
+set, else the repository's own `shared/` when it has one, else the `shared/` folder beside the
+repository; exits 1 with one line naming the folder when it is absent. Same Python version, same
 bytes: every draw is seeded, and the token-id traces take their text from this Python's
 standard library (the version is recorded in each trace's metadata).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,12 +30,19 @@ MAX_TOTAL_LEN = 131_072  # the context of every model preset
 
 
 def shared_traces() -> Path:
-    for cand in (ROOT / "shared" / "traces", Path("/work/shared/traces")):
+    """The public source data: $BUBBLESIM_SHARED/traces, else ROOT/shared/traces, else
+    ROOT/../shared/traces; exits 1 with one line when the chosen folder is absent."""
+    env = os.environ.get("BUBBLESIM_SHARED")
+    if env:
+        cands = [Path(env) / "traces"]
+    else:
+        cands = [ROOT / "shared" / "traces", ROOT.parent / "shared" / "traces"]
+    for cand in cands:
         if cand.is_dir():
             return cand
     print(
-        f"error: public source data not found (looked in {ROOT / 'shared' / 'traces'} and "
-        "/work/shared/traces); the bundled traces can only be rebuilt where it is present",
+        f"error: public source data not found (looked in {' and '.join(map(str, cands))}; "
+        "set BUBBLESIM_SHARED to the folder that holds traces/)",
         file=sys.stderr,
     )
     raise SystemExit(1)

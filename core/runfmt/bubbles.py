@@ -1,4 +1,4 @@
-"""Bubble accounting (DESIGN.md): where the GPU idled while requests were waiting, and why.
+"""Bubble accounting (docs/contracts.md): where the GPU idled while requests were waiting, and why.
 
 Over the run's window W = [first arrival or GPU start, last finish or GPU end]:
 - busy B: the union of GPU intervals (one per step, never overlapping: one stream);

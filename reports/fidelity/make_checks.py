@@ -10,10 +10,10 @@ minute (arrivals in real time, except `asap`):
 | longout | long outputs (~1.5k tokens, ~1k prompts) at 8 req/s: batches of 20-70 | synthetic |
 | longprompt | long prompts (8-32k) with shared prefixes | Mooncake, 300-345 s window |
 | burst | bursty short completions: 2k prompts, ~25 output tokens, gamma CV 4 | synthetic |
-| reasoning | reasoning-length outputs (to 4k) with penalties, 13:00 of the day at 2x | ServeGen R1 |
+| reasoning | reasoning-length outputs (to 4k), penalties; 13:00 of the day at 2x | ServeGen R1 |
 | specdec | n-gram speculative decoding on real text (run with spec.method=ngram-gpu) | synthetic |
-| azure_late | the Azure conversation hour's 20:00-23:00 minutes at 4x (run at depths 1 and 3) | Azure 2023 |
-| asap | 384 ShareGPT-length requests queued at once (arrival=asap): saturated throughput | ShareGPT |
+| azure_late | the Azure hour's minutes 20:00-23:00 at 4x (run at depths 1 and 3) | Azure 2023 |
+| asap | 384 ShareGPT-length requests queued at once (arrival=asap): saturated | ShareGPT |
 
     python reports/fidelity/make_checks.py      # writes traces/checks/, prints a table
 """

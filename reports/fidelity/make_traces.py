@@ -28,8 +28,13 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "traces" / "fidelity"
 
 
-def window(t: Trace, seconds: float, speedup: float = 1.0, max_prompt_len: int | None = None,
-           source: str | None = None) -> Trace:
+def window(
+    t: Trace,
+    seconds: float,
+    speedup: float = 1.0,
+    max_prompt_len: int | None = None,
+    source: str | None = None,
+) -> Trace:
     """The first `seconds` x `speedup` s of `t`, compressed into `seconds` (the same operation
     as `python -m sim trace cut --from-s 0 --to-s SECONDS*SPEEDUP --speedup SPEEDUP`)."""
     return cut_trace(t, 0.0, seconds * speedup, speedup, max_prompt_len, source).trace

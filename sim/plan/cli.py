@@ -1,4 +1,4 @@
-"""`python -m sim plan TRACE --slo ttft_p99_s=X ...` (DESIGN.md Contract 4)."""
+"""`python -m sim plan TRACE --slo ttft_p99_s=X ...` (docs/contracts.md Contract 4)."""
 
 from __future__ import annotations
 
