@@ -1,5 +1,5 @@
-"""The engine's seed switches in one table: for each, its config key, its value before and after
-the upstream change it models, and when it can act at all.
+"""The engine's switches in one table (the five seeds and `cuda_graphs_mixed`): for each, its
+config key, its value before and after the change it models, and when it can act at all.
 
 Read by the simulator's cost terms (`sim.cost.terms`: which side's term a config pays), the
 what-if (`sim.whatif`: one variant per switch, and the note when it cannot act under the

@@ -31,7 +31,7 @@ from core.config import SPEC_METHODS, Config
 from core.outplace import OutKind, atomic_dir, output_place
 from core.runfmt import CAUSES, trace_info
 from core.scenario import Scenario
-from core.switches import BY_NAME, SWITCHES, Switch, cannot_act, value_of
+from core.switches import SWITCHES, Switch, cannot_act, value_of
 from sim.cli import add_scenario_arg, trace_config
 
 BASELINE = "baseline"
@@ -55,7 +55,7 @@ def _set(key: str, value: Any) -> Callable[[Config], dict[str, Any]]:
 
 
 def _switch_variant(sw: Switch) -> Variant:
-    """A seed switch (core.switches) moved to its other side; a baseline on neither side (seed 4
+    """A registry switch (core.switches) moved to its other side; a baseline on neither side (seed 4
     with spec.method=none) is left as it is, and the switch's note says why."""
 
     def overrides(c: Config) -> dict[str, Any]:
@@ -79,10 +79,9 @@ def _needs_gc(c: Config, history: bool) -> str | None:
     return None if c.gc.model else "the GC model is off (gc.model=false)"
 
 
-_SEEDS, _MIXED = SWITCHES[:-1], BY_NAME["cuda_graphs_mixed"]
-assert _MIXED not in _SEEDS  # invariant: the order of the variants (and of whatif.json) is kept
+# seeds first, the other switches after the depth and spec-method variants (whatif.json order)
 VARIANTS: tuple[Variant, ...] = (
-    *(_switch_variant(sw) for sw in _SEEDS),
+    *(_switch_variant(sw) for sw in SWITCHES if sw.seed is not None),
     *(
         Variant(f"batches_in_flight={n}", f"async depth {n}", _set("batches_in_flight", n), _always)
         for n in (1, 2, 3)
@@ -91,7 +90,7 @@ VARIANTS: tuple[Variant, ...] = (
         Variant(f"spec.method={m}", f"speculative decoding: {m}", _set("spec.method", m), _always)
         for m in SPEC_METHODS
     ),
-    _switch_variant(_MIXED),
+    *(_switch_variant(sw) for sw in SWITCHES if sw.seed is None),
     Variant("gc_freeze", "gc.freeze() after start-up flipped", _flip("gc_freeze"), _needs_gc),
     Variant("gc.model", "GC pauses modelled at all, flipped", _flip("gc.model"), _always),
 )
