@@ -139,6 +139,13 @@ class Config:
         self.sampling.validate()
         self.gc.validate()
 
+    @property
+    def depth(self) -> int:
+        """Batches actually in flight. ngram-cpu proposes from the sampled tokens on the host,
+        so each step waits for the previous one's tokens: it runs synchronously (depth 1, as
+        vLLM does) whatever `batches_in_flight` says."""
+        return 1 if self.spec.method == "ngram-cpu" else self.batches_in_flight
+
     # ---- conversion -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -97,8 +97,7 @@ class Engine:
         self.max_model_len = cfg.max_model_len or get_model(cfg.model).max_context
         self.model = model if model is not None else build_model(cfg, self.max_model_len)
         self.spec: ModelSpec = self.model.spec
-        # ngram-cpu needs each step's tokens on the host before the next: synchronous, as vLLM
-        self.depth = 1 if cfg.spec.method == "ngram-cpu" else cfg.batches_in_flight
+        self.depth = cfg.depth  # 1 with ngram-cpu (synchronous, as vLLM), else batches_in_flight
         n = cfg.max_num_seqs
         max_tokens = max(cfg.max_num_batched_tokens, n)
         # mixed-step graphs (plain decoding only): buffers hold the largest token bucket

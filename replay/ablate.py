@@ -4,10 +4,11 @@
 For every switch the same trace runs twice on the engine (`--repeat N` each, the median run
 kept, each metric's median and spread recorded) and twice in the simulator, with only that key
 changed from the given config: the sim's `whatif` variants of the same switch. `rel_change` =
-(on - off) / off per metric (fractions also as `change_points`, absolute). A switch that has no
-effect under the config (seeds 1, 2 and 5 without speculative decoding) is skipped with the
-reason; a config the engine refuses is recorded as an error and the prediction still runs. The
-simulator (and so simpy) is imported only here, lazily.
+(on - off) / off per metric (fractions also as `change_points`, absolute). A switch that cannot
+act under the config (core.switches: seeds 1, 2 and 5 without speculative decoding, seed 5 with
+one batch in flight, cuda_graphs_mixed with it) is skipped with the reason; a config the engine
+refuses is recorded as an error and the prediction still runs. The simulator (and so simpy) is
+imported only here, lazily.
 
 Calibrated mode (`calibrate_on="off"`, CLI `--calibrate-on off`): before predicting a switch,
 `replay calibrate` fits the simulator's profile on the measured run of that one side (the
@@ -39,23 +40,20 @@ from pathlib import Path
 from typing import Any
 
 from core.config import Config
+from core.switches import BY_KEY, cannot_act
+from core.switches import SWITCHES as REGISTRY
 from replay.metrics import flat_metrics, is_fraction, rel_error
 
-# switch -> (off value, on value, why it may not apply)
+# the seed switches (core.switches), by config key: ablation side off = before, on = after
 SWITCHES: dict[str, tuple[Any, Any]] = {
-    "preallocated_backup_tokens": (False, True),  # seed 1
-    "accepted_count_by_sum": (False, True),  # seed 2
-    "reverse_placeholder_scan": (False, True),  # seed 3
-    "spec.method": ("ngram-cpu", "ngram-gpu"),  # seed 4
-    "optimistic_spec_decode": (False, True),  # seed 5
+    s.key: (s.before, s.after) for s in REGISTRY if s.seed is not None
 }
-NEEDS_SPEC = ("preallocated_backup_tokens", "accepted_count_by_sum", "optimistic_spec_decode")
 EXTRA_BOOL_SWITCHES = (
     "gc_freeze",
     "cuda_graphs",
     "chunked_prefill",
     "prefix_caching",
-    "cuda_graphs_mixed",  # engine.mixed_graphs
+    *(s.key for s in REGISTRY if s.seed is None),  # cuda_graphs_mixed: engine.mixed_graphs
 )
 SIDES = ("off", "on")
 SIZE_TOLERANCE = 0.25  # predicted change within 25 % of the measured change
@@ -85,15 +83,16 @@ def parse_switches(text: str | None) -> list[str]:
 
 
 def values(switch: str) -> tuple[Any, Any]:
-    return SWITCHES.get(switch, (False, True))
+    sw = BY_KEY.get(switch)
+    return (sw.before, sw.after) if sw is not None else (False, True)
 
 
 def skip_reason(cfg: Config, switch: str) -> str | None:
-    if switch in NEEDS_SPEC and not cfg.spec.enabled:
-        return "no effect without speculative decoding (set spec.method)"
-    if switch == "cuda_graphs_mixed" and cfg.spec.enabled:
-        return "no effect with speculative decoding (its mixed steps stay eager)"
-    return None
+    """Why a registry switch cannot act under `cfg` (core.switches.cannot_act), judged on its off
+    side: the switch's own key is set on both sides (seed 4 turns decoding speculative itself).
+    The trace's needs_history requests are not checked (seed 3 runs anyway)."""
+    sw = BY_KEY.get(switch)
+    return None if sw is None else cannot_act(sw, cfg.replace(**{switch: sw.before}))
 
 
 def ablate(

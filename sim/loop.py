@@ -106,8 +106,7 @@ class SimLoop:
         self.check = check_invariants
         self._wake: Event | None = None
         self.inflight: deque[Pass] = deque()
-        # ngram-cpu needs the sampled tokens on the CPU every step: vLLM runs it synchronously
-        self.depth = 1 if cfg.spec.method == "ngram-cpu" else cfg.batches_in_flight
+        self.depth = cfg.depth  # 1 with ngram-cpu (synchronous, as vLLM), else batches_in_flight
         self._graphs = cfg.cuda_graphs
         self._spec = cfg.spec.enabled
         self._wait_for_counts = self._spec and not cfg.optimistic_spec_decode

@@ -31,6 +31,7 @@ from core.config import SPEC_METHODS, Config
 from core.outplace import OutKind, atomic_dir, output_place
 from core.runfmt import CAUSES, trace_info
 from core.scenario import Scenario
+from core.switches import SWITCHES, Switch, cannot_act, value_of
 from sim.cli import add_scenario_arg, trace_config
 
 BASELINE = "baseline"
@@ -53,68 +54,34 @@ def _set(key: str, value: Any) -> Callable[[Config], dict[str, Any]]:
     return lambda c: {key: value}
 
 
-def _other_ngram(c: Config) -> dict[str, Any]:
-    """Seed 4: the n-gram proposer on the other side (no spec decoding: nothing to flip)."""
-    swap = {"ngram-cpu": "ngram-gpu", "ngram-gpu": "ngram-cpu"}
-    return {"spec.method": swap[c.spec.method]} if c.spec.method in swap else {}
+def _switch_variant(sw: Switch) -> Variant:
+    """A registry switch (core.switches) moved to its other side; a baseline on neither side (seed 4
+    with spec.method=none) is left as it is, and the switch's note says why."""
+
+    def overrides(c: Config) -> dict[str, Any]:
+        other = {sw.before: sw.after, sw.after: sw.before}
+        now = value_of(c, sw.key)
+        return {sw.key: other[now]} if now in other else {}
+
+    def inert(c: Config, history: bool) -> str | None:
+        return cannot_act(sw, c, history)
+
+    flipped = isinstance(sw.before, bool)
+    what = f"{sw.models} flipped" if flipped else f"{sw.models}: {sw.before} <-> {sw.after}"
+    return Variant(sw.name, what, overrides, inert)
 
 
 def _always(c: Config, history: bool) -> str | None:
     return None
 
 
-def _needs_spec(c: Config, history: bool) -> str | None:
-    return None if c.spec.enabled else "needs speculative decoding (spec.method=none)"
-
-
-def _needs_async_spec(c: Config, history: bool) -> str | None:
-    if not c.spec.enabled:
-        return "needs speculative decoding (spec.method=none)"
-    if c.batches_in_flight == 1 or c.spec.method == "ngram-cpu":
-        return "needs async scheduling (batches_in_flight=1 or ngram-cpu runs synchronously)"
-    return None
-
-
-def _needs_history(c: Config, history: bool) -> str | None:
-    return None if history else "the trace has no needs_history requests (no placeholder scan)"
-
-
-def _needs_graphs(c: Config, history: bool) -> str | None:
-    return None if c.cuda_graphs else "cuda_graphs is off: there are no graphs to extend"
-
-
 def _needs_gc(c: Config, history: bool) -> str | None:
     return None if c.gc.model else "the GC model is off (gc.model=false)"
 
 
+# seeds first, the other switches after the depth and spec-method variants (whatif.json order)
 VARIANTS: tuple[Variant, ...] = (
-    Variant(
-        "preallocated_backup_tokens",
-        "seed 1 (PR 41043) flipped",
-        _flip("preallocated_backup_tokens"),
-        _needs_spec,
-    ),
-    Variant(
-        "accepted_count_by_sum",
-        "seed 2 (PR 38372) flipped",
-        _flip("accepted_count_by_sum"),
-        _needs_spec,
-    ),
-    Variant(
-        "reverse_placeholder_scan",
-        "seed 3 (PR 42938) flipped",
-        _flip("reverse_placeholder_scan"),
-        _needs_history,
-    ),
-    Variant(
-        "ngram_proposer", "seed 4 (PR 29184): ngram-cpu <-> ngram-gpu", _other_ngram, _needs_spec
-    ),
-    Variant(
-        "optimistic_spec_decode",
-        "seed 5 (PR 32951) flipped",
-        _flip("optimistic_spec_decode"),
-        _needs_async_spec,
-    ),
+    *(_switch_variant(sw) for sw in SWITCHES if sw.seed is not None),
     *(
         Variant(f"batches_in_flight={n}", f"async depth {n}", _set("batches_in_flight", n), _always)
         for n in (1, 2, 3)
@@ -123,12 +90,7 @@ VARIANTS: tuple[Variant, ...] = (
         Variant(f"spec.method={m}", f"speculative decoding: {m}", _set("spec.method", m), _always)
         for m in SPEC_METHODS
     ),
-    Variant(
-        "cuda_graphs_mixed",
-        "prefill/mixed steps as CUDA graphs (a what-if: not in the engine)",
-        _flip("cuda_graphs_mixed"),
-        _needs_graphs,
-    ),
+    *(_switch_variant(sw) for sw in SWITCHES if sw.seed is None),
     Variant("gc_freeze", "gc.freeze() after start-up flipped", _flip("gc_freeze"), _needs_gc),
     Variant("gc.model", "GC pauses modelled at all, flipped", _flip("gc.model"), _always),
 )

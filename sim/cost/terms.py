@@ -12,33 +12,37 @@ from collections.abc import Callable
 
 from core.config import Config
 from core.phases import CPU_PHASES
+from core.switches import AFTER, BEFORE, acts_on_side
 
 GPU_TARGET = "gpu"
 
 
 def optimistic_active(c: Config) -> bool:
     """Seed 5 runs only with drafts and async scheduling (with 1 batch in flight there is no
-    next step to prepare optimistically)."""
-    sync_drafter = c.spec.method == "ngram-cpu"  # runs synchronously whatever the depth
-    return (
-        c.spec.enabled and c.optimistic_spec_decode and c.batches_in_flight > 1 and not sync_drafter
-    )
+    next step to prepare optimistically; ngram-cpu runs synchronously whatever the depth)."""
+    return acts_on_side(c, "optimistic_spec_decode", AFTER)
+
+
+def _side(name: str, side: str) -> Callable[[Config], bool]:
+    """A term of one side of seed switch `name` (core.switches): the config is on that side and
+    the switch can act under it."""
+    return lambda c: acts_on_side(c, name, side)
 
 
 # name -> when it applies. Before/after pairs of one switch are listed together.
 TERM_CONDITIONS: dict[str, Callable[[Config], bool]] = {
-    "sample.forward_placeholder_scan": lambda c: not c.reverse_placeholder_scan,  # seed 3
-    "sample.reverse_placeholder_scan": lambda c: c.reverse_placeholder_scan,
-    "sample.accept_count_cat": lambda c: c.spec.enabled and not c.accepted_count_by_sum,  # 2
-    "sample.accept_count_sum": lambda c: c.spec.enabled and c.accepted_count_by_sum,
-    "draft.backup_tokens_list": lambda c: c.spec.enabled and not c.preallocated_backup_tokens,
-    "draft.backup_tokens_prealloc": lambda c: c.spec.enabled and c.preallocated_backup_tokens,
-    "draft.ngram_cpu": lambda c: c.spec.method == "ngram-cpu",  # seed 4
-    "draft.ngram_gpu_launch": lambda c: c.spec.method == "ngram-gpu",
+    "sample.forward_placeholder_scan": _side("reverse_placeholder_scan", BEFORE),  # seed 3
+    "sample.reverse_placeholder_scan": _side("reverse_placeholder_scan", AFTER),
+    "sample.accept_count_cat": _side("accepted_count_by_sum", BEFORE),  # seed 2
+    "sample.accept_count_sum": _side("accepted_count_by_sum", AFTER),
+    "draft.backup_tokens_list": _side("preallocated_backup_tokens", BEFORE),  # seed 1
+    "draft.backup_tokens_prealloc": _side("preallocated_backup_tokens", AFTER),
+    "draft.ngram_cpu": _side("ngram_proposer", BEFORE),  # seed 4
+    "draft.ngram_gpu_launch": _side("ngram_proposer", AFTER),
     "prepare_inputs.optimistic_fix": optimistic_active,  # seed 5
     "gpu.rejection_sample": lambda c: c.spec.enabled,
-    "gpu.accept_count_cat": lambda c: c.spec.enabled and not c.accepted_count_by_sum,
-    "gpu.accept_count_sum": lambda c: c.spec.enabled and c.accepted_count_by_sum,
+    "gpu.accept_count_cat": _side("accepted_count_by_sum", BEFORE),
+    "gpu.accept_count_sum": _side("accepted_count_by_sum", AFTER),
     "gpu.optimistic_fix": optimistic_active,
 }
 TERM_NAMES: tuple[str, ...] = tuple(TERM_CONDITIONS)
