@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 import time
 import traceback
@@ -34,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core.atomic import atomic_file  # noqa: E402
 from core.config import Config  # noqa: E402
 from core.models import get_model  # noqa: E402
 from engine.engine import Engine  # noqa: E402
@@ -223,9 +223,7 @@ def main() -> int:
         )
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
     if args.json:
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        os.replace(tmp, args.json)
+        atomic_file(args.json, json.dumps(results, indent=1))
     for f in failed:
         print("FAILED:", f)
     return 1 if failed else 0

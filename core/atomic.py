@@ -98,14 +98,36 @@ def temp_file(target: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)  # after os.replace it is gone already
 
 
+@contextlib.contextmanager
+def replacing(target: Path) -> Iterator[Path]:
+    """A temp file beside `target` for the block to write (temp_file); when the block ends
+    normally it is renamed onto `target` (os.replace), if it fails it is removed: `target` is
+    always the old file or the whole new one. The parent folder must exist."""
+    with temp_file(target) as tmp:
+        yield tmp
+        os.replace(tmp, target)
+
+
 def atomic_file(path: str | Path, text: str) -> Path:
     """Write a text file whole or not at all (temp file in the same folder, then rename)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    with temp_file(p) as tmp:
+    with replacing(p) as tmp:
         tmp.write_text(text)
-        os.replace(tmp, p)
     return p
+
+
+def move_aside(target: Path) -> Path:
+    """Move the existing `target` into a new `.old` temp folder beside it (as `previous`);
+    returns that folder. If this process dies, the next sweep_stale puts it back."""
+    old = temp_dir(target, "old")
+    os.rename(target, old / "previous")
+    return old
+
+
+def put_back(old: Path, target: Path) -> None:
+    """Undo move_aside: `previous` goes back to `target`, which must not exist."""
+    os.rename(old / "previous", target)
 
 
 def swap_in(tmp: Path, target: Path) -> None:
@@ -115,12 +137,11 @@ def swap_in(tmp: Path, target: Path) -> None:
     if not target.exists():
         os.rename(tmp, target)
         return
-    old = temp_dir(target, "old")
-    os.rename(target, old / "previous")
+    old = move_aside(target)
     try:
         os.rename(tmp, target)
     except BaseException:
-        os.rename(old / "previous", target)
+        put_back(old, target)
         raise
     finally:
         with contextlib.suppress(OSError):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.atomic import swap_in, temp_dir
+from core.atomic import move_aside, put_back, swap_in, temp_dir
 from core.cli import UsageError
 
 
@@ -141,13 +141,12 @@ def output_place(path: str | Path, kind: OutKind, force: bool = False) -> Iterat
     try:
         _probe(parent, target)
         if refusal(target, kind) is not None:  # --force: out of the way until the block ends
-            aside = temp_dir(target, "old")
-            os.rename(target, aside / "previous")
+            aside = move_aside(target)
         yield target
     except BaseException as e:
         if aside is not None:
             if not os.path.lexists(target):
-                os.rename(aside / "previous", target)
+                put_back(aside, target)
             shutil.rmtree(aside, ignore_errors=True)
         _remove_empty([target] if not existed and target.is_dir() else [])
         _remove_empty(created)

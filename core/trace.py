@@ -18,7 +18,6 @@ Invariants of a `Trace` (checked by `validate` on every read and before every wr
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from core.atomic import temp_file
+from core.atomic import replacing
 
 if TYPE_CHECKING:
     from core.models import ModelSpec
@@ -531,13 +530,12 @@ def read_trace(path: str | Path, model: ModelSpec | None = None) -> Trace:
 
 
 def write_trace(trace: Trace, path: str | Path, model: ModelSpec | None = None) -> Path:
-    """Validate, then write atomically (temp file in the same folder + os.replace), zstd."""
+    """Validate, then write whole or not at all (core.atomic.replacing), zstd."""
     p = Path(path)
     table = validate(trace.to_table(), model, name=str(p))
     p.parent.mkdir(parents=True, exist_ok=True)
-    with temp_file(p) as tmp:
+    with replacing(p) as tmp:
         pq.write_table(table, tmp, compression="zstd", compression_level=9)
-        os.replace(tmp, p)
     return p
 
 

@@ -1,7 +1,7 @@
 """Human-facing output of replay: the fidelity report (fidelity.md + plots), the pass/fail table
 printed by `compare`, and the short summary a measured run ends with.
 
-Plots are PNG through matplotlib when it is installed, else SVG written by `replay.svg`: latency
+Plots are PNG through matplotlib when it is installed, else SVG written by `core.svg`: latency
 CDFs, a predicted-vs-measured scatter of per-step GPU and CPU time, and both runs' timelines
 over the same window of steps.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from core import svg
 from core.phases import CPU_PHASES
 from core.runfmt import Run
-from replay import svg
 
 TIMELINE_STEPS = 40  # steps shown in each timeline plot
 TRACK_COLORS = {"cpu": 0, "gpu": 2, "bubble": 1, "sync": 4, "gc": 5}
@@ -301,7 +301,7 @@ def _save_lines(out: Path, stem: str, series: list[Any], title: str, xlabel: str
         ax.set(title=title, xlabel=xlabel, ylabel="fraction of requests")
         ax.legend()
         return _save_fig(fig, out, stem)
-    (out / f"{stem}.svg").write_text(svg.line_chart(series, title, xlabel, "fraction of requests"))
+    (out / f"{stem}.svg").write_text(svg.line_file(series, title, xlabel, "fraction of requests"))
     return f"{stem}.svg"
 
 
@@ -321,7 +321,9 @@ def _save_scatter(
         ax.plot([0, hi], [0, hi], "k--", lw=0.8)
         ax.set(title=title, xlabel="measured ms", ylabel="predicted ms")
         return _save_fig(fig, out, stem)
-    (out / f"{stem}.svg").write_text(svg.scatter(meas, pred, title, "measured ms", "predicted ms"))
+    (out / f"{stem}.svg").write_text(
+        svg.scatter_file(meas, pred, title, "measured ms", "predicted ms")
+    )
     return f"{stem}.svg"
 
 
@@ -337,7 +339,7 @@ def _save_timeline(
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(9, 3))
-        colors = svg.COLORS
+        colors = svg.FILE_COLORS
         for r, (_, boxes) in enumerate(tracks):
             ax.broken_barh(
                 [(a, b - a) for a, b, _ in boxes],
@@ -348,7 +350,7 @@ def _save_timeline(
         ax.set_yticklabels([label for label, _ in tracks])
         ax.set(title=title, xlabel="time since trace start (ms)", xlim=(t0, t1))
         return _save_fig(fig, out, stem)
-    (out / f"{stem}.svg").write_text(svg.timeline(tracks, t0, t1, title, legend))
+    (out / f"{stem}.svg").write_text(svg.timeline_file(tracks, t0, t1, title, legend))
     return f"{stem}.svg"
 
 

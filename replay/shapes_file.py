@@ -11,7 +11,6 @@ is an older sweep that timed forward + logits only (no input copy, no sampling).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.atomic import temp_file
+from core.atomic import replacing
 from core.shape import SHAPE_FIELDS
 from replay.shapes_grid import Batch, batch_shape, history_rows
 from replay.steps import CalibrationError
@@ -119,9 +118,8 @@ def write_sweep(path: str | Path, rows: Sequence[dict[str, Any]], meta: dict[str
     p = Path(path)
     table = _table(rows, meta)
     p.parent.mkdir(parents=True, exist_ok=True)
-    with temp_file(p) as tmp:  # follows the umask; removed on failure
+    with replacing(p) as tmp:  # follows the umask; removed on failure
         pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, p)
     return p
 
 

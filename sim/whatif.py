@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.atomic import replacing
 from core.cli import UsageError, add_config_args, run_main
 from core.config import SPEC_METHODS, Config
 from core.outplace import OutKind, atomic_dir, output_place
@@ -306,14 +306,9 @@ def info(plan: Plan, trace_path: str, scenario: Scenario | None = None) -> dict[
 
 
 def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("w") as f:
-            json.dump(data, f, indent=2, allow_nan=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with replacing(path) as tmp, tmp.open("w") as f:
+        json.dump(data, f, indent=2, allow_nan=False)
+        f.write("\n")
 
 
 def keep_runs(plan: Plan, tmp: Path, out: Path) -> None:

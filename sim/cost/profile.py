@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.atomic import temp_file
+from core.atomic import replacing
 from core.config import ConfigError
 from core.phases import CPU_PHASES
 
@@ -268,7 +267,6 @@ def save_profile(path: str | Path, profile: Mapping[str, Any]) -> Path:
     validate_profile(profile, path)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    with temp_file(p) as tmp:  # follows the umask; removed on failure
+    with replacing(p) as tmp:  # follows the umask; removed on failure
         tmp.write_text(json.dumps(profile, indent=2) + "\n")
-        os.replace(tmp, p)
     return p

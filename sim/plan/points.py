@@ -27,7 +27,7 @@ from sim.plan.spec import SLO
 ROOT = Path(__file__).resolve().parents[2]
 # Sources whose change can change a point's result (the report and CLI cannot).
 _CODE_DIRS = ("core", "sim")
-_NOT_RESULT = ("sim/plan/report.py", "sim/plan/svg.py", "sim/plan/cli.py", "sim/plan/sweep.py")
+_NOT_RESULT = ("sim/plan/report.py", "core/svg.py", "sim/plan/cli.py", "sim/plan/sweep.py")
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 from core.atomic import atomic_file
 from core.runfmt import CAUSES
+from core.svg import Chart, Series, bar_chart, color, line_chart, stacked_bars
 from sim.plan.merge import UNATTRIBUTED
-from sim.plan.svg import Chart, Series, bar_chart, color, line_chart, stacked_bars
 
 MAX_LINES = 8  # candidates drawn in the line charts
 MAX_BARS = 14

@@ -4,7 +4,6 @@ process and kept by sha256."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -41,10 +40,11 @@ def _trace(path: str, sha: str, data: bytes | None) -> Trace:
     if not (Path(path).is_file() and trace_sha256(path) == sha):
         if data is None:
             raise FileNotFoundError(f"trace '{path}' with sha256 {sha[:12]} is not on this host")
-        fd, tmp = tempfile.mkstemp(suffix=".parquet")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        path = tmp
+        with tempfile.TemporaryDirectory(prefix="bubblesim-trace-") as d:
+            tmp = Path(d) / "trace.parquet"  # read whole into memory, then removed
+            tmp.write_bytes(data)
+            trace = _TRACES[sha] = read_trace(tmp)
+        return trace
     trace = _TRACES[sha] = read_trace(path)
     return trace
 
