@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -29,22 +30,8 @@ gpu = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")]
 
 
 def make_cfg(**kw) -> Config:
-    base = dict(
-        model="tiny",
-        device="cpu",
-        dtype="float32",
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        max_model_len=512,
-        cuda_graphs=True,
-        cuda_graphs_mixed=True,
-        gc_freeze=False,
-        batches_in_flight=2,
-    )
-    sampling = kw.pop("sampling", None)
-    base.update(kw)
-    cfg = Config(**base)
-    return cfg if sampling is None else cfg.replace(**{f"sampling.{k}": v for k, v in sampling})
+    """The shared tiny CPU config with mixed-step graphs on (run eagerly on CPU)."""
+    return helpers.make_cfg(**{"cuda_graphs": True, "cuda_graphs_mixed": True, **kw})
 
 
 def workload(n: int, seed: int = 0, forced_every: int = 0, history_every: int = 0):

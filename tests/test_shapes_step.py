@@ -8,6 +8,7 @@ run unchanged.
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -20,29 +21,12 @@ from engine.requests import RequestInput
 from replay.shapes_grid import Batch, Entry
 from replay.shapes_step import MarkHooks, StageError, stage
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_cfg(**kw) -> Config:
-    base = dict(
-        model="tiny",
-        device="cpu",
-        dtype="float32",
-        max_num_seqs=8,
-        max_num_batched_tokens=128,
-        max_model_len=512,
-        cuda_graphs=False,
-        gc_freeze=False,
-        batches_in_flight=2,
-    )
-    base.update(kw)
-    return Config(**base)
+    """The shared tiny CPU config with this file's token budget (128)."""
+    return helpers.make_cfg(**{"max_num_batched_tokens": 128, **kw})
 
 
 def sweep_engine(cfg: Config) -> tuple[Engine, MarkHooks]:
