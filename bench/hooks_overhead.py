@@ -5,7 +5,7 @@ writes JSON rows with --json PATH.
 
 Each row is the median (and the minimum) over K trials of N iterations on fresh hooks, minus an
 empty loop of N iterations:
-- step: the hook calls of one plain engine step (`replay.measure.step_hook_calls`: six
+- step: the hook calls of one plain engine step (`replay.gpu.measure.step_hook_calls`: six
   begin/end pairs, new_row, the GPU begin/end marks, a sync wait, the `finished` store) with the
   engine's default event ring (256 steps), so on CUDA each step also reads the events of the
   step 256 before; step_within_ring: a ring longer than the run, as the replay's measured run
@@ -15,7 +15,7 @@ empty loop of N iterations:
 - phase: one begin/end pair; new_row; gpu_marks: gpu_begin + gpu_end (default ring); sync:
   sync_begin + sync_end; finished: the engine's `hooks.finished[row] = n`; gc_pair: the GC
   callback's start + stop;
-- replay_estimate / replay_estimate_within_ring: what `replay.measure.hook_overhead` reports
+- replay_estimate / replay_estimate_within_ring: what `replay.gpu.measure.hook_overhead` reports
   (summary.json `replay.instrumentation.per_step_us`) for a run longer / shorter than its ring.
 On CUDA the events go to an idle stream; on CPU the GPU marks are host clock reads.
 """
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core import phases as P  # noqa: E402
 from core.shape import BatchShape  # noqa: E402
 from engine.hooks import StepHooks  # noqa: E402
-from replay.measure import hook_overhead, step_hook_calls  # noqa: E402
+from replay.gpu.measure import hook_overhead, step_hook_calls  # noqa: E402
 
 SHAPE = BatchShape(num_reqs=1, decode_tokens=1)
 _now = time.perf_counter_ns

@@ -37,13 +37,13 @@ from core.config import load_config  # noqa: E402
 
 
 def anatomy(model: str, trace: str, depth: int, blocks: int, device: str = "cuda") -> dict:
-    from replay.run import _new_engine, _warm_up, check_trace
+    from replay.gpu.run import check_trace, new_engine, warm_up
 
     sets = [f"model={model}", f"num_kv_blocks={blocks}", f"batches_in_flight={depth}"]
     cfg = load_config(None, [*sets, f"device={device}"])
     tr = check_trace(cfg, trace)
-    engine, _ = _new_engine(cfg, None)
-    _warm_up(engine)
+    engine, _ = new_engine(cfg, None)
+    warm_up(engine)
     cuda = engine.device.type == "cuda"
     marks: list[list] = []  # per forward: [graph?, before, after, end]
     forward, gpu_end = engine._forward, engine.hooks.gpu_end

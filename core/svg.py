@@ -4,7 +4,7 @@
   classes: every data mark (a point, a bar segment) has class "mark" and a <title> tooltip;
   each chart's <svg> carries data-plot (its id) and data-marks (how many marks it drew), which
   the report's check script compares with what the browser laid out;
-- standalone .svg files with inline styles (replay.report's fidelity plots: latency CDFs,
+- standalone .svg files with inline styles (replay.analysis.report's fidelity plots: latency CDFs,
   per-step scatter plots with a y = x diagonal, step timelines).
 
 Both map data to pixels with one `Axis` and place ticks with one `ticks` (1-2-5 steps).
@@ -321,7 +321,7 @@ def bar_chart(
     return ch.svg("".join(body), legend_html(list(names)))
 
 
-# ---- standalone .svg files (replay.report) --------------------------------------------------
+# ---- standalone .svg files (replay.analysis.report) ----------------------------------------------
 W, H = 640, 360
 PAD_L, PAD_R, PAD_T, PAD_B = 64, 16, 32, 44
 FILE_COLORS = (

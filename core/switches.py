@@ -3,7 +3,7 @@ config key, its value before and after the change it models, and when it can act
 
 Read by the simulator's cost terms (`sim.cost.terms`: which side's term a config pays), the
 what-if (`sim.whatif`: one variant per switch, and the note when it cannot act under the
-baseline) and the ablation (`replay.ablate`: off = before, on = after, skipped when it cannot
+baseline) and the ablation (`replay.gpu.ablate`: off = before, on = after, skipped when it cannot
 act). A new switch is one row here plus the code path it selects; nothing else lists switches.
 
 When a switch can act is a property of the config (and of the trace, for `needs_history`), the

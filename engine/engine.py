@@ -179,7 +179,7 @@ class Engine:
         """Everything of a step after `schedule`, on hooks row `row`: prepare_inputs -> launch ->
         sample -> draft. The step's GPU interval runs from hooks.gpu_begin in `_prepare` to
         hooks.gpu_end in `_sample` (or in `_draft`, ngram-gpu). The loop appends the returned
-        batch to `inflight`; replay.shapes launches synthetic batches here and never does."""
+        batch to `inflight`; replay.gpu.shapes launches synthetic batches here and never does."""
         h = self.hooks
         shift = self._wait_for_accepted_counts(row)  # spec with seed 5 off only
         h.begin(P.PREPARE_INPUTS)
@@ -453,7 +453,7 @@ class Engine:
             if self.sd is not None:
                 self.sd.release(st)
 
-    # ---- synthetic batches (replay.shapes; a run never calls these) ------------------------
+    # ---- synthetic batches (replay.gpu.shapes; a run never calls these) ------------------------
     def hold_slot(self, index: int) -> None:
         """Give running request `index` a slot and the slot's device state, as its first step
         would, outside any step: a request of a synthetic batch that has been running for

@@ -8,7 +8,7 @@ One row per launched batch (in launch order; row == the batch's `ScheduledBatch.
 - `mark_ns[row, m]` = GPU time of mark m (`MARKS`: before the forward, after it, before the GPU
   drafter's kernels) and `mark_host_ns[row, m]` = when the host enqueued it, -1 where absent:
   what lets replay tell the step's kernel time from GPU waits for the host inside its interval
-  (`replay.measure.kernel_busy`). A CUDA graph runs without the host, so the forward's span is
+  (`replay.gpu.measure.kernel_busy`). A CUDA graph runs without the host, so the forward's span is
   kernels only; the time between the start event and the forward is the input copies plus any
   wait for the host to issue the forward.
 - sync waits (`sync_ns`, `sync_row`) and GC pauses (`gc_ns`, generation, the activity that was

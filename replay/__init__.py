@@ -2,7 +2,8 @@
 with a predicted one (`compare`), fit the simulator's cost profile from measured runs
 (`calibrate`), and measure each seed switch beside the simulator's prediction (`ablate`).
 
-Kept light: importing `replay` imports nothing; torch and the engine are imported only by
-`replay run`/`ablate`, the simulator (simpy) only by `ablate`, and compare/calibrate need only
-numpy and pyarrow (plus the pure-Python `sim.cost` for the profile format).
+Two halves: `replay.gpu` runs the engine (torch at the top of its modules); `replay.analysis`
+reads runs and sweep files and never imports torch (numpy, pyarrow and the pure-Python
+`sim.cost`). Kept light: importing `replay` imports nothing; the simulator (simpy) is imported
+only by `ablate`, where it predicts.
 """

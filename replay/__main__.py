@@ -10,8 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from core.cli import UsageError, add_config_args, config_from_args, run_main
+from core.cli import Terminated, UsageError, add_config_args, config_from_args, run_main
 from core.cli_timeline import add_timeline_args, timeline_line
+from core.config import ConfigError
+from core.outplace import RUN_FOLDER, atomic_dir, check_place, output_place
 
 
 class _Progress:
@@ -34,18 +36,16 @@ class _Progress:
 
 
 def _partial(e: BaseException, out: Path) -> str:
-    """replay.run marks the exceptions after which it wrote a partial run folder."""
+    """replay.gpu.run marks the exceptions after which it wrote a partial run folder."""
     return f": partial run (complete: false) -> {out}" if getattr(e, "partial_run", None) else ""
 
 
 # ---- run ----------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from core.cli import Terminated
-    from core.config import ConfigError
-    from core.outplace import RUN_FOLDER, output_place
+    # lazy (as every command's imports here): `--help` and the other commands skip torch, numpy
     from core.trace import TraceError
-    from replay.report import print_run_summary
-    from replay.run import ReplayTimeout, replay
+    from replay.analysis.report import print_run_summary
+    from replay.gpu.run import ReplayTimeout, replay
 
     cfg = config_from_args(args)
     out = Path(args.output or Path("runs") / f"replay-{Path(args.trace).stem}")
@@ -95,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"over {args.repeat} repeats"
             )
     if args.profile_kernels:
-        from replay.kernels import profile_kernels
+        from replay.gpu.kernels import profile_kernels  # lazy: only with --profile-kernels
 
         path = profile_kernels(cfg, args.trace, out.with_name(out.name + ".kernels"))
         print(f"kernel profile -> {path}")
@@ -104,11 +104,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # ---- compare ------------------------------------------------------------------------------------
 def cmd_compare(args: argparse.Namespace) -> int:
-    from core.outplace import atomic_dir, check_place, output_place
+    # lazy: compare needs numpy, never torch
     from core.runfmt import RunFormatError, load_run
-    from replay.compare import CompareError, compare_runs
-    from replay.outdir import FIDELITY_FOLDER
-    from replay.report import print_targets, write_report
+    from replay.analysis.compare import CompareError, compare_runs
+    from replay.analysis.outdir import FIDELITY_FOLDER
+    from replay.analysis.report import print_targets, write_report
 
     m = Path(args.measured)
     out = Path(args.output or m.with_name(f"fidelity-{m.name}"))
@@ -129,7 +129,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 # ---- calibrate ----------------------------------------------------------------------------------
 def _gpu_terms(items: list[str]) -> dict[str, tuple[str, ...]]:
-    from replay.calibrate import GPU_TERMS
+    from replay.analysis.calibrate import GPU_TERMS  # lazy: numpy, only for calibrate
 
     out = {}
     for item in items:
@@ -141,16 +141,16 @@ def _gpu_terms(items: list[str]) -> dict[str, tuple[str, ...]]:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from core.outplace import check_place, output_place
+    # lazy: calibrate needs numpy and pyarrow, never torch
     from core.runfmt import RunFormatError, load_run
-    from replay.calibrate import (
+    from replay.analysis.calibrate import (
         CalibrationError,
         calibrate,
         evaluate,
         print_quality,
         write_calibration,
     )
-    from replay.outdir import PROFILE_FILE
+    from replay.analysis.outdir import PROFILE_FILE
 
     if not args.output:
         raise UsageError("calibrate: -o PROFILE is required")
@@ -194,10 +194,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 # ---- shapes -------------------------------------------------------------------------------------
 def cmd_shapes(args: argparse.Namespace) -> int:
-    from core.config import ConfigError
-    from core.outplace import output_place
-    from replay.outdir import SHAPES_FILE
-    from replay.shapes import KINDS, sweep
+    # lazy: the sweep runs the engine (torch)
+    from replay.analysis.outdir import SHAPES_FILE
+    from replay.gpu.shapes import KINDS, sweep
 
     cfg = config_from_args(args)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
@@ -258,9 +257,9 @@ def cmd_shapes(args: argparse.Namespace) -> int:
 
 # ---- ablate -------------------------------------------------------------------------------------
 def cmd_ablate(args: argparse.Namespace) -> int:
-    from core.outplace import output_place
-    from replay.ablate import ablate, parse_switches, print_table
-    from replay.outdir import ABLATE_FOLDER
+    # lazy: ablate runs the engine (torch)
+    from replay.analysis.outdir import ABLATE_FOLDER
+    from replay.gpu.ablate import ablate, parse_switches, print_table
 
     cfg = config_from_args(args)
     switches = parse_switches(args.switches)

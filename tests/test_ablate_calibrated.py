@@ -14,7 +14,7 @@ import pytest
 
 from core.config import Config
 from core.shape import BatchShape
-from replay.calibrate import ONE_SIDED_FIELDS, calibrate
+from replay.analysis.calibrate import ONE_SIDED_FIELDS, calibrate
 from sim.cost import CostModel, load_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -78,7 +78,7 @@ def test_ablate_calibrated_on_the_before_side(spec_trace: Path, tmp_path: Path):
     pytest.importorskip("torch")
     pytest.importorskip("simpy")
     from replay.__main__ import main
-    from replay.ablate import ablate
+    from replay.gpu.ablate import ablate
 
     cfg = Config(model="tiny", device="cpu", arrival="asap", num_kv_blocks=2048)
     cfg = cfg.replace(**{"spec.method": "ngram-gpu", "spec.k": 2})
@@ -114,7 +114,7 @@ def test_ablate_calibrated_on_the_before_side(spec_trace: Path, tmp_path: Path):
     assert a["same_sign"] == (np.sign(p) == np.sign(m))
     # a measured folder of another trace, or of the other switch value, is refused
     from core.trace import make_trace, write_trace
-    from replay.ablate import _load_measured
+    from replay.gpu.ablate import _load_measured
 
     other = write_trace(make_trace([0.0], [5], [3]), tmp_path / "other.parquet")
     cpu = cfg.replace(**{"spec.method": "ngram-cpu"})

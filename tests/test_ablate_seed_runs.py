@@ -21,9 +21,9 @@ from core.config import Config
 from core.phases import CPU_PHASES, LAUNCH
 from core.runfmt import codec
 from core.shape import BatchShape
-from replay.ablate import _measured_side, agreement, noise
-from replay.calibrate import _fit_launch, calibrate
-from replay.steps import Steps
+from replay.analysis.calibrate import _fit_launch, calibrate
+from replay.analysis.steps import Steps
+from replay.gpu.ablate import _measured_side, agreement, noise
 from sim.cost import CostModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

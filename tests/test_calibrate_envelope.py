@@ -1,9 +1,9 @@
-"""`replay calibrate --shapes` with piecewise GPU models (replay/piecewise.py, replay/gpufit.py):
-synthetic sweeps over the real grid (`replay.shapes.grid`) whose times are a known, non-linear
-function of the shape (+ noise), written with the sweep's own columns. The fit must give the
-function back on the sweep, on held-back points and where a calibration run never went (the
-long-output batches of issue 12), record its envelope, and level an older sweep (forward +
-logits only) by the runs' offset."""
+"""`replay calibrate --shapes` with piecewise GPU models (replay/analysis/piecewise.py,
+replay/analysis/gpufit.py): synthetic sweeps over the real grid (`replay.analysis.shapes_grid.grid`)
+whose times are a known, non-linear function of the shape (+ noise), written with the sweep's own
+columns. The fit must give the function back on the sweep, on held-back points and where a
+calibration run never went (the long-output batches of issue 12), record its envelope, and level an
+older sweep (forward + logits only) by the runs' offset."""
 
 from __future__ import annotations
 
@@ -17,10 +17,18 @@ import pytest
 from core.config import Config
 from core.models import get_model
 from core.shape import SHAPE_FIELDS, BatchShape
-from replay.calibrate import CalibrationError, calibrate, write_calibration
-from replay.shapes import FORMAT_VERSION, Limits, Sample, batch_shape, grid, shape_row, write_sweep
-from replay.shapes_grid import MIN_DECODE_CONTEXT
-from replay.sweepmeta import MEASURES_KEY, MEASURES_STEP
+from replay.analysis.calibrate import CalibrationError, calibrate, write_calibration
+from replay.analysis.shapes_grid import MIN_DECODE_CONTEXT
+from replay.analysis.sweepmeta import MEASURES_KEY, MEASURES_STEP
+from replay.gpu.shapes import (
+    FORMAT_VERSION,
+    Limits,
+    Sample,
+    batch_shape,
+    grid,
+    shape_row,
+    write_sweep,
+)
 from sim.cost import CostModel
 from sim.cost.splits import program_keys_fn
 
@@ -132,7 +140,7 @@ def test_the_table_holds_where_the_calibration_run_never_went(fitted) -> None:
 
 
 def grid_entry(ctx: int):
-    from replay.shapes import Entry
+    from replay.gpu.shapes import Entry
 
     return Entry(ctx - 1, 1, False)
 
@@ -197,7 +205,7 @@ def verify_truth(s: dict[str, int]) -> float:
 def test_spec_verify_rows_get_their_own_table(tmp_path: Path) -> None:
     """Verify widths run paged_attention, not the decode kernel: on the (rows, KV per row)
     grid they disagree with plain decodes, so they are fitted apart (`gpu_pass.verify`)."""
-    from replay.shapes import Batch, Entry
+    from replay.gpu.shapes import Batch, Entry
 
     rng = np.random.default_rng(5)
     rows = []

@@ -283,7 +283,7 @@ def test_compare_of_two_predicted_runs_says_so(
 
 
 def test_sides_warning() -> None:
-    from replay.compare import sides_warning
+    from replay.analysis.compare import sides_warning
 
     def s(kind: str) -> dict:
         return {"source": {"kind": kind}}

@@ -171,7 +171,7 @@ def test_fast_forward_is_exact_with_a_spread(tmp_path: Path, sets: list[str]) ->
 def test_calibrate_recovers_a_known_spread(tmp_path: Path) -> None:
     """A simulated run with a known sample-phase spread: the fit's table has its quantiles."""
     import sim.run as simrun
-    from replay.calibrate import calibrate
+    from replay.analysis.calibrate import calibrate
 
     prof = _profile(tmp_path, {"sample": TABLE}, cpu_phases={"sample": SAMPLE})
     cfg = load_config(None, ["model=llama3.2-1b", f"profile={prof}", "seed=9"])

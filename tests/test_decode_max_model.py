@@ -12,7 +12,7 @@ import pytest
 
 from core.config import Config, load_config
 from core.shape import BatchShape
-from replay.calibrate import calibrate
+from replay.analysis.calibrate import calibrate
 from sim.cost import CostModel, ProfileError, save_profile, validate_profile
 from sim.cost.splits import program_keys_fn
 
@@ -86,7 +86,7 @@ def test_bad_max_forms_get_one_clear_error(tmp_path: Path) -> None:
 def _sweep_rows(path: Path, c: float, delta: float) -> Path:
     """The real grid's shapes; decode rows follow max(DECODE, DECODE w/o KV + c x program_keys)
     less `delta` (a sweep's missing input copy and sampling), mixed rows MIXED."""
-    from replay.shapes import (
+    from replay.gpu.shapes import (
         FORMAT_VERSION,
         Limits,
         Sample,

@@ -18,7 +18,7 @@ from helpers import make_cfg, spec_cfg
 import engine.kernels.sampling as ks
 from engine.engine import Engine
 from engine.sampler import Sampler, SampleRows
-from replay.shapes import sweep
+from replay.gpu.shapes import sweep
 
 K = 3
 PENALTY = (("repetition_penalty", 1.2),)  # every row with history: the penalties' paths too

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from core.config import Config
-from replay.historyfit import fit_history
-from replay.shapes_file import read_sweeps
-from replay.shapes_grid import Batch, Entry
-from replay.shapes_step import stage
+from replay.analysis.historyfit import fit_history
+from replay.analysis.shapes_file import read_sweeps
+from replay.analysis.shapes_grid import Batch, Entry
+from replay.gpu.shapes_step import stage
 
 
 @pytest.mark.gpu
@@ -21,8 +21,8 @@ def test_gpu_history_rows_replay_the_penalties_graph(tmp_path: Path):
     """On CUDA a decode(history) batch replays its bucket's penalties variant (a plain decode
     batch the plain one), and a small sweep of both times the history rows slower."""
     from engine.engine import Engine
-    from replay.shapes import sweep
-    from replay.shapes_step import MarkHooks
+    from replay.gpu.shapes import sweep
+    from replay.gpu.shapes_step import MarkHooks
 
     cfg = Config(
         model="tiny", device="cuda", max_num_batched_tokens=512, max_num_seqs=32,

@@ -1,5 +1,5 @@
 """The penalties' GPU cost, end to end on CPU: the sweep's decode(history) rows (grid, staging on
-the tiny engine, file column), their fit (replay.historyfit, replay calibrate) and the cost
+the tiny engine, file column), their fit (replay.analysis.historyfit, replay calibrate) and the cost
 model's all-or-nothing term (`gpu_pass.history`), fast-forward parity included."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from core.config import Config
 from core.graph_buckets import decode_buckets, decode_graph_rows
 from core.shape import BatchShape
 from core.trace import make_trace, write_trace
-from replay.historyfit import fit_history, history_pairs
-from replay.shapes_file import Sample, read_sweeps, shape_row, write_sweep
-from replay.shapes_grid import Batch, Entry, Limits, batch_shape, grid
-from replay.shapes_step import stage
+from replay.analysis.historyfit import fit_history, history_pairs
+from replay.analysis.shapes_file import Sample, read_sweeps, shape_row, write_sweep
+from replay.analysis.shapes_grid import Batch, Entry, Limits, batch_shape, grid
+from replay.gpu.shapes_step import stage
 from sim.cost import CostModel, merge_profile, resolve_profile, save_profile, validate_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,7 +43,7 @@ def test_history_cells_pair_with_decode_cells_and_come_last(monkeypatch):
         assert n_hist == len(b.entries) or b.label == "decode(history mix)"
     # the families before keep their points and order (the new ones are left out)
     rest = [b for b in batches if not b.label.startswith("decode(history")]
-    monkeypatch.setattr("replay.shapes_grid._history", lambda *a: None)
+    monkeypatch.setattr("replay.analysis.shapes_grid._history", lambda *a: None)
     no_hist = grid(LIM)  # the grid as it was before the history families
     assert rest == no_hist and all(not e.hist for b in rest for e in b.entries)
 
@@ -64,7 +64,7 @@ def test_decode_graph_rows_follow_the_engines_buckets():
 # ---- staging on the tiny engine -----------------------------------------------------------------
 def test_history_rows_stage_as_a_runs_needs_history_requests():
     from engine.engine import Engine
-    from replay.shapes_step import MarkHooks
+    from replay.gpu.shapes_step import MarkHooks
 
     cfg = Config(
         model="tiny", device="cpu", dtype="float32", max_num_seqs=8, max_num_batched_tokens=128,
@@ -151,7 +151,7 @@ def test_the_fit_gives_the_penalty_line_back(tmp_path: Path):
 def test_calibrate_fits_the_term_and_keeps_history_rows_out_of_the_decode_fit(tmp_path: Path):
     from test_replay_shapes import H100, eager_run
 
-    from replay.calibrate import calibrate
+    from replay.analysis.calibrate import calibrate
 
     runs = [eager_run(tmp_path / "r", seed=1)]
     f = _sweep_file(tmp_path, gpu=H100, dtype="bfloat16")

@@ -1,5 +1,5 @@
 """The step hooks' record (engine.hooks) and the replay's account of their cost
-(replay.measure). No simpy/polars: this file also runs on the GPU host."""
+(replay.gpu.measure). No simpy/polars: this file also runs on the GPU host."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def test_step_hooks_grow_and_freeze_the_record():
     from core import phases as P
     from core.shape import BatchShape
     from engine.hooks import StepHooks
-    from replay.measure import step_hook_calls
+    from replay.gpu.measure import step_hook_calls
 
     h = StepHooks(torch.device("cpu"), capacity=2)
     t0 = h.start()
@@ -41,7 +41,7 @@ def test_step_hooks_grow_and_freeze_the_record():
 
 
 def test_overhead_fraction_counts_the_stepping_time_only():
-    from replay.measure import overhead_summary
+    from replay.gpu.measure import overhead_summary
 
     cost = {"per_step_us": 10.0, "gc_callback_us": 1.0}
     s = overhead_summary(cost, {"num_steps": 1000, "span_s": 3.0, "idle_s": 1.0, "gc": {}})

@@ -65,7 +65,7 @@ def test_calibrate_recovers_the_idle_scale(tmp_path: Path) -> None:
     from the decode model it was made with."""
     import sim.run as simrun
     from core.runfmt import load_run
-    from replay.idle_start import fit_idle_start
+    from replay.analysis.idle_start import fit_idle_start
 
     n = 40
     trace = trace_file(tmp_path, "t", np.linspace(0, 2.0, n), 200, np.full(n, 80))

@@ -1,6 +1,6 @@
 """Measured GPU busy time is kernel time: the hooks' marks around the forward (and the GPU
 drafter) let replay take GPU waits for the host out of a step's interval, so a measured and a
-predicted run count the same idle time (replay.measure.kernel_busy)."""
+predicted run count the same idle time (replay.gpu.measure.kernel_busy)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from core.phases import CPU_PHASES, DRAFT, SAMPLE
 from core.shape import BatchShape
-from replay.measure import CLEAN_MARGIN_NS, kernel_busy
+from replay.gpu.measure import CLEAN_MARGIN_NS, kernel_busy
 
 US = 1_000
 _S, _D = CPU_PHASES.index(SAMPLE), CPU_PHASES.index(DRAFT)

@@ -1,5 +1,5 @@
-"""Levelling a sweep-fitted decode model to the calibration runs (replay.level): every time in
-any model form scales, and the level is the runs' median measured/predicted ratio."""
+"""Levelling a sweep-fitted decode model to the calibration runs (replay.analysis.level): every time
+in any model form scales, and the level is the runs' median measured/predicted ratio."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import sim.run as simrun
 from core.config import load_config
 from core.runfmt import load_run
-from replay.level import level_ratio, scaled
+from replay.analysis.level import level_ratio, scaled
 from tests.test_sim import trace_file
 
 

@@ -1,5 +1,5 @@
 """The mixed GPU pass as the larger of a throughput branch and a straggler branch
-(replay/mixedfit.py, sim/cost/mixedsplits.py): the derived terms follow the paged attention
+(replay/analysis/mixedfit.py, sim/cost/mixedsplits.py): the derived terms follow the paged attention
 kernel's grid, a synthetic sweep of that form gives its coefficients and held-back points back,
 the sim compiles it (fast-forward on and off alike), and on the real H100 sweep the held-back
 verdict is the one the report states (and the single-branch form's 66 % miss stays gone)."""
@@ -16,12 +16,12 @@ import pytest
 from core.config import load_config
 from core.shape import SHAPE_FIELDS, BatchShape
 from replay import heldback, mixedfit
-from replay.calibrate import GPU_TERMS
-from replay.shapes import Limits, batch_shape, grid
-from replay.shapes_file import read_sweeps
-from replay.shapes_grid import Entry
-from replay.steps import MIXED_DERIVED as REPLAY_DERIVED
-from replay.steps import eval_linear
+from replay.analysis.calibrate import GPU_TERMS
+from replay.analysis.shapes_file import read_sweeps
+from replay.analysis.shapes_grid import Entry
+from replay.analysis.steps import MIXED_DERIVED as REPLAY_DERIVED
+from replay.analysis.steps import eval_linear
+from replay.gpu.shapes import Limits, batch_shape, grid
 from sim.cost import CostModel
 from sim.cost.mixedsplits import MIXED_DERIVED, mixed_attention_fn
 from sim.cost.profile import ProfileError, load_profile, save_profile

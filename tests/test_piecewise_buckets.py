@@ -1,7 +1,7 @@
-"""The decode table on a sweep whose graphs pad to their buckets (replay/graphsteps.py): a batch
-between two buckets pays the larger bucket's GEMMs, logits and sampling but only its own rows'
-attention. The sweep samples buckets and midpoints (replay.shapes_grid); the fit must predict
-every batch size in between, through the sim's CostModel, and say where it stepped."""
+"""The decode table on a sweep whose graphs pad to their buckets (replay/analysis/graphsteps.py): a
+batch between two buckets pays the larger bucket's GEMMs, logits and sampling but only its own rows'
+attention. The sweep samples buckets and midpoints (replay.analysis.shapes_grid); the fit must
+predict every batch size in between, through the sim's CostModel, and say where it stepped."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 
 from core.config import Config
 from core.shape import SHAPE_FIELDS, BatchShape
-from replay.calibrate import calibrate
-from replay.graphsteps import padded_segments, with_steps
-from replay.shapes import FORMAT_VERSION, Sample, batch_shape, grid, shape_row, write_sweep
-from replay.shapes_grid import Entry
-from replay.sweepmeta import MEASURES_KEY, MEASURES_STEP
+from replay.analysis.calibrate import calibrate
+from replay.analysis.graphsteps import padded_segments, with_steps
+from replay.analysis.shapes_grid import Entry
+from replay.analysis.sweepmeta import MEASURES_KEY, MEASURES_STEP
+from replay.gpu.shapes import FORMAT_VERSION, Sample, batch_shape, grid, shape_row, write_sweep
 from sim.cost import CostModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -116,7 +116,7 @@ def test_the_llama_1b_sweep_of_today(tmp_path: Path) -> None:
     """The grid `replay shapes --set model=llama3.2-1b --set num_kv_blocks=40000` times (whole:
     the default budget holds it; 32 cells past the cache), with graph padding and 0.5 % noise:
     held-back points and every batch size 1-256 through the sim's cost model."""
-    from replay.shapes_plan import plan
+    from replay.analysis.shapes_plan import plan
     from sim.cost.splits import program_keys_fn
 
     cfg = Config(model="llama3.2-1b", num_kv_blocks=40_000)

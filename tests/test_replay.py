@@ -19,11 +19,11 @@ from core.config import Config
 from core.phases import CPU_PHASES
 from core.runfmt import RunRecorder, load_run, write_run
 from core.shape import BatchShape
-from replay.calibrate import calibrate, evaluate, write_calibration
-from replay.compare import TARGETS, compare_runs
-from replay.lsq import fit, nnls_lawson_hanson
-from replay.metrics import flat_metrics
-from replay.report import write_report
+from replay.analysis.calibrate import calibrate, evaluate, write_calibration
+from replay.analysis.compare import TARGETS, compare_runs
+from replay.analysis.lsq import fit, nnls_lawson_hanson
+from replay.analysis.metrics import flat_metrics
+from replay.analysis.report import write_report
 from sim.cost import CostModel, load_profile, validate_profile
 
 TRACE = {"path": "synthetic.parquet", "sha256": "ab" * 32, "rows": 0}
@@ -228,7 +228,7 @@ def test_fidelity_report_and_plots(tmp_path: Path):
 
 
 def test_compare_refuses_runs_of_different_traces(tmp_path: Path):
-    from replay.compare import CompareError
+    from replay.analysis.compare import CompareError
 
     a = synthetic_run(tmp_path / "a")
     b = synthetic_run(tmp_path / "b")
@@ -362,7 +362,7 @@ def test_calibrated_profile_loads_in_sim_and_moves_predictions(tmp_path: Path):
 
 
 def test_calibrate_refuses_mixed_models(tmp_path: Path):
-    from replay.calibrate import CalibrationError
+    from replay.analysis.calibrate import CalibrationError
 
     a = synthetic_run(tmp_path / "a")
     b = synthetic_run(tmp_path / "b", cfg=Config(model="small"))

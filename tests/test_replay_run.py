@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 from core.config import Config  # noqa: E402
 from core.runfmt import load_run  # noqa: E402
 from core.trace import make_trace, write_trace  # noqa: E402
-from replay.run import ReplayTimeout, replay  # noqa: E402
+from replay.gpu.run import ReplayTimeout, replay  # noqa: E402
 
 CPU_TINY = Config(model="tiny", device="cpu")
 OUTPUT_LENS = [5, 3, 7, 4, 6]
@@ -116,7 +116,7 @@ def _exit_code(fn) -> int:
 
 def test_ablate_measures_beside_the_prediction(few: Path, tmp_path: Path):
     pytest.importorskip("simpy")
-    from replay.ablate import ablate
+    from replay.gpu.ablate import ablate
 
     cfg = CPU_TINY.replace(arrival="asap", num_kv_blocks=4096)  # the same KV cache in both
     out = tmp_path / "abl"
@@ -135,7 +135,7 @@ def test_ablate_measures_beside_the_prediction(few: Path, tmp_path: Path):
 def test_interleaved_sides_take_turns_and_keep_their_repeats(few: Path, tmp_path: Path):
     """replay_interleaved: off, on, off, on (host drift hits both sides alike); each side's
     folder is the median of its own repeats, with their spread."""
-    from replay.run import replay_interleaved
+    from replay.gpu.run import replay_interleaved
 
     cfg = CPU_TINY.replace(arrival="asap", num_kv_blocks=4096)
     cfgs = {"off": cfg.replace(reverse_placeholder_scan=False), "on": cfg}
@@ -162,7 +162,7 @@ def test_to_recorder_conventions():
     from core.phases import CPU_PHASES
     from core.runfmt.records import RunRecorder
     from core.shape import BatchShape
-    from replay.measure import to_recorder
+    from replay.gpu.measure import to_recorder
 
     ms = 1_000_000
     t0 = 5 * ms
@@ -212,7 +212,7 @@ def test_to_recorder_conventions():
 def test_gpu_replay_and_calibrate(few: Path, tmp_path: Path):
     """On CUDA: a complete run whose hooks cost ~1 % of the step time at most, GPU intervals that
     never start before their launch, and a profile fitted from it."""
-    from replay.calibrate import calibrate
+    from replay.analysis.calibrate import calibrate
     from sim.cost import validate_profile
 
     cfg = Config(model="small", device="cuda", arrival="asap", num_kv_blocks=4096)
@@ -229,7 +229,7 @@ def test_gpu_replay_and_calibrate(few: Path, tmp_path: Path):
 
 
 def test_a_cuda_run_records_the_gpu_preset_it_ran_on(monkeypatch):
-    import replay.run as rr
+    import replay.gpu.run as rr
     from core.config import Config
 
     cfg = Config(device="cuda", gpu="h100")

@@ -27,9 +27,9 @@ from core.policy import Scheduler
 from core.request import Request
 from core.runfmt import RunRecorder, write_run
 from core.shape import SHAPE_FIELDS, BatchShape
-from replay.calibrate import GPU_TERMS, CalibrationError, calibrate, write_calibration
-from replay.run import gpu_name
-from replay.shapes import (
+from replay.analysis.calibrate import GPU_TERMS, CalibrationError, calibrate, write_calibration
+from replay.gpu.run import gpu_name
+from replay.gpu.shapes import (
     COLUMNS,
     FORMAT_VERSION,
     META_KEY,
@@ -288,7 +288,7 @@ def test_a_cut_sweep_leaves_a_valid_partial_file(tmp_path: Path, monkeypatch):
     import os
     import signal
 
-    import replay.shapes as shapes
+    import replay.gpu.shapes as shapes
 
     monkeypatch.setattr(shapes, "WRITE_EVERY_S", 0.0)
     out = tmp_path / "cut.parquet"

@@ -19,7 +19,7 @@ import pytest
 from core import svg
 from core.runfmt import load_run
 from replay import report as replay_report
-from replay.compare import compare_runs
+from replay.analysis.compare import compare_runs
 from sim.plan.report import render
 from tests.test_replay import synthetic_run
 

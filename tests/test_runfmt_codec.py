@@ -192,8 +192,8 @@ def test_no_steps_run(tmp_path: Path) -> None:
 
 
 def test_compare_and_calibrate_refuse_a_run_without_steps(tmp_path: Path) -> None:
-    from replay.compare import compare_runs
-    from replay.steps import load_steps
+    from replay.analysis.compare import compare_runs
+    from replay.analysis.steps import load_steps
 
     _write(tmp_path / "a", random_recorder(7, n_steps=100))
     _write(tmp_path / "b", random_recorder(7, n_steps=100), steps=False)

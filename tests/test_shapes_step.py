@@ -1,4 +1,4 @@
-"""`replay shapes` samples run the engine's own step (replay.shapes_step), on CPU with the tiny
+"""`replay shapes` samples run the engine's own step (replay.gpu.shapes_step), on CPU with the tiny
 model: a synthetic step gives the tokens the engine's loop gives for the same requests, records
 the phases and the GPU marks of a run's step, sets up new rows' slots inside the step and held
 rows' outside it, and drives the spec decoder's verification with drafts; the engine methods the
@@ -18,8 +18,8 @@ from engine.engine import Engine
 from engine.hooks import PHASE
 from engine.inputs import SEQ_LENS
 from engine.requests import RequestInput
-from replay.shapes_grid import Batch, Entry
-from replay.shapes_step import MarkHooks, StageError, stage
+from replay.analysis.shapes_grid import Batch, Entry
+from replay.gpu.shapes_step import MarkHooks, StageError, stage
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -165,10 +165,10 @@ def test_gpu_sample_equals_a_run_steps_clean_interval():
     """A run at depth 2 of 16 requests decoding after a 1000-token prompt, against a sweep
     sample of the same batch (16 decode rows at the run's middle context) in the same engine:
     the sample holds what the run's clean intervals hold (input copy, finishing, graph with
-    sampling, token copy), within 10 %. Clean as replay.steps says: the GPU began the step
+    sampling, token copy), within 10 %. Clean as replay.analysis.steps says: the GPU began the step
     after the host had ended `sample` (llama3.2-1b, random weights: its decode pass outlasts
     the host's step, so most steps are)."""
-    from replay.shapes import Timer
+    from replay.gpu.shapes import Timer
 
     cfg = Config(
         model="llama3.2-1b",

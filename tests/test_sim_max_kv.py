@@ -22,9 +22,9 @@ from core.runfmt import Recording, RunRecorder, load_run
 from core.runfmt.tables import STEP_COLUMNS
 from core.shape import SHAPE_FIELDS, BatchShape
 from core.trace import make_trace, write_trace
-from replay.calibrate import calibrate
-from replay.compare import compare_runs
-from replay.steps import load_steps
+from replay.analysis.calibrate import calibrate
+from replay.analysis.compare import compare_runs
+from replay.analysis.steps import load_steps
 from sim.cost import LINEAR_TERMS, compile_linear, design_row, save_profile, validate_profile
 from sim.loop import SimLoop
 

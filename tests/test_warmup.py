@@ -1,5 +1,5 @@
 """The warm-up's shape enumeration (engine.warmup, pure), its runners on a CPU engine (no state
-left behind) and the Triton compile counter (replay.compiles). No simpy/polars: this file also
+left behind) and the Triton compile counter (replay.gpu.compiles). No simpy/polars: this file also
 runs on the GPU host."""
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def test_request_plan_frees_every_block_and_caches_no_prefix(spec: bool):
 
 # ---- the compile counter ----------------------------------------------------------------------
 def test_compile_counter_is_not_applicable_without_triton_kernels():
-    from replay.compiles import CompileCounter
+    from replay.gpu.compiles import CompileCounter
 
     eng = SimpleNamespace(device=SimpleNamespace(type="cpu"), model=SimpleNamespace(kernels=None))
     with CompileCounter.for_engine(eng) as c:
@@ -192,7 +192,7 @@ def test_compile_counter_is_not_applicable_without_triton_kernels():
 
 def test_compile_counter_counts_through_tritons_hooks_and_chains_them():
     pytest.importorskip("triton")
-    from replay.compiles import CompileCounter, _hook_slots
+    from replay.gpu.compiles import CompileCounter, _hook_slots
 
     slots = _hook_slots()
     assert slots is not None, "this Triton has no compile hooks"

@@ -56,7 +56,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_gpu_replay_measures_no_triton_compile(case: str, tmp_path: Path):
-    from replay.run import replay
+    from replay.gpu.run import replay
 
     src, seconds, sets = CASES[case]
     trace = _window(ROOT / src, seconds, tmp_path / "t.parquet", "llama3.2-1b")
@@ -77,7 +77,7 @@ def test_gpu_replay_measures_no_triton_compile(case: str, tmp_path: Path):
 def test_gpu_replay_spec_decoding_measures_no_triton_compile(tmp_path: Path):
     """Speculative decoding adds its own per-step kernels (input correction); met by the
     warm-up's requests rather than by the shape model."""
-    from replay.run import replay
+    from replay.gpu.run import replay
 
     trace = ROOT / "traces/seed5_optimistic.parquet"
     cfg = Config(model="llama3.2-1b", device="cuda", num_kv_blocks=20000, arrival="asap")
@@ -93,7 +93,7 @@ def test_gpu_measured_hooks_read_events_after_the_run():
     intervals are ordered and inside the run."""
     from core.shape import BatchShape
     from engine.hooks import StepHooks
-    from replay.measure import step_hook_calls
+    from replay.gpu.measure import step_hook_calls
 
     h = StepHooks(torch.device("cuda"), ring=600)
     t0 = h.start()

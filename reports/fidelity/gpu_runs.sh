@@ -29,7 +29,7 @@ packrun() {  # with PACKDIR: the run folder without timeline.json, packed as soo
   find "$out/$1" -name timeline.json -delete
   tar czf "$pack/$1.tgz" -C "$out" "$1" && log "packed $pack/$1.tgz"
 }
-shapes() {  # tag model blocks: clean GPU timings of synthetic batches (replay/shapes.py)
+shapes() {  # tag model blocks: clean GPU timings of synthetic batches (replay/gpu/shapes.py)
   log "shapes $1"
   python3 -m replay shapes --set model="$2" --set num_kv_blocks="$3" -o "$out/shapes-$1.parquet" \
     2>&1 | tail -6
@@ -89,7 +89,7 @@ case $part in
       python3 -c "
 from pathlib import Path
 from core.config import load_config
-from replay.kernels import profile_kernels
+from replay.gpu.kernels import profile_kernels
 cfg = load_config(None, ['model=llama3.2-1b', 'num_kv_blocks=40000', 'batches_in_flight=$d'])
 profile_kernels(cfg, '$W/azure6.parquet', Path('$out/kernels-d$d'))" 2>&1 | tail -2
       python3 reports/fidelity/kernel_gaps.py "$out/kernels-d$d/trace.json" "depth $d"

@@ -1,5 +1,5 @@
-"""GPU idle gaps in a torch.profiler Chrome trace (`replay.kernels.profile_kernels`): how much of
-a span no kernel, copy or memset was running, by gap length.
+"""GPU idle gaps in a torch.profiler Chrome trace (`replay.gpu.kernels.profile_kernels`): how much
+of a span no kernel, copy or memset was running, by gap length.
 
     python reports/fidelity/kernel_gaps.py TRACE_JSON [LABEL]
 

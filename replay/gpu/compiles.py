@@ -31,13 +31,13 @@ class Compile:
 def _hook_slots() -> tuple[Any, str, str] | None:
     """(object, pre-compile attribute, post-compile attribute) of this Triton, or None."""
     try:
-        import triton
+        import triton  # lazy on purpose: no Triton means no counter, not an error
     except ImportError:
         return None
     runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
     if runtime is not None and hasattr(runtime, "jit_post_compile_hook"):
         return runtime, "jit_cache_hook", "jit_post_compile_hook"
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction  # older Triton only: the hook's other home
 
     if hasattr(JITFunction, "compiled_hook"):
         return JITFunction, "cache_hook", "compiled_hook"

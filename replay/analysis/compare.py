@@ -20,7 +20,7 @@ from core.phases import CPU_PHASES
 from core.runfmt import Run
 from core.runfmt.stats import dist
 from core.shape import SHAPE_FIELDS
-from replay.metrics import flat_metrics, is_fraction, rel_error
+from replay.analysis.metrics import flat_metrics, is_fraction, rel_error
 
 # metric -> (kind, bound): |relative error| <= bound, or |error| <= bound points
 TARGETS: dict[str, tuple[str, float]] = {

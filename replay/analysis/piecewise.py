@@ -1,12 +1,13 @@
-"""`replay calibrate`'s piecewise GPU pass models from shape sweeps (fits: replay.gpufit,
-replay.mixedfit).
+"""`replay calibrate`'s piecewise GPU pass models from shape sweeps (fits: replay.analysis.gpufit,
+replay.analysis.mixedfit).
 
 `--gpu-model` (GPU_MODELS): `linear` keeps the linear (and max-of-linear) fits of
-replay.calibrate; `piecewise` fits the decode table and the mixed spline from the sweep;
+replay.analysis.calibrate; `piecewise` fits the decode table and the mixed spline from the sweep;
 `auto` (default) is piecewise when every sweep file measures whole steps
-(replay.sweepmeta.MEASURES_STEP), else linear, so older sweep files give the profiles they gave.
+(replay.analysis.sweepmeta.MEASURES_STEP), else linear, so older sweep files give the profiles they
+gave.
 
-Rows (over replay.calibrate's `joined`: the runs' steps, then the sweep's rows):
+Rows (over replay.analysis.calibrate's `joined`: the runs' steps, then the sweep's rows):
 - decode: the sweep's decode rows timed as the runs ran decode (graph replays or eager). A sweep
   that measures whole steps is the profile as it is; an older one (forward + logits only) is
   shifted by the median offset of the runs' clean decode steps from the table (the sweep gives
@@ -29,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from replay import gpufit, graphsteps, heldback, mixedfit
-from replay.shapes import SweepRows
-from replay.steps import CalibrationError, Steps, eval_linear
-from replay.sweepmeta import measures_steps
+from replay.analysis import gpufit, graphsteps, heldback, mixedfit
+from replay.analysis.shapes_file import SweepRows
+from replay.analysis.steps import CalibrationError, Steps, eval_linear
+from replay.analysis.sweepmeta import measures_steps
 
 GPU_MODELS = ("auto", "linear", "piecewise")
 
@@ -129,7 +130,7 @@ def _fit_table(
 ) -> None:
     """The table of `kind` (decode: plain decode steps, + the straggler branch; verify: decode
     steps with drafts, which run paged_attention, no straggler rule) on the sweep's `rows`,
-    stepping where graphs padded its rows (replay.graphsteps)."""
+    stepping where graphs padded its rows (replay.analysis.graphsteps)."""
     segments = graphsteps.padded_segments(cols, rows, steps.bucket, steps.buckets)
     nodes = gpufit.decode_nodes(cols, rows, segments) if rows.any() else None
     if nodes is None:

@@ -1,7 +1,7 @@
 """The mixed-step GPU pass from a shape sweep: a linear spline in num_tokens (hat functions at the
 rows' own values; the GEMMs, whose efficiency steps with the token count) plus non-negative
-linear attention terms, through replay.gpufit's penalised relative least squares (each knot's
-departure from its neighbours' line is penalised).
+linear attention terms, through replay.analysis.gpufit's penalised relative least squares (each
+knot's departure from its neighbours' line is penalised).
 
 Where the sweep holds steps whose attention waits on one long program (sim.cost.mixedsplits:
 a short chunk after a long context runs a few programs that each walk all of it; a long decode
@@ -22,8 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from replay.gpufit import MAX_NODES, Cols, PiecewiseFit, curvature, nodes_of, solve, table_rule
-from replay.lsq import numeric_rank
+from replay.analysis.gpufit import (
+    MAX_NODES,
+    Cols,
+    PiecewiseFit,
+    curvature,
+    nodes_of,
+    solve,
+    table_rule,
+)
+from replay.analysis.lsq import numeric_rank
 
 
 def mixed_knots(cols: Cols, rows: np.ndarray) -> list[float] | None:

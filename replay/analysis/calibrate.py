@@ -3,7 +3,7 @@
 Each fit is least squares over the BatchShape fields that steps.parquet records, with
 non-negative coefficients (every term is a cost), one linear model per target:
 - GPU pass, per batch kind (pure decode / mixed): `GPU_TERMS`, on the "clean" steps only
-  (replay.steps: GPU work began after the host had issued all of it, so the interval holds
+  (replay.analysis.steps: GPU work began after the host had issued all of it, so the interval holds
   kernels alone, not kernels trickling in behind an eager launch or waiting for the host's
   sample/draft phase); with too few of them the kind keeps the base profile's model or the
   roofline (a note says so).
@@ -30,10 +30,10 @@ default. `base` is the profile the simulator will use around the fit (its terms 
 subtracted; default: the built-in defaults).
 
 Shape sweeps (`shapes`, files of `python -m replay shapes`): their rows (clean timings of
-synthetic batches, replay.shapes) join the clean steps of the GPU pass fits, per kind. Mixed rows
-always join (the engine runs mixed batches eagerly, as the sweep does); decode rows join when they
-were timed the way the runs ran decode (CUDA graph replays or eagerly). The sweep times forward +
-logits only, a run's interval also the input copy, input finishing and sampling: the fit report
+synthetic batches, replay.gpu.shapes) join the clean steps of the GPU pass fits, per kind. Mixed
+rows always join (the engine runs mixed batches eagerly, as the sweep does); decode rows join when
+they were timed the way the runs ran decode (CUDA graph replays or eagerly). The sweep times forward
++ logits only, a run's interval also the input copy, input finishing and sampling: the fit report
 compares the two sources (`gpu_pass.<kind>.runs_vs_sweep`: a fit to the sweep alone on the clean
 run steps, with the median offset) and notes an offset beyond SOURCE_OFFSET_NOTE. A sweep of
 another model, GPU or dtype than the runs is an error.
@@ -48,9 +48,9 @@ default `shapes_kinds`) are shifted by the sweep's offset, the median of bulk - 
 rows the bulk branch explains; rows that join count as run steps (no offset). Reported in
 `gpu_pass.decode.straggler`.
 
-Piecewise GPU models (`gpu_model`, replay.piecewise): with a sweep that measures whole steps
-(or `--gpu-model piecewise`), the decode pass becomes a table over query rows x KV tokens per row
-(+ the straggler branch) and the mixed pass a spline in num_tokens + linear attention terms,
+Piecewise GPU models (`gpu_model`, replay.analysis.piecewise): with a sweep that measures whole
+steps (or `--gpu-model piecewise`), the decode pass becomes a table over query rows x KV tokens per
+row (+ the straggler branch) and the mixed pass a spline in num_tokens + linear attention terms,
 fitted on the sweep's grid, with held-back grid points reported per region and a verdict. Every
 calibration records the envelope its GPU fits measured (profile key `envelope`).
 
@@ -71,18 +71,18 @@ import numpy as np
 from core.config import Config
 from core.phases import CPU_PHASES, LAUNCH
 from core.runfmt import Run, load_run
-from replay.historyfit import describe as describe_history
-from replay.historyfit import fit_history
-from replay.idle_start import fit_idle_start
-from replay.level import TOLERANCE as LEVEL_TOLERANCE
-from replay.level import level_ratio, scaled
-from replay.lsq import fit, numeric_rank
-from replay.outdir import atomic_file
-from replay.piecewise import Piecewise, fit_piecewise, use_piecewise
-from replay.quality import active_terms_ms, evaluate, print_quality, stats
-from replay.shapes import SweepRows, read_sweeps
-from replay.spread import fit_spread
-from replay.steps import (
+from replay.analysis.historyfit import describe as describe_history
+from replay.analysis.historyfit import fit_history
+from replay.analysis.idle_start import fit_idle_start
+from replay.analysis.level import TOLERANCE as LEVEL_TOLERANCE
+from replay.analysis.level import level_ratio, scaled
+from replay.analysis.lsq import fit, numeric_rank
+from replay.analysis.outdir import atomic_file
+from replay.analysis.piecewise import Piecewise, fit_piecewise, use_piecewise
+from replay.analysis.quality import active_terms_ms, evaluate, print_quality, stats
+from replay.analysis.shapes_file import SweepRows, read_sweeps
+from replay.analysis.spread import fit_spread
+from replay.analysis.steps import (
     CalibrationError,
     Steps,
     draft_gpu_ms,
@@ -92,8 +92,12 @@ from replay.steps import (
     program_keys,
     run_config,
 )
-from replay.sweepmeta import measures_steps
-from replay.syncwake import fit_sync_wake
+from replay.analysis.sweepmeta import measures_steps
+from replay.analysis.syncwake import fit_sync_wake
+from sim.cost import merge_profile, resolve_profile, save_profile, validate_profile
+from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
+from sim.cost.spread import SPREAD_KEY
+from sim.cost.terms import TERM_NAMES, term_target
 
 __all__ = [
     "CalibrationError",
@@ -166,8 +170,6 @@ def fit_target(
 ) -> TargetFit:
     """Fit y[rows] = base model + free seed terms of `target` (+ fixed ones, subtracted).
     `one_sided`: term -> fields it takes when it is active on every row (module docstring)."""
-    from sim.cost.terms import TERM_NAMES, term_target
-
     mine = [t for t in TERM_NAMES if term_target(t) == target]
     y = y[rows].copy()
     free: list[str] = []
@@ -263,11 +265,9 @@ def calibrate(
     (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
     files whose rows join the GPU pass fits (module docstring); `shapes_kinds`: the batch kinds
     whose sweep rows may join the linear fits (the others are only reported). `gpu_model`:
-    replay.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps).
+    replay.analysis.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps).
     `spread`: fit the CPU phases' spread around the fitted models (`cpu_spread`,
-    replay.spread)."""
-    from sim.cost import resolve_profile
-
+    replay.analysis.spread)."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise CalibrationError("calibrate needs at least one run folder")
@@ -370,9 +370,6 @@ def calibrate(
     gc = _fit_gc(runs, defaults["gc"])
     if gc:
         prof["gc"] = gc
-    from sim.cost import merge_profile, validate_profile
-    from sim.cost.spread import SPREAD_KEY
-
     validate_profile(prof)
     used = merge_profile(base, prof) if base else prof
     wake, wake_report = fit_sync_wake(runs)
@@ -417,8 +414,6 @@ def _envelope(
 ) -> dict[str, Any]:
     """Per fitted kind, the ranges of sim.cost.envelope's fields over the rows it was fitted on
     (a kind kept from the base profile or the roofline has none)."""
-    from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
-
     out: dict[str, Any] = {}
     for kind, rows in fit_rows.items():
         if kind in gp and rows.any():
@@ -586,8 +581,6 @@ def _gpu_fit_quality(
 ) -> dict[str, Any]:
     """`gpu_pass.<kind>.fitted_on`: the fitted model on exactly the rows it was fitted on, with
     how many came from the runs' clean steps and how many from shape sweeps."""
-    from sim.cost import resolve_profile
-
     p = resolve_profile(prof)
     extra = active_terms_ms(p, joined, "gpu")
     out: dict[str, Any] = {}
@@ -613,8 +606,6 @@ def _sweep_quality(
     or not); `gpu_pass.<kind>.runs_vs_sweep`, a fit to the sweep rows alone predicting the
     runs' clean steps, with the median offset (measured - predicted) in ms and relative: what
     a run's interval holds beyond the sweep's forward + logits, or a mismatch of the two."""
-    from sim.cost import resolve_profile
-
     p = resolve_profile(prof)
     out: dict[str, Any] = {}
     extra = active_terms_ms(p, steps, "gpu")
@@ -759,8 +750,6 @@ def _preset_for(name: str) -> str | None:
 # ---- output -------------------------------------------------------------------------------------
 def write_calibration(cal: Calibration, path: str | Path, checks: dict[str, Any]) -> Path:
     """The profile (sim.cost.save_profile: validated, atomic) and `<stem>.fit.json` beside it."""
-    from sim.cost import save_profile
-
     p = save_profile(path, cal.profile)
     report = {"profile": str(p), "fit": cal.quality, "check": checks, "notes": cal.notes}
     if cal.verdict:

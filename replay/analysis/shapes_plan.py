@@ -1,4 +1,4 @@
-"""What a sweep times: the grid cut to a budget, and the envelope its rows span (replay.shapes).
+"""What a sweep times: the grid cut to a budget, and the envelope its rows span (replay.gpu.shapes).
 
 `CostGuess` estimates a shape's GPU time (printed before the sweep, and what `budget_s` is
 spent in); `select` keeps the grid's leading shapes that fit a budget and a point count (the grid
@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.config import Config
-from replay.shapes_file import KINDS
-from replay.shapes_grid import Batch, Limits, grid, quick_grid
+from core.gpus import get_gpu
+from core.models import get_model
+from replay.analysis.shapes_file import KINDS
+from replay.analysis.shapes_grid import Batch, Limits, grid, quick_grid
 
 DEFAULT_BUDGET_S = 240.0  # estimated GPU seconds (CostGuess)
 
@@ -37,9 +39,6 @@ class CostGuess:
 
     @staticmethod
     def of(cfg: Config) -> CostGuess:
-        from core.gpus import get_gpu
-        from core.models import get_model
-
         m, gpu = get_model(cfg.model), get_gpu(cfg.gpu)
         dtype = cfg.dtype
         return CostGuess(

@@ -290,7 +290,7 @@ def _timeline_tracks(s: dict[str, np.ndarray], first: int) -> tuple[list[Any], f
 
 def _save_lines(out: Path, stem: str, series: list[Any], title: str, xlabel: str, mpl: bool) -> str:
     if mpl:
-        import matplotlib
+        import matplotlib  # optional (mpl: installed); Agg before pyplot
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -309,7 +309,7 @@ def _save_scatter(
     out: Path, stem: str, pred: np.ndarray, meas: np.ndarray, title: str, mpl: bool
 ) -> str:
     if mpl:
-        import matplotlib
+        import matplotlib  # optional (mpl: installed); Agg before pyplot
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -333,7 +333,7 @@ def _save_timeline(
     tracks, t0, t1 = _timeline_tracks(s, first)
     legend = list(CPU_PHASES)
     if mpl:
-        import matplotlib
+        import matplotlib  # optional (mpl: installed); Agg before pyplot
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -355,7 +355,7 @@ def _save_timeline(
 
 
 def _save_fig(fig: Any, out: Path, stem: str) -> str:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: only when matplotlib drew the figure
 
     fig.tight_layout()
     fig.savefig(out / f"{stem}.png", dpi=100)

@@ -1,7 +1,7 @@
 """Held-back sweep points: which a refit leaves out, and the per-region error of predicting them.
 
-A piecewise GPU model (replay.gpufit) is refitted without every HOLD_EVERY-th grid value per
-axis (interior points only, so their neighbours stay in and the prediction is an interpolation),
+A piecewise GPU model (replay.analysis.gpufit) is refitted without every HOLD_EVERY-th grid value
+per axis (interior points only, so their neighbours stay in and the prediction is an interpolation),
 then predicts them: the per-region error reads as "how well does the profile interpolate"
 between the points the sweep measured. Regions: decode and verify by num_reqs (DECODE_BANDS),
 mixed by num_tokens (MIXED_BANDS). numpy only.
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from replay.gpufit import TABLE_X, TABLE_Y, Cols, TableNodes, table_rule, uniform_rows
+from replay.analysis.gpufit import TABLE_X, TABLE_Y, Cols, TableNodes, table_rule, uniform_rows
 
 HOLD_EVERY = 3  # every 3rd grid value per axis (interior points only)
 HELD_BACK_OK = 0.05  # the verdict's bound on a region's max relative error
@@ -25,7 +25,7 @@ MIXED_BANDS = (1, 256, 2048)  # num_tokens band edges of the mixed regions
 def decode_hold(cols: Cols, rows: np.ndarray, nodes: TableNodes):
     """Rows held back: uniform rows on interior nodes (i, j) with i % HOLD_EVERY == 1 and
     j % HOLD_EVERY == 1 (their neighbours stay in), and every HOLD_EVERY-th row off the nodes.
-    i counts the x nodes rows sit on: a graph step's first node (no row, replay.graphsteps)
+    i counts the x nodes rows sit on: a graph step's first node (no row, replay.analysis.graphsteps)
     before every bucket's midpoint would otherwise take the pattern's place."""
     t = table_rule()
     ys = nodes.ys

@@ -20,6 +20,7 @@ import numpy as np
 
 from core.runfmt import Run
 from core.shape import SHAPE_FIELDS, BatchShape
+from sim.cost import CostModel
 
 from .steps import run_config
 
@@ -32,8 +33,6 @@ def fit_idle_start(
     runs: Sequence[Run], profile: Mapping[str, Any]
 ) -> tuple[dict[str, float] | None, dict[str, Any]]:
     """(the `gpu_pass.idle_start` table, or None when too few steps; a report)."""
-    from sim.cost import CostModel
-
     ratios: list[np.ndarray] = []
     for run in runs:
         cfg = run_config(run)

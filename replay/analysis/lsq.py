@@ -45,7 +45,7 @@ def nnls_lawson_hanson(a: np.ndarray, b: np.ndarray, max_iter: int | None = None
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if _HAVE_SCIPY:
-        from scipy.optimize import nnls as scipy_nnls
+        from scipy.optimize import nnls as scipy_nnls  # optional dependency, present here
 
         return scipy_nnls(a, b, maxiter=50 * a.shape[1] + 100)[0]
     return nnls_lawson_hanson(a, b)

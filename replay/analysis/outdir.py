@@ -9,9 +9,12 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from core import outplace
 from core.atomic import atomic_file
 from core.outplace import OutKind
+from replay.analysis.shapes_file import META_KEY
 
 __all__ = [
     "ABLATE_FOLDER",
@@ -43,10 +46,6 @@ def _is_profile(p: Path) -> bool:
 
 
 def _is_shapes(p: Path) -> bool:
-    import pyarrow.parquet as pq
-
-    from replay.shapes import META_KEY
-
     try:
         meta = pq.read_schema(p).metadata or {}
     except Exception:  # noqa: BLE001 - not parquet at all

@@ -9,16 +9,17 @@ from typing import Any
 
 import numpy as np
 
+from core.models import get_model
 from core.phases import CPU_PHASES, LAUNCH
 from core.runfmt import Run
-from replay.steps import Steps, draft_gpu_ms, eval_linear, load_steps, run_config
+from replay.analysis.steps import Steps, draft_gpu_ms, eval_linear, load_steps, run_config
+from sim.cost import resolve_profile
+from sim.cost.terms import TERM_NAMES, term_target
 
 
 def evaluate(profile: Mapping[str, Any], runs: Sequence[Run], steps: Steps | None = None):
     """Fit statistics of `profile` on `runs`: predicted (as the sim computes it: base model +
     active terms) vs measured time per step, per target."""
-    from sim.cost import resolve_profile
-
     steps = steps or load_steps(runs)
     prof = resolve_profile(profile)
     out: dict[str, Any] = {}
@@ -66,8 +67,6 @@ def phase_predicted_ms(
 
 
 def active_terms_ms(prof: Mapping[str, Any], steps: Steps, target: str) -> np.ndarray:
-    from sim.cost.terms import TERM_NAMES, term_target
-
     all_rows = np.ones(len(steps), bool)
     out = np.zeros(len(steps))
     for t in TERM_NAMES:
@@ -78,8 +77,6 @@ def active_terms_ms(prof: Mapping[str, Any], steps: Steps, target: str) -> np.nd
 
 
 def _nodes(runs: Sequence[Run], steps: Steps, la: Mapping[str, Any]) -> np.ndarray:
-    from core.models import get_model
-
     per_run = []
     for r in runs:
         try:

@@ -18,6 +18,7 @@ import numpy as np
 
 from core.runfmt import Run
 from core.shape import SHAPE_FIELDS, BatchShape
+from sim.cost import CostModel
 
 from .steps import run_config
 
@@ -30,8 +31,6 @@ def level_ratio(runs: Sequence[Run], decode: Mapping[str, Any]) -> tuple[float |
     """Median measured/predicted over the runs' clean, queued decode graph steps (the GPU began
     after the host had issued the whole step and had not idled before it: the steps the sweep's
     samples stand for), or None when there are too few."""
-    from sim.cost import CostModel
-
     ratios: list[np.ndarray] = []
     for run in runs:
         cfg = run_config(run)

@@ -1,10 +1,10 @@
 """Fit of the CPU phases' measured spread (profile key `cpu_spread`, sim.cost.spread).
 
 Per CPU phase, over the steps of the runs: ratio = measured phase time (less GC pauses and
-sync waits, replay.steps) / the fitted profile's prediction for the step's shape (base model +
-active terms + launch table: replay.quality.phase_predicted_ms). The table is the ratio's
-quantiles at SPREAD_P, each step weighted by its predicted time (a step's share of the phase's
-time: the few tiny predictions with a large ratio, e.g. the draft phase of a run without
+sync waits, replay.analysis.steps) / the fitted profile's prediction for the step's shape (base
+model + active terms + launch table: replay.analysis.quality.phase_predicted_ms). The table is the
+ratio's quantiles at SPREAD_P, each step weighted by its predicted time (a step's share of the
+phase's time: the few tiny predictions with a large ratio, e.g. the draft phase of a run without
 drafting, do not spread the long steps), the p = 1 point at TOP_P (the slowest 0.01 % of steps,
 warm-up and one-offs, left out), divided by the table's mean so the phase keeps the linear
 model's mean (the weighted mean of the ratios is ~1 after a least-squares fit anyway; the fit
@@ -20,8 +20,9 @@ import numpy as np
 
 from core.phases import CPU_PHASES
 from core.runfmt import Run
-from replay.quality import phase_predicted_ms
-from replay.steps import Steps
+from replay.analysis.quality import phase_predicted_ms
+from replay.analysis.steps import Steps
+from sim.cost.spread import mean_ratio
 
 SPREAD_P = (0.0, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0)
 TOP_P = 0.9999  # where the table's p = 1 point is read
@@ -42,8 +43,6 @@ def fit_spread(
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:
     """`cpu_spread` of a resolved profile on `runs` and its report (per phase: steps, the
     ratio's mean unweighted and weighted, the scale applied, the table)."""
-    from sim.cost.spread import mean_ratio
-
     spread: dict[str, dict[str, list[float]]] = {}
     report: dict[str, Any] = {}
     probs = [*SPREAD_P[:-1], TOP_P]

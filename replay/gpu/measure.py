@@ -28,10 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from core import phases as P
 from core.phases import ALL_CPU_ACTIVITIES, CPU_PHASES, LAUNCH, PROCESS_OUTPUTS
 from core.runfmt import RunRecorder
+from core.shape import BatchShape
+from engine.hooks import StepHooks
 
 _PO = CPU_PHASES.index(PROCESS_OUTPUTS)
 _LAUNCH = CPU_PHASES.index(LAUNCH)
@@ -267,11 +270,6 @@ def hook_overhead(
     (after a warm-up), minus an empty loop of as many iterations. `harvests`: each step also
     reads the GPU events of a step a ring ago (CUDA), as in a run longer than its event ring;
     off for a run within its ring, whose events are all read in `finish()`, after the run."""
-    import torch
-
-    from core.shape import BatchShape
-    from engine.hooks import StepHooks
-
     dev = torch.device(device)
     shape = BatchShape(num_reqs=1, decode_tokens=1)
     info = {"generation": 0, "collected": 0, "uncollectable": 0}

@@ -1,8 +1,8 @@
 """Clean GPU timings of synthetic engine steps (`python -m replay shapes`), for calibration.
 
 A measured run's GPU interval holds kernels alone only when the GPU began the step after the host
-had issued all of it (replay.steps, "clean"); an eager step of a small model is launched more
-slowly than its kernels run, so nearly none of its mixed steps is clean. This sweep times the
+had issued all of it (replay.analysis.steps, "clean"); an eager step of a small model is launched
+more slowly than its kernels run, so nearly none of its mixed steps is clean. This sweep times the
 engine's own step on a grid of synthetic batches with the launch hidden behind a GPU spin:
 
     GPU spin (torch.cuda._sleep) | the step: Engine.launch_batch, gpu_begin .. gpu_end marks
@@ -11,9 +11,9 @@ What one sample measures is what a run step's GPU interval measures (`measures: 
 file): the same `Engine` (model, KV cache, input buffers, decode CUDA graphs with their input
 finishing and sampling, the eager path with sampling for mixed steps, the spec decoder's
 verification and ngram-gpu proposer), on a batch its scheduler made from requests already in
-the KV cache (replay.shapes_step), between the marks the engine's hooks set: from before the
+the KV cache (replay.gpu.shapes_step), between the marks the engine's hooks set: from before the
 input copy (`inputs.send`) to after the token copy (or the GPU proposer). The marks are taken on
-the sweep's events (replay.shapes_step.MarkHooks). The host enqueues the spin, then the whole
+the sweep's events (replay.gpu.shapes_step.MarkHooks). The host enqueues the spin, then the whole
 step; the start mark fires only once the spin ends. A sample is clean when, at the end mark,
 the start mark has still not fired (`Event.query`, which never blocks): every kernel of the
 step was queued before the GPU began it. A sample that is not clean is retried with a spin
@@ -24,17 +24,18 @@ Before the grid, on CUDA, the engine's compile warm-up (engine.warmup's forward 
 16 at a time, as `replay run` does). Per shape: one untimed launch (Triton compiles, cuBLAS
 loads, held rows' block tables reach the device; the first shape of each path, graph or eager,
 one more to seed the issue-time estimate), then `repeats` samples (fewer for steps over
-LONG_SAMPLE_MS). The grid (replay.shapes_grid) is cut (replay.shapes_plan) to `points` shapes
-and an estimated GPU time `budget_s` in level order, so what is left out is refinement; the
-estimate is printed before the sweep starts. The file (replay.shapes_file) is rewritten every
-WRITE_EVERY_S and at the end, whole each time; a sweep cut by --max-seconds, SIGTERM or Ctrl-C
-writes what it has timed (`complete: false`).
+LONG_SAMPLE_MS). The grid (replay.analysis.shapes_grid) is cut (replay.analysis.shapes_plan) to
+`points` shapes and an estimated GPU time `budget_s` in level order, so what is left out is
+refinement; the estimate is printed before the sweep starts. The file (replay.analysis.shapes_file)
+is rewritten every WRITE_EVERY_S and at the end, whole each time; a sweep cut by --max-seconds,
+SIGTERM or Ctrl-C writes what it has timed (`complete: false`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import gc
+import os
 import signal
 import subprocess
 import sys
@@ -47,9 +48,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from core.config import Config
-from replay.shapes_file import (
+from engine import warmup as W
+from engine.engine import Engine
+from replay.analysis.shapes_file import (
     COLUMNS,
     FORMAT_VERSION,
     KINDS,
@@ -63,8 +67,11 @@ from replay.shapes_file import (
     shape_row,
     write_sweep,
 )
-from replay.shapes_grid import Batch, Entry, Limits, axes_of, batch_shape, grid
-from replay.shapes_plan import DEFAULT_BUDGET_S, Plan, envelope, plan
+from replay.analysis.shapes_grid import Batch, Entry, Limits, axes_of, batch_shape, grid
+from replay.analysis.shapes_plan import DEFAULT_BUDGET_S, Plan, envelope, plan
+from replay.gpu.run import as_run, gpu_name
+from replay.gpu.shapes_step import SCATTER_MAX_BLOCKS as scatter_max
+from replay.gpu.shapes_step import MarkHooks, StageError, stage
 
 __all__ = [
     "COLUMNS",
@@ -119,8 +126,6 @@ class Timer:
 
     def _calibrate(self) -> float:
         """Spin cycles per ms on this GPU (median of 3)."""
-        import torch
-
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(1000)  # first launch of the kernel: loads it
         rates = []
@@ -143,7 +148,7 @@ class Timer:
         del h[:-ISSUE_HISTORY]
 
     def launch(self, step: Any, marks: Any) -> float:
-        """One untimed launch of `step` (replay.shapes_step.Staged); returns its issue time."""
+        """One untimed launch of `step` (replay.gpu.shapes_step.Staged); returns its issue time."""
         step.before()
         t0 = time.perf_counter_ns()
         step.launch()
@@ -158,8 +163,6 @@ class Timer:
         if not self.cuda:
             issue_ms = self.launch(step, marks)
             return Sample(marks.gpu_ms(), issue_ms, 0.0), 0
-        import torch
-
         est = self.issue_estimate(path)
         assert est is not None, "seed the issue estimate first (note_issue)"
         spin_ms = SPIN_MARGIN * est + SPIN_PAD_MS
@@ -185,8 +188,6 @@ class Timer:
 
 def _sync(cuda: bool) -> None:
     if cuda:
-        import torch
-
         torch.cuda.synchronize()
 
 
@@ -225,11 +226,6 @@ def sweep(
     """Time the grid's steps for `cfg` (module docstring); write the parquet file `out`.
     `quick` > 0: about that many shapes per kind (no budget). `max_seconds`: stop adding shapes
     after that long. `announce` gets the plan (shapes, estimated GPU time) before timing."""
-    import torch
-
-    from engine.engine import Engine
-    from replay.shapes_step import MarkHooks
-
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     t_start = time.monotonic()
@@ -306,10 +302,6 @@ def _warm_up(engine: Any) -> float:
     """CUDA with Triton kernels: every compile an eager step of the config can select, 16 at
     a time (engine.warmup's forward plan, as `replay run` warms up), so the grid's untimed
     launches meet few; they would compile one by one. Returns the seconds it took."""
-    import os
-
-    from engine import warmup as W
-
     t0 = time.perf_counter()
     if engine.device.type == "cuda" and getattr(engine.model, "kernels", None) is not None:
         plan = W.forward_plan(W.Limits.of_engine(engine))
@@ -319,8 +311,6 @@ def _warm_up(engine: Any) -> float:
 
 def _as_run(cfg: Config) -> Config:
     """On CUDA the GPU preset the device is (for the cost estimate)."""
-    from replay.run import as_run
-
     return as_run(cfg)
 
 
@@ -355,8 +345,6 @@ def _time_all(
     progress: Callable[[str], None] | None,
     save: Callable[[], Any],
 ) -> None:
-    from replay.shapes_step import StageError, stage
-
     stats["shapes"] = len(pl.batches)
     last_write = time.monotonic()
     for i, batch in enumerate(pl.batches):
@@ -428,13 +416,7 @@ def _meta_fn(
 ) -> Callable[[], dict[str, Any]]:
     """The file's metadata, built when written (rows and stats grow during the sweep); `cut`:
     repeats, budget_s, points."""
-    from replay.shapes_step import SCATTER_MAX_BLOCKS as scatter_max
-
     repeats, budget_s, points = cut
-    import torch
-
-    from replay.run import gpu_name
-
     commit, dirty = _engine_commit()
     fixed = {
         "format": "replay.shapes",
@@ -452,7 +434,7 @@ def _meta_fn(
         "attn_backend": engine.model.attn_backend,
         "cuda_graphs": engine.graphs is not None,
         "graph_buckets": list(engine.graphs.buckets) if engine.graphs is not None else [],
-        # the KV block ids the synthetic batches read (replay.shapes_step.give_blocks)
+        # the KV block ids the synthetic batches read (replay.gpu.shapes_step.give_blocks)
         "kv_layout": "scattered" if engine.num_kv_blocks <= scatter_max else "consecutive",
         "graphs_sample": bool(engine.graphs is not None and engine.graphs.samples),
         "spec": {"method": cfg.spec.method, "k": cfg.spec.k if cfg.spec.enabled else 0},

@@ -1,6 +1,6 @@
-"""A synthetic batch as a real engine step, for `replay shapes` (replay.shapes).
+"""A synthetic batch as a real engine step, for `replay shapes` (replay.gpu.shapes).
 
-`stage(engine, batch)` turns a grid batch (replay.shapes_grid) into engine requests whose
+`stage(engine, batch)` turns a grid batch (replay.analysis.shapes_grid) into engine requests whose
 context is already "in the KV cache" and lets the engine's own scheduler build the step:
 - each row is an `Engine.add_request` (synthetic prompt ids), then `resume` puts it where its
   earlier steps would have left it: running, `start` tokens computed, blocks for its step held
@@ -46,7 +46,7 @@ from core.request import Request, Status
 from engine.engine import Engine, InFlight
 from engine.hooks import StepHooks
 from engine.requests import RequestInput
-from replay.shapes_grid import Batch, Entry
+from replay.analysis.shapes_grid import Batch, Entry
 
 _now = time.perf_counter_ns
 CPU_PROPOSER_TAIL = 64  # ngram-cpu: tokens of a held row's list its proposer scans (untimed)

@@ -6,9 +6,9 @@ in real time (config `arrival=realtime`, open loop) or all at once (`asap`). The
 (engine.warmup) meets every Triton compile an eager step within the config's limits can select
 (model forwards over the shape classes, then requests over the token-count classes), then a few
 synthetic requests for the other first-call costs (allocator, lazy init). Triton compiles are
-counted during the warm-up and the measured run (replay.compiles) and reported in
+counted during the warm-up and the measured run (replay.gpu.compiles) and reported in
 summary.json `replay.jit_compiles`: the measured run should have none. The hooks' record and the
-per-request outputs become a `RunRecorder` (replay.measure) and `write_run` writes the folder
+per-request outputs become a `RunRecorder` (replay.gpu.measure) and `write_run` writes the folder
 atomically.
 
 Interruptions (Ctrl-C, an engine error, `--max-seconds`): whatever was measured up to then is
@@ -29,13 +29,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from core.config import Config, ConfigError
+from core.gpus import GPUS
 from core.models import get_model, with_context
+from core.request import Request
 from core.runfmt import trace_info, write_run
+from core.runfmt.bubbles import account_bubbles
+from core.runfmt.summary import build_summary
 from core.trace import Trace, TraceError, read_trace
-from replay.compiles import CompileCounter
-from replay.measure import hook_overhead, overhead_summary, to_recorder
-from replay.metrics import flat_metrics, spread
+from engine import warmup as W
+from engine.engine import Engine
+from engine.hooks import StepHooks
+from engine.requests import RequestInput
+from replay.analysis.metrics import flat_metrics, spread
+from replay.gpu.compiles import CompileCounter
+from replay.gpu.measure import hook_overhead, overhead_summary, to_recorder
 
 WARMUP_SHAPES = ((48, 6), (200, 4), (16, 3))  # (prompt, output) of the warm-up requests
 WARMUP_KEY = 1 << 30  # warm-up requests' sampling/prompt keys, far from the trace's 0..n-1
@@ -67,8 +77,6 @@ class ReplayResult:
 
 
 def gpu_name(cfg: Config) -> str:
-    import torch
-
     if cfg.device == "cuda":
         return torch.cuda.get_device_name()
     return f"cpu ({platform.processor() or platform.machine()})"
@@ -80,8 +88,6 @@ def as_run(cfg: Config) -> Config:
     on; the default preset ('h100') otherwise stood in the summaries of H200 runs."""
     if cfg.device != "cuda":
         return cfg
-    from core.gpus import GPUS
-
     name = gpu_name(cfg).lower()
     preset = next((g for g in sorted(GPUS, key=len, reverse=True) if g in name), None)
     return cfg.replace(gpu=preset) if preset and preset != cfg.gpu else cfg
@@ -205,13 +211,13 @@ def _one_repeat(
 ) -> tuple[Measured, Any]:
     """One measured run on a fresh engine (the model's weights reused). An incomplete run
     writes its folder (with the spread of the repeats `done` before it) and raises."""
-    engine, model = _new_engine(cfg, model)
+    engine, model = new_engine(cfg, model)
     _check_fits(engine, trace, trace_path)
     warm = CompileCounter.for_engine(engine)
     warm_info = None
     if warmup:
         with warm:
-            warm_info = _warm_up(engine)
+            warm_info = warm_up(engine)
     ring = event_ring(cfg, trace)
     _fresh_hooks(engine, ring, step_bound(cfg, trace))
     m = _measure(engine, cfg, trace, deadline, progress, fail_after_steps)
@@ -247,11 +253,7 @@ def _finish(
 
 
 # ---- one repeat ----------------------------------------------------------------------------------
-def _new_engine(cfg: Config, model: Any) -> tuple[Any, Any]:
-    import torch
-
-    from engine.engine import Engine
-
+def new_engine(cfg: Config, model: Any) -> tuple[Any, Any]:
     if cfg.device == "cpu":
         # intra-op threads spin-wait: on a shared host a CPU step's time jumps 100x with the
         # load of other processes; the tiny/small models gain nothing from them
@@ -272,8 +274,6 @@ def _new_engine(cfg: Config, model: Any) -> tuple[Any, Any]:
 
 
 def _check_fits(engine: Any, trace: Trace, trace_path: str | Path) -> None:
-    from core.request import Request
-
     for row in trace.rows():
         r = Request(row.row, row.request_id, row.arrival_s, row.prompt_len, row.output_len)
         why = engine.sched.check_fits(r)
@@ -282,16 +282,13 @@ def _check_fits(engine: Any, trace: Trace, trace_path: str | Path) -> None:
             raise TraceError(f"{where}: {why}")
 
 
-def _warm_up(engine: Any) -> dict[str, Any]:
+def warm_up(engine: Any) -> dict[str, Any]:
     """Meet the engine's first-call costs before the run: every Triton compile an eager step
     can select (engine.warmup: model forwards over the shape classes, compiled up to 16 at a
     time, then requests over the token-count and row-count classes; CUDA with Triton kernels
     only), then a few synthetic requests together. Synthetic prompts (no prefix id, no ids)
     register no prefix-cache blocks, so no trace request can hit them; every request finishes,
     so every KV block is free again. Returns what was run and how long it took."""
-    from engine import warmup as W
-    from engine.requests import RequestInput
-
     t0 = time.perf_counter()
     info: dict[str, Any] = {"forward_steps": 0, "request_steps": 0}
     if engine.device.type == "cuda" and getattr(engine.model, "kernels", None) is not None:
@@ -309,8 +306,6 @@ def _warm_up(engine: Any) -> dict[str, Any]:
     while engine.has_work:
         engine.step()
     if engine.device.type == "cuda":
-        import torch
-
         torch.cuda.synchronize()
     info["seconds"] = time.perf_counter() - t0
     return info
@@ -338,8 +333,6 @@ def _fresh_hooks(engine: Any, ring: int, rows: int) -> None:
     """New hooks for the measured run (the warm-up's rows gone), sized for `rows` steps so
     that they do not grow during it; with gc_freeze, the objects made since the engine froze
     its heap (the warm-up's, the hooks' events) join it."""
-    from engine.hooks import StepHooks
-
     engine.hooks = StepHooks(engine.device, capacity=rows, ring=ring)
     if engine.cfg.gc_freeze:
         gc.collect()
@@ -437,8 +430,6 @@ def _extra(
     arrived: int,
     trace_rows: int,
 ) -> dict[str, Any]:
-    import torch
-
     return {
         "wall_s": wall,
         "engine": {
@@ -460,7 +451,7 @@ def _extra(
             "total_s": float(conv.gpu_start_moved_ns.sum() / 1e9),
         },
         # GPU waits for the host inside step intervals, taken out of the busy time
-        # (replay.measure.kernel_busy): the simulator's passes are kernels only
+        # (replay.gpu.measure.kernel_busy): the simulator's passes are kernels only
         "gpu_waits_in_steps": conv.waits,
         "interrupted": None if error is None else f"{type(error).__name__}: {error}",
         "device": cfg.device,
@@ -477,9 +468,6 @@ def _version(mod: str) -> str | None:
 def _summarize(rec: Any, cfg: Config) -> dict[str, Any]:
     """The summary numbers write_run will compute (same freeze and bubble accounting), without
     writing: a repeat's metrics for the spread."""
-    from core.runfmt.bubbles import account_bubbles
-    from core.runfmt.summary import build_summary
-
     frozen = rec.freeze()
     return build_summary(
         frozen,

@@ -15,10 +15,11 @@ hold over the sweep's whole grid instead, each still plain (weighted) least squa
   straggler branch, a spline in num_tokens through the table's first column (the step without
   KV) + c x program_keys, with c fitted by the same hinge iteration as the linear form's.
   Where decode graphs padded the rows to their buckets the table steps there
-  (replay.graphsteps: extra x nodes and a penalty cut).
-- mixed: replay.mixedfit (a spline in num_tokens through the same penalised solve).
+  (replay.analysis.graphsteps: extra x nodes and a penalty cut).
+- mixed: replay.analysis.mixedfit (a spline in num_tokens through the same penalised solve).
 Rows are weighted by 1 / measured ms (relative error: a 1 ms decode and a 40 ms prefill count
-alike). replay.heldback chooses the grid points a refit leaves out and scores its predictions.
+alike). replay.analysis.heldback chooses the grid points a refit leaves out and scores its
+predictions.
 
 numpy only (the GPU host has no scipy or polars).
 """
@@ -31,8 +32,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from replay.graphsteps import Segment, with_steps
-from replay.lsq import fit
+from replay.analysis.graphsteps import Segment, with_steps
+from replay.analysis.lsq import fit
+from sim.cost import table as cost_table
 
 Cols = Mapping[str, np.ndarray]
 
@@ -41,7 +43,7 @@ MAX_NODES = 24  # per axis; more distinct values are thinned (log-spaced, ends k
 MAX_STEP_NODES = 96  # x nodes of a table with graph padding steps (each bucket and midpoint)
 NODE_MERGE = 0.05  # values within 5 % of a node are one node (rows between nodes interpolate)
 PENALTY = 0.05  # weight of a cell's curvature, relative to one row's relative error
-BREAK_WEIGHT = 0.01  # of a curvature row across a graph step (replay.graphsteps), relative
+BREAK_WEIGHT = 0.01  # of a curvature row across a graph step (replay.analysis.graphsteps), relative
 STRAGGLER_START = 1.05  # rows this far above the table seed the straggler fit
 MIN_STRAGGLER_ROWS = 2  # c is one number: two rows that straggle clearly pin it
 
@@ -49,7 +51,7 @@ MIN_STRAGGLER_ROWS = 2  # c is one number: two rows that straggle clearly pin it
 class TableNodes(NamedTuple):
     xs: list[float]  # num_tokens
     ys: list[float]  # kv_per_token
-    breaks: list[float] = []  # xs that start a padded graph segment (replay.graphsteps)
+    breaks: list[float] = []  # xs that start a padded graph segment (replay.analysis.graphsteps)
 
 
 @dataclass
@@ -60,11 +62,8 @@ class PiecewiseFit:
 
 
 def table_rule() -> Any:
-    """sim.cost.table, the profile format's interpolation rule (imported when first needed, as
-    replay imports sim.cost)."""
-    import sim.cost.table as t
-
-    return t
+    """sim.cost.table, the profile format's interpolation rule."""
+    return cost_table
 
 
 # ---- nodes -------------------------------------------------------------------------------------
@@ -151,8 +150,8 @@ def decode_nodes(
     """Table nodes from the uniform rows among `rows` without drafts (a verify row of k drafts
     reads (context + k) / (k + 1) keys per query row: off the plain grid, it joins as a scattered
     row); None when either axis has < 2 values. With padded graph `segments`
-    (replay.graphsteps) the x nodes are the rows' own values, unmerged (a midpoint 2 % from its
-    bucket is another segment's node), plus each segment's first x."""
+    (replay.analysis.graphsteps) the x nodes are the rows' own values, unmerged (a midpoint 2 %
+    from its bucket is another segment's node), plus each segment's first x."""
     t = table_rule()
     u = rows & uniform_rows(cols)
     plain = u & (cols["draft_tokens"] == 0)

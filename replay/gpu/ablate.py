@@ -12,15 +12,16 @@ imported only here, lazily.
 
 Calibrated mode (`calibrate_on="off"`, CLI `--calibrate-on off`): before predicting a switch,
 `replay calibrate` fits the simulator's profile on the measured run of that one side (the
-"before" side of every seed switch is `off`), one-sided (replay.calibrate.ONE_SIDED_FIELDS),
-over the config's profile as the base (`--set profile=`, default: built-in defaults); both
-sides are then predicted with it, each from its measured run's own config (the GPU named by the
-profile), so the other side is out of sample. `calibrate_also`: more run folders added to that
-fit (e.g. runs of other traces that exercise a code path the calibrated side lacks; never the
-other side). The profile goes to `<out>/<switch>.profile.json` (+ `.fit.json`) and ablate.json
-records `calibrated_on`, the runs and the fit notes. `measured_dir`: take the measured runs from
-an earlier ablation's output folder (`<dir>/<switch>-off`, `-on`) instead of running the engine,
-so a GPU host measures and a host with the simulator predicts.
+"before" side of every seed switch is `off`), one-sided
+(replay.analysis.calibrate.ONE_SIDED_FIELDS), over the config's profile as the base (`--set
+profile=`, default: built-in defaults); both sides are then predicted with it, each from its
+measured run's own config (the GPU named by the profile), so the other side is out of sample.
+`calibrate_also`: more run folders added to that fit (e.g. runs of other traces that exercise a code
+path the calibrated side lacks; never the other side). The profile goes to
+`<out>/<switch>.profile.json` (+ `.fit.json`) and ablate.json records `calibrated_on`, the runs and
+the fit notes. `measured_dir`: take the measured runs from an earlier ablation's output folder
+(`<dir>/<switch>-off`, `-on`) instead of running the engine, so a GPU host measures and a host with
+the simulator predicts.
 
 A measured side's metrics are each the median over its repeats (`repeats` keeps the values,
 `noise` the robust standard error of the on - off difference relative to off: `noise()`).
@@ -39,10 +40,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.cli import UsageError
 from core.config import Config
+from core.runfmt import load_run, trace_info
 from core.switches import BY_KEY, cannot_act
 from core.switches import SWITCHES as REGISTRY
-from replay.metrics import flat_metrics, is_fraction, rel_error
+from replay.analysis.calibrate import ONE_SIDED_FIELDS, calibrate, write_calibration
+from replay.analysis.metrics import flat_metrics, is_fraction, rel_error
+from replay.analysis.outdir import atomic_file
+from replay.analysis.steps import run_config
+from replay.gpu.run import replay, replay_interleaved
+from sim.cost import load_profile, merge_profile
 
 # the seed switches (core.switches), by config key: ablation side off = before, on = after
 SWITCHES: dict[str, tuple[Any, Any]] = {
@@ -70,8 +78,6 @@ METRICS = (
 
 
 def parse_switches(text: str | None) -> list[str]:
-    from core.cli import UsageError
-
     if not text:
         return list(SWITCHES)
     out = [s.strip() for s in text.split(",") if s.strip()]
@@ -194,9 +200,6 @@ def agreement(measured: dict[str, Any], predicted: dict[str, Any]) -> dict[str, 
 def _load_measured(run_dir: Path, c: Config, switch: str, trace_path: str | Path) -> dict:
     """A measured side from an earlier ablation's run folder; it must be the same switch value
     and trace."""
-    from core.runfmt import load_run, trace_info
-    from replay.steps import run_config
-
     run = load_run(run_dir)
     got, want_cfg = _flat(run_config(run).to_dict()), _flat(c.to_dict())
     diff = [k for k in want_cfg if k not in IGNORED_KEYS and got.get(k) != want_cfg[k]]
@@ -238,11 +241,6 @@ def _calibrated_variants(
 ) -> dict[str, Config]:
     """Fit the profile on the measured `side` (+ `also`), write it, and return both sides'
     measured configs with it (entry gets `calibration`)."""
-    from core.runfmt import load_run
-    from replay.calibrate import ONE_SIDED_FIELDS, calibrate, write_calibration
-    from replay.steps import run_config
-    from sim.cost import load_profile, merge_profile
-
     measured = entry.get("measured") or {}
     if "runs" not in measured:
         raise ValueError("needs both sides measured (" + str(measured.get("error")) + ")")
@@ -340,8 +338,6 @@ def _measure(
     max_seconds: float | None,
     progress: Callable[[str], None] | None,
 ) -> dict:
-    from replay.run import replay
-
     res = replay(c, trace_path, out, repeat=repeat, max_seconds=max_seconds, progress=progress)
     return _measured_side(res.summary, out)
 
@@ -355,9 +351,7 @@ def _measure_interleaved(
     progress: Callable[[str], None] | None,
 ) -> dict:
     """Both sides measured in turns (off, on, off, on, ...): host drift over the call moves
-    both alike (replay.run.replay_interleaved); a side the engine refuses is recorded."""
-    from replay.run import replay_interleaved
-
+    both alike (replay.gpu.run.replay_interleaved); a side the engine refuses is recorded."""
     outs = {side: stem.with_name(f"{stem.name}-{side}") for side in variants}
     try:
         res = replay_interleaved(variants, trace_path, outs, repeat, max_seconds, True, progress)
@@ -392,8 +386,6 @@ def _predict(c: Config, trace_path: str | Path, out: Path) -> dict:
 
 
 def write_ablation(result: dict[str, Any], out: Path) -> Path:
-    from replay.outdir import atomic_file
-
     return atomic_file(out / "ablate.json", json.dumps(result, indent=2) + "\n")
 
 

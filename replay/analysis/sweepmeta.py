@@ -6,7 +6,7 @@ Shared by `replay shapes` (which writes it) and `replay calibrate` (which reads 
   quantity and no offset between them is estimated;
 - absent (files written before the key): forward + logits only; a run's interval holds more
   (input copy, finishing kernels, sampling), so calibration shifts the sweep by the offset the
-  runs' clean steps show (replay.calibrate, replay.piecewise).
+  runs' clean steps show (replay.analysis.calibrate, replay.analysis.piecewise).
 """
 
 from __future__ import annotations

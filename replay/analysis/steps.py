@@ -15,9 +15,15 @@ from typing import Any
 import numpy as np
 
 from core.config import Config, from_dict
+from core.models import get_model
 from core.phases import CPU_PHASES, DRAFT, LAUNCH, SAMPLE
 from core.runfmt import Run
-from core.shape import SHAPE_FIELDS
+from core.shape import SHAPE_FIELDS, BatchShape
+from sim.cost import CostModel, load_profile, resolve_profile
+from sim.cost.mixedsplits import mixed_attention_fn
+from sim.cost.splits import num_sms, program_keys_fn
+from sim.cost.table import SPLINE_KEY, TABLE_KEY, spline_values, table_values
+from sim.cost.terms import TERM_NAMES, active_terms
 
 # sim.cost.mixedsplits.MIXED_DERIVED (sim is imported lazily here: the GPU host has no simpy)
 MIXED_DERIVED = ("mixed_keys", "grid_blocks")
@@ -54,8 +60,6 @@ def run_config(run: Run) -> Config:
 
 
 def load_steps(runs: Sequence[Run]) -> Steps:
-    from sim.cost.terms import TERM_NAMES, active_terms
-
     parts = [_run_steps(r, i) for i, r in enumerate(runs)]
     cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     cols = {f: cat[f].astype(np.float64) for f in SHAPE_FIELDS}
@@ -103,9 +107,6 @@ def _run_steps(run: Run, index: int) -> dict[str, np.ndarray]:
 def program_keys(run: Run, num_reqs: np.ndarray, max_kv: np.ndarray) -> np.ndarray:
     """The derived term `program_keys` (sim.cost.splits) of each step: keys of the longest decode
     attention program for the run's model and GPU; zeros where either is unknown here."""
-    from core.models import get_model
-    from sim.cost.splits import num_sms, program_keys_fn
-
     cfg = run_config(run)
     sms = num_sms(str((run.summary.get("source") or {}).get("gpu") or cfg.gpu))
     try:
@@ -121,8 +122,6 @@ def program_keys(run: Run, num_reqs: np.ndarray, max_kv: np.ndarray) -> np.ndarr
 def mixed_attention(run: Run, cols: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The mixed-step derived terms (sim.cost.mixedsplits: `mixed_keys`, `grid_blocks`) of each
     row of `cols` (shape fields) for the run's model and GPU; zeros where either is unknown."""
-    from sim.cost.mixedsplits import mixed_attention_fn
-
     n = len(cols["num_reqs"])
     out = {t: np.zeros(n) for t in MIXED_DERIVED}
     heads = _model_heads(run)
@@ -141,9 +140,6 @@ def mixed_attention(run: Run, cols: Mapping[str, np.ndarray]) -> dict[str, np.nd
 
 def _model_heads(run: Run) -> tuple[int, int, int] | None:
     """(query heads, kv heads, SMs) of the run's model and GPU, None where either is unknown."""
-    from core.models import get_model
-    from sim.cost.splits import num_sms
-
     cfg = run_config(run)
     sms = num_sms(str((run.summary.get("source") or {}).get("gpu") or cfg.gpu))
     try:
@@ -200,8 +196,6 @@ def _graph_steps(run: Run, s: dict[str, np.ndarray]) -> np.ndarray:
     cfg = run_config(run)
     decode = s["num_prefill_reqs"] == 0
     if (run.summary.get("source") or {}).get("kind") == "sim":
-        from sim.cost import load_profile, resolve_profile
-
         own = load_profile(cfg.profile) if cfg.profile and Path(cfg.profile).is_file() else None
         limit = resolve_profile(own)["launch"]["graph_max_tokens"]
         k = cfg.spec.k if cfg.spec.enabled else 0  # sim.cost.CostModel.graphed
@@ -232,8 +226,6 @@ def eval_linear(
     if "max" in model:
         parts: Any = model["max"]
         return np.maximum.reduce([eval_linear(b, cols, rows) for b in parts])
-    from sim.cost.table import SPLINE_KEY, TABLE_KEY, spline_values, table_values
-
     out = np.zeros(int(rows.sum()) if rows.dtype == bool else len(rows))
     for term, coef in model.items():
         if term in (TABLE_KEY, SPLINE_KEY):  # a piecewise-linear term (sim.cost.table)
@@ -253,8 +245,6 @@ def draft_gpu_ms(runs: Sequence[Run], steps: Steps) -> np.ndarray:
         cfg = run_config(r)
         if cfg.spec.method != "ngram-gpu":
             continue
-        from sim.cost import CostModel
-
         cm = CostModel(cfg.replace(profile=""))
         rows = np.flatnonzero(steps.run == i)
         out[rows] = [cm.draft_gpu_ms(s) for s in _shapes(steps, rows)]
@@ -262,7 +252,5 @@ def draft_gpu_ms(runs: Sequence[Run], steps: Steps) -> np.ndarray:
 
 
 def _shapes(steps: Steps, rows: np.ndarray) -> list[Any]:
-    from core.shape import BatchShape
-
     cols = [steps.cols[f][rows].astype(np.int64).tolist() for f in SHAPE_FIELDS]
     return [BatchShape(*vals) for vals in zip(*cols)]

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.config import Config
+from core.graph_buckets import decode_buckets
+from core.models import get_model
 from core.shape import SHAPE_FIELDS, BatchShape
 
 SQRT2 = math.sqrt(2.0)
@@ -143,9 +145,6 @@ class Limits:
     ) -> Limits:
         """`buckets`: the engine's decode graph sizes (default: engine.graphs' rule for the
         engine's input buffers)."""
-        from core.models import get_model
-        from engine.graphs import decode_buckets
-
         max_len = cfg.max_model_len or get_model(cfg.model).max_context
         k = cfg.spec.k if cfg.spec.enabled else 0
         if not buckets:  # as Engine sizes its graphs: inputs hold max(budget, max_num_seqs)
@@ -169,7 +168,7 @@ class Limits:
 
     def decode_cap(self, drafts: int) -> int:
         """Longest decode context: the request keeps room for its drafts and one more output
-        within max_model_len (replay.shapes_step gives it drafts + 2 outputs)."""
+        within max_model_len (replay.gpu.shapes_step gives it drafts + 2 outputs)."""
         return min(self.context_cap, self.max_len - drafts - 1)
 
     @property
@@ -180,17 +179,15 @@ class Limits:
     def decode_buckets(self) -> list[int]:
         if self.buckets:
             return list(self.buckets)
-        from engine.graphs import decode_buckets
-
         rows = max(self.max_tokens, self.max_seqs) // (self.spec_k + 1)
         return decode_buckets(min(self.max_seqs, rows))
 
 
 def batch_shape(entries: Sequence[Entry]) -> dict[str, int]:
     """The BatchShape fields of a synthetic step as `Scheduler._shape` computes them for the
-    requests replay.shapes_step builds (a chunk ends its prompt; a decode row's request holds
+    requests replay.gpu.shapes_step builds (a chunk ends its prompt; a decode row's request holds
     start + 1 tokens, one of them a confirmed output: a `hist` decode row has a history of 1).
-    replay.shapes writes the scheduler's own shape; this is the
+    replay.gpu.shapes writes the scheduler's own shape; this is the
     grid's view of it (tests check the two agree)."""
     n_pf = pf_tok = dec_tok = drafts = kv = pairs = ctx = new = hist = 0
     longest = 0

@@ -4,8 +4,8 @@ A decode batch of b requests replays the graph of the smallest bucket B >= b (en
 its GEMMs, logits and sampling run B rows, its attention only the b real ones. Between two
 buckets a < B a step takes W(B) + A(b, context): it steps up from a to a + 1, then rises with
 the attention alone. The sweep samples the buckets and the midpoints between them
-(replay.shapes_grid.batch_axis); the rows say which bucket each replayed (`bucket`). A table
-node at a + 1 (no row lies there) with the table's curvature penalty cut between a and a + 1
+(replay.analysis.shapes_grid.batch_axis); the rows say which bucket each replayed (`bucket`). A
+table node at a + 1 (no row lies there) with the table's curvature penalty cut between a and a + 1
 lets the plain bilinear table hold that step: batches a + 1..B interpolate between the node at
 a + 1 (continued linearly back from the segment's rows) and B, all at B's weight cost, where
 interpolating from a would charge them part of a's. Nothing changes in the sim: the table stays

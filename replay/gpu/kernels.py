@@ -7,25 +7,25 @@ kernels as data) and DIR/trace.json (Chrome trace, openable in Perfetto), atomic
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch.profiler import ProfilerActivity, profile
+
 from core.config import Config
-from replay.outdir import atomic_dir
+from replay.analysis.outdir import atomic_dir
+from replay.gpu.run import check_trace, new_engine, warm_up
 
 TOP_KERNELS = 40
 
 
 def profile_kernels(cfg: Config, trace_path: str | Path, out: Path) -> Path:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    from replay.run import _new_engine, _warm_up, check_trace
-
     trace = check_trace(cfg, trace_path)
-    engine, _ = _new_engine(cfg, None)
-    _warm_up(engine)
+    engine, _ = new_engine(cfg, None)
+    warm_up(engine)
     acts = [ProfilerActivity.CPU]
     if cfg.device == "cuda":
         acts.append(ProfilerActivity.CUDA)
@@ -33,9 +33,7 @@ def profile_kernels(cfg: Config, trace_path: str | Path, out: Path) -> Path:
         with profile(activities=acts, record_shapes=False) as prof:
             engine.run(trace)
     finally:
-        import gc
-
-        gc.unfreeze()  # see replay.run.replay
+        gc.unfreeze()  # see replay.gpu.run.replay
     if cfg.device == "cuda":
         torch.cuda.synchronize()
     averages = prof.key_averages()

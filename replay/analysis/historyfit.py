@@ -5,7 +5,7 @@ penalties variant (engine.graphs, engine.sampler.sample_graph): the penalties ru
 of the bucket, vocab-wide, whatever the history's length (the counts are a dense [slot, vocab]
 table). So the extra time is all or nothing per step and grows with the graph's rows:
     extra_ms = ms + ms_per_row x rows      (rows: the graph bucket; eager: num_reqs)
-Each sweep row with history (`history_rows` > 0; replay.shapes_grid's decode(history) and
+Each sweep row with history (`history_rows` > 0; replay.analysis.shapes_grid's decode(history) and
 decode(history mix)) is paired with the sweep's row of the same shape without history (the
 decode family's cell); extra_ms is their difference, fitted by least squares weighted by
 1 / the pair's plain ms (relative error, as the decode table). The fitted values are clipped at
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from replay.shapes_file import SweepRows
+from replay.analysis.shapes_file import SweepRows
 
 MIN_PAIRS = 3  # fewer pairs (or one row count only): no fit
 PAIR_FIELDS = (  # what must match between a history row and its plain pair

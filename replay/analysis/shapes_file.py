@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 
 from core.atomic import replacing
 from core.shape import SHAPE_FIELDS
-from replay.shapes_grid import Batch, batch_shape, history_rows
-from replay.steps import CalibrationError
+from replay.analysis.shapes_grid import Batch, batch_shape, history_rows
+from replay.analysis.steps import CalibrationError
 
 META_KEY = b"replay.shapes"
 FORMAT_VERSION = 1
@@ -31,7 +31,7 @@ MEASURES = "step"  # metadata `measures`: a run step's GPU interval (older files
 KINDS = ("decode", "mixed")
 SHAPE_COLUMNS = SHAPE_FIELDS
 COLUMNS = (
-    "label",  # the grid family (replay.shapes_grid; a human hint, never read by calibrate)
+    "label",  # the grid family (replay.analysis.shapes_grid; a human hint, never read by calibrate)
     "kind",  # decode | mixed
     *SHAPE_COLUMNS,  # the scheduler's BatchShape of the step
     "max_query_len",  # the host bounds the attention kernels were launched with
@@ -73,7 +73,8 @@ def shape_row(
     max_query_len: int = 0,
 ) -> dict[str, Any]:
     """A file row (COLUMNS) for a batch and its clean samples; `shape`: the scheduler's
-    BatchShape of the step (default: the grid's view of it, replay.shapes_grid.batch_shape)."""
+    BatchShape of the step (default: the grid's view of it,
+    replay.analysis.shapes_grid.batch_shape)."""
     g = np.array([s.gpu_ms for s in samples])
     fields = shape if shape is not None else batch_shape(batch.entries)
     return {
@@ -125,7 +126,7 @@ def write_sweep(path: str | Path, rows: Sequence[dict[str, Any]], meta: dict[str
 
 @dataclass
 class SweepRows:
-    """The rows of one or more sweep files, as columns for fitting (replay.calibrate)."""
+    """The rows of one or more sweep files, as columns for fitting (replay.analysis.calibrate)."""
 
     cols: dict[str, np.ndarray]  # SHAPE_FIELDS (+ max_kv_tokens if present), num_tokens, intercept
     gpu_ms: np.ndarray
