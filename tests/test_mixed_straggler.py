@@ -15,7 +15,7 @@ import pytest
 
 from core.config import load_config
 from core.shape import SHAPE_FIELDS, BatchShape
-from replay import heldback, mixedfit
+from replay.analysis import heldback, mixedfit
 from replay.analysis.calibrate import GPU_TERMS
 from replay.analysis.shapes_file import read_sweeps
 from replay.analysis.shapes_grid import Entry

@@ -18,7 +18,7 @@ import pytest
 
 from core import svg
 from core.runfmt import load_run
-from replay import report as replay_report
+from replay.analysis import report as replay_report
 from replay.analysis.compare import compare_runs
 from sim.plan.report import render
 from tests.test_replay import synthetic_run

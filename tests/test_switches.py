@@ -8,7 +8,7 @@ import pytest
 
 from core.config import SPEC_METHODS, Config
 from core.switches import AFTER, BEFORE, BY_KEY, BY_NAME, SWITCHES, cannot_act, value_of
-from replay import ablate
+from replay.gpu import ablate
 from sim import whatif
 from sim.cost.terms import active_terms
 
