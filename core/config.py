@@ -156,7 +156,7 @@ class Config:
 
     def flat(self) -> dict[str, Any]:
         """Dotted key -> value, the form `--set` uses."""
-        return _flatten(self.to_dict())
+        return flatten(self.to_dict())
 
 
 def _check(ok: bool, key: str, why: str) -> None:
@@ -164,11 +164,12 @@ def _check(ok: bool, key: str, why: str) -> None:
         raise ConfigError(f"config key '{key}': {why}")
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as dotted keys (`{"spec": {"k": 3}}` -> `{"spec.k": 3}`)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out

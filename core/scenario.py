@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.config import Config, ConfigError, _flatten, from_dict, load_config
+from core.config import Config, ConfigError, flatten, from_dict, load_config
 
 SCENARIO_KEY = "bubblesim.scenario"
 
@@ -29,7 +29,7 @@ class Scenario:
 
     def flat(self) -> dict[str, Any]:
         """Dotted key -> value, in file order."""
-        return _flatten(self.data)
+        return flatten(self.data)
 
     def keys_text(self) -> str:
         """`key=value ...`, as --set spells them."""

@@ -4,13 +4,10 @@ predicted run count the same idle time (replay.gpu.measure.kernel_busy)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 
 from core.phases import CPU_PHASES, DRAFT, SAMPLE
-from core.shape import BatchShape
-from replay.gpu.measure import CLEAN_MARGIN_NS, kernel_busy
+from replay.gpu.measure import kernel_busy
 
 US = 1_000
 _S, _D = CPU_PHASES.index(SAMPLE), CPU_PHASES.index(DRAFT)
@@ -32,10 +29,6 @@ def _steps(rows: list[dict]) -> tuple[np.ndarray, ...]:
     return raw, marks, host, ph
 
 
-def _graph_trace(n: int) -> SimpleNamespace:
-    return SimpleNamespace(graphed=np.ones(n, np.int8), shapes=[BatchShape()] * n)
-
-
 def test_clean_steps_keep_their_interval_and_waits_are_cut() -> None:
     # step 0 and 1: the host enqueued everything long before the GPU got there (clean):
     # lead (input copies) 30 us, forward 1000 us, tail 10 us
@@ -50,7 +43,7 @@ def test_clean_steps_keep_their_interval_and_waits_are_cut() -> None:
     late = dict(s=t, f0=t + 330 * US, f1=t + 1330 * US, e=t + 1540 * US,
                 hf0=t + 320 * US, hf1=t + 330 * US, h_end=t + 1530 * US)  # fmt: skip
     raw, marks, host, ph = _steps([*clean, late])
-    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, _graph_trace(3))
+    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, np.ones(3, bool))
     assert (out[:2] == raw[:2]).all()  # clean steps unchanged
     assert out[2, 0] == t + 300 * US  # start moved past the 300 us wait: copies stay 30 us
     assert out[2, 1] == t + 1540 * US - 200 * US  # the tail's 200 us wait taken off the end
@@ -88,7 +81,7 @@ def test_a_gpu_drafter_waiting_for_the_draft_phase_is_idle_not_busy() -> None:
     )
     # fmt: skip
     raw, marks, host, ph = _steps([a, b])
-    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, _graph_trace(2))
+    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, np.ones(2, bool))
     assert (out[0] == raw[0]).all()
     assert out[1, 1] - out[1, 0] == out[0, 1] - out[0, 0]  # same kernels, same busy time
     assert acc["tail"]["wait_s"] == 400e-6
@@ -99,9 +92,8 @@ def test_no_clean_reference_means_no_estimate_and_nothing_cut() -> None:
     late = dict(s=t, f0=t + 330 * US, f1=t + 1330 * US, e=t + 1540 * US,
                 hf0=t + 320 * US, hf1=t + 330 * US, h_end=t + 1530 * US)  # fmt: skip
     raw, marks, host, ph = _steps([late])
-    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, _graph_trace(1))
+    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, np.ones(1, bool))
     assert (out == raw).all() and acc["lead"]["kernel_us"] == {}
-    assert CLEAN_MARGIN_NS > 0
 
 
 def test_cpu_engine_records_forward_marks_inside_each_step() -> None:

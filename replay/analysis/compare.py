@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from core.config import flatten
 from core.phases import CPU_PHASES
 from core.runfmt import Run
 from core.runfmt.stats import dist
@@ -173,20 +174,10 @@ def caveats(pred: dict[str, Any], meas: dict[str, Any]) -> list[str]:
 
 def config_differences(pred: dict[str, Any], meas: dict[str, Any]) -> dict[str, list[Any]]:
     """Flat config keys whose values differ, hardware keys excluded: {key: [pred, meas]}."""
-    a, b = _flatten(pred.get("config") or {}), _flatten(meas.get("config") or {})
+    a, b = flatten(pred.get("config") or {}), flatten(meas.get("config") or {})
     keys = sorted(set(a) | set(b))
     keys = [k for k in keys if a.get(k) != b.get(k) and k not in HARDWARE_KEYS]
     return {k: [a.get(k), b.get(k)] for k in keys}
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 # ---- requests -----------------------------------------------------------------------------------

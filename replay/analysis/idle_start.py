@@ -19,10 +19,8 @@ from typing import Any
 import numpy as np
 
 from core.runfmt import Run
-from core.shape import SHAPE_FIELDS, BatchShape
-from sim.cost import CostModel
 
-from .steps import run_config
+from .steps import predicted_gpu_ms, run_config
 
 MIN_STEPS = 30  # fewer idle-start graph steps than this: keep the base scale
 MIN_IDLE_MS = 0.05  # a step counts as an idle start after this much GPU idle (the sim's rule)
@@ -49,9 +47,7 @@ def fit_idle_start(
         )
         if rows.size == 0:
             continue
-        fit = {k: v for k, v in profile.items() if k not in ("gpu", "model", "dtype")}
-        cost = CostModel(cfg.replace(profile=""), fit)
-        pred = np.array([cost.gpu_pass_ms(_shape(s, int(i))) for i in rows])
+        pred = predicted_gpu_ms(run, profile, s, rows)
         ok = pred > 0
         ratios.append(gpu_ms[rows][ok] / pred[ok])
     r = np.concatenate(ratios) if ratios else np.zeros(0)
@@ -66,7 +62,3 @@ def fit_idle_start(
         ratio_p90=float(np.percentile(r, 90)),
     )
     return {"scale": scale, "min_idle_ms": MIN_IDLE_MS}, report
-
-
-def _shape(s: Mapping[str, np.ndarray], i: int) -> BatchShape:
-    return BatchShape(**{f: int(s[f][i]) for f in SHAPE_FIELDS})

@@ -17,10 +17,8 @@ from typing import Any
 import numpy as np
 
 from core.runfmt import Run
-from core.shape import SHAPE_FIELDS, BatchShape
-from sim.cost import CostModel
 
-from .steps import run_config
+from .steps import CLEAN_TOL_S, predicted_gpu_ms, run_config
 
 MIN_STEPS = 200  # fewer clean decode graph steps than this: no levelling
 MAX_SAMPLES = 4000  # steps evaluated per run (evenly spaced): the median needs no more
@@ -43,15 +41,14 @@ def level_ratio(runs: Sequence[Run], decode: Mapping[str, Any]) -> tuple[float |
             & (s["draft_tokens"] == 0)
             & (s["history_tokens"] == 0)  # penalties: gpu_pass.history, not the level
             & np.isfinite(s["gpu_start_s"])
-            & (s["gpu_start_s"] >= ends - 10e-6)  # clean: kernels alone
-            & (s["gpu_idle_before_s"] < 10e-6)  # queued, as the sweep's samples are
+            & (s["gpu_start_s"] >= ends - CLEAN_TOL_S)  # clean: kernels alone
+            & (s["gpu_idle_before_s"] < CLEAN_TOL_S)  # queued, as the sweep's samples are
         )
         if rows.size == 0:
             continue
         rows = rows[:: max(1, rows.size // MAX_SAMPLES)]
-        cost = CostModel(cfg.replace(profile=""), {"version": 1, "gpu_pass": {"decode": decode}})
         meas = (s["gpu_end_s"][rows] - s["gpu_start_s"][rows]) * 1e3
-        pred = np.array([cost.gpu_pass_ms(_shape(s, int(i))) for i in rows])
+        pred = predicted_gpu_ms(run, {"version": 1, "gpu_pass": {"decode": decode}}, s, rows)
         ok = pred > 0
         ratios.append(meas[ok] / pred[ok])
     r = np.concatenate(ratios) if ratios else np.zeros(0)
@@ -85,7 +82,3 @@ def scaled(model: Any, k: float) -> Any:
 
 def _times(ms: Any, k: float) -> Any:
     return [_times(x, k) for x in ms] if isinstance(ms, list) else float(ms) * k
-
-
-def _shape(s: Mapping[str, np.ndarray], i: int) -> BatchShape:
-    return BatchShape(**{f: int(s[f][i]) for f in SHAPE_FIELDS})

@@ -59,6 +59,23 @@ def run_config(run: Run) -> Config:
     return from_dict(cfg)
 
 
+def predicted_gpu_ms(
+    run: Run, profile: Mapping[str, Any], s: Mapping[str, np.ndarray], rows: np.ndarray
+) -> np.ndarray:
+    """The GPU pass the simulator predicts for the steps `rows` of `run` (its step columns
+    `s`), with the run's config and a (partial) `profile` whose GPU/model/dtype names are not
+    checked (a fit in progress is evaluated on the runs it comes from)."""
+    fit = {k: v for k, v in profile.items() if k not in ("gpu", "model", "dtype")}
+    cost = CostModel(run_config(run).replace(profile=""), fit)
+    cols = {f: s[f] for f in SHAPE_FIELDS}
+    return np.array(
+        [
+            cost.gpu_pass_ms(BatchShape(**{f: int(c[i]) for f, c in cols.items()}))
+            for i in rows.tolist()
+        ]
+    )
+
+
 def load_steps(runs: Sequence[Run]) -> Steps:
     parts = [_run_steps(r, i) for i, r in enumerate(runs)]
     cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from core.cli import UsageError
-from core.config import Config
+from core.config import Config, flatten
 from core.runfmt import load_run, trace_info
 from core.switches import BY_KEY, cannot_act
 from core.switches import SWITCHES as REGISTRY
@@ -201,7 +201,7 @@ def _load_measured(run_dir: Path, c: Config, switch: str, trace_path: str | Path
     """A measured side from an earlier ablation's run folder; it must be the same switch value
     and trace."""
     run = load_run(run_dir)
-    got, want_cfg = _flat(run_config(run).to_dict()), _flat(c.to_dict())
+    got, want_cfg = flatten(run_config(run).to_dict()), flatten(c.to_dict())
     diff = [k for k in want_cfg if k not in IGNORED_KEYS and got.get(k) != want_cfg[k]]
     if diff:
         k = switch if switch in diff else diff[0]
@@ -219,16 +219,6 @@ def _load_measured(run_dir: Path, c: Config, switch: str, trace_path: str | Path
 # config keys a measured run may differ in from the ablation's config: where it ran, and the
 # sim's GPU preset and profile (the prediction's business)
 IGNORED_KEYS = ("device", "gpu", "profile")
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
 
 
 def _calibrated_variants(

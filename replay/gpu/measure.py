@@ -80,7 +80,9 @@ def to_recorder(trace: Any, outputs: Sequence[Any]) -> Converted:
     waits = None
     marks = getattr(trace, "mark_ns", None)
     if marks is not None and len(marks) == n and n:
-        g, waits = kernel_busy(trace.gpu_ns[:n], g, marks, trace.mark_host_ns, ph[:n], trace)
+        g, waits = kernel_busy(
+            trace.gpu_ns[:n], g, marks, trace.mark_host_ns, ph[:n], trace.graphed[:n]
+        )
     ok = (g[:, 0] >= 0) & (g[:, 1] >= g[:, 0])
     for row in np.flatnonzero(ok).tolist():
         rec.gpu(row, (g[row, 0] - t0) / 1e9, (g[row, 1] - t0) / 1e9)
@@ -123,7 +125,7 @@ SEGMENTS = ("lead", "tail", "draft")
 
 def kernel_busy(
     raw_ns: np.ndarray, g: np.ndarray, mark_ns: np.ndarray, mark_host_ns: np.ndarray,
-    phase_ns: np.ndarray, trace: Any,
+    phase_ns: np.ndarray, graphed: np.ndarray,
 ) -> tuple[np.ndarray, dict[str, Any]]:  # fmt: skip
     """Narrow each step's GPU interval `g` to its kernel time. A step's events split its GPU
     work into segments: lead (start event -> forward: the input copies), forward (a CUDA graph
@@ -146,7 +148,7 @@ def kernel_busy(
     h_d0 = mark_host_ns[:, 2]
     drafted = d0 >= 0
     h_end = np.where(drafted, phase_ns[:, _DRAFT, 1], phase_ns[:, _SAMPLE, 1])
-    graph = np.array([_graphed(trace, i) for i in range(n)], bool)
+    graph = np.asarray(graphed, bool)  # per step: the forward was a CUDA graph replay
     have = (g[:, 0] >= 0) & (g[:, 1] >= g[:, 0]) & (f0 >= 0) & (f1 >= f0)
     # (span, clean) per segment; the tail ends at the drafter's start when there is one
     tail_end = np.where(drafted, d0, g[:, 1])
@@ -186,15 +188,6 @@ def kernel_busy(
     out[:, 1] = np.where(have, np.maximum(start, end), g[:, 1])
     account["removed_s"] = float(((g[:, 1] - g[:, 0]) - (out[:, 1] - out[:, 0]))[have].sum() / 1e9)
     return out, account
-
-
-def _graphed(trace: Any, row: int) -> bool:
-    """Was row's forward a CUDA graph replay? The hooks do not say; a pure-decode step of a
-    run with graphs is (engine.graphs captures every decode batch size up to max_num_seqs)."""
-    graphs = getattr(trace, "graphed", None)
-    if graphs is not None:
-        return bool(graphs[row])
-    return bool(trace.shapes[row].is_pure_decode)
 
 
 class _EmissionClock:

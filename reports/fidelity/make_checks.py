@@ -21,31 +21,29 @@ minute (arrivals in real time, except `asap`):
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "traces"))
+
+from build import shared_traces  # noqa: E402  (traces/build.py: where the public data is)
 
 from core.trace import Trace, read_trace, write_trace  # noqa: E402
+from core.tracecut import cut_trace  # noqa: E402
 from sim.workloads.lengths import parse_length  # noqa: E402
 from sim.workloads.servegen import servegen_trace  # noqa: E402
 from sim.workloads.synth import SynthSpec, synthesize  # noqa: E402
 
 OUT = ROOT / "traces" / "checks"
-SHARED = ROOT.parent / "shared" / "traces"
 
 
-def window(t: Trace, start_s: float, seconds: float, speedup: float, what: str) -> Trace:
-    """Requests arriving in [start_s, start_s + seconds * speedup), shifted to 0, compressed."""
-    rows = np.flatnonzero((t.arrival_s >= start_s) & (t.arrival_s < start_s + seconds * speedup))
-    w = t.take(rows)
-    return replace(w, arrival_s=(w.arrival_s - start_s) / speedup, metadata={
-        **t.metadata, "description": f"{what}: [{start_s:g}, {start_s + seconds * speedup:g}) s "
-        f"of {t.metadata.get('description', 'a bundled trace')} at {speedup:g}x",
-    })  # fmt: skip
+def window(t: Trace, start_s: float, seconds: float, speedup: float, source: str) -> Trace:
+    """Requests arriving in [start_s, start_s + seconds * speedup), shifted to 0, compressed
+    (`python -m sim trace cut`)."""
+    return cut_trace(t, start_s, start_s + seconds * speedup, speedup, source=source).trace
 
 
 def synth(desc: str, **kw: object) -> Trace:
@@ -64,14 +62,14 @@ def build() -> dict[str, Trace]:
         prompt_len="lognormal:1000:0.5:4000", output_len="lognormal:1500:0.25:2000", seed=11,
     )  # fmt: skip
     mc = read_trace(ROOT / "traces" / "mooncake.parquet")
-    lp = window(mc, 300.0, 45.0, 1.0, "long prompts with shared prefixes")
+    lp = window(mc, 300.0, 45.0, 1.0, "traces/mooncake.parquet")
     keep = np.flatnonzero((lp.prompt_len >= 2048) & (lp.prompt_len <= 32768))
     out["longprompt"] = lp.take(keep)
     out["burst"] = synth(
         "bursty short completions", arrival="gamma", rate=6.0, cv=4.0, duration_s=45.0,
         prompt_len="lognormal:2000:0.4:6000", output_len="lognormal:25:0.5:120", seed=12,
     )  # fmt: skip
-    rs = servegen_trace(SHARED / "servegen_deepseek_r1", seed=13, start_s=13 * 3600.0,
+    rs = servegen_trace(shared_traces() / "servegen_deepseek_r1", seed=13, start_s=13 * 3600.0,
                         duration_s=45.0, rate_scale=2.0, max_output=4096)  # fmt: skip
     out["reasoning"] = rs
     out["specdec"] = synth(
@@ -80,20 +78,20 @@ def build() -> dict[str, Trace]:
         ngram_friendly=True, seed=14,
     )  # fmt: skip
     az = read_trace(ROOT / "traces" / "azure_conv.parquet")
-    out["azure_late"] = window(az, 1200.0, 45.0, 4.0, "Azure conversation, later minutes")
+    out["azure_late"] = window(az, 1200.0, 45.0, 4.0, "traces/azure_conv.parquet")
     sg = synth(
         "saturated throughput (run with arrival=asap)", arrival="fixed", rate=1000.0,
-        num_requests=384, lengths_from=str(SHARED / "sarathi_sharegpt_lengths" /
+        num_requests=384, lengths_from=str(shared_traces() / "sarathi_sharegpt_lengths" /
         "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"), seed=15,
     )  # fmt: skip
     out["asap"] = sg
     return out
 
 
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def main(out: Path = OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     for name, t in build().items():
-        write_trace(t, OUT / f"{name}.parquet")
+        write_trace(t, out / f"{name}.parquet")
         print(
             f"{name:12} {len(t):5d} req  span {t.arrival_s.max():6.1f} s  "
             f"prompt mean {t.prompt_len.mean():7.0f} max {t.prompt_len.max():6d}  "

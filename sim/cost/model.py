@@ -244,17 +244,22 @@ class CostModel:
 
         return with_history
 
-    def _decode_derived(self, decode: Mapping[str, Any], where: str | None) -> Derived:
-        """`program_keys` (sim.cost.splits) if the decode model uses it: needs the GPU's SMs."""
-        if not any(b.get(PROGRAM_KEYS) for b in branches(decode)):
-            return {}
+    def _sms(self, kind: str, term: str, where: str | None) -> int:
+        """The GPU's SM count, which derived split terms need: one ProfileError if unknown."""
         sms = num_sms(self.gpu.name)
         if sms is None:
             name = f" '{where}'" if where else ""
             raise ProfileError(
-                f"cost profile{name}: key 'gpu_pass.decode': term '{PROGRAM_KEYS}' needs the "
+                f"cost profile{name}: key 'gpu_pass.{kind}': term '{term}' needs the "
                 f"GPU's SM count, unknown for {self.gpu.name!r} (sim.cost.splits.NUM_SMS)"
             )
+        return sms
+
+    def _decode_derived(self, decode: Mapping[str, Any], where: str | None) -> Derived:
+        """`program_keys` (sim.cost.splits) if the decode model uses it: needs the GPU's SMs."""
+        if not any(b.get(PROGRAM_KEYS) for b in branches(decode)):
+            return {}
+        sms = self._sms("decode", PROGRAM_KEYS, where)
         keys = program_keys_fn(self.model.num_kv_heads, sms)
         return {PROGRAM_KEYS: lambda s: keys(s.num_reqs, s.max_kv_tokens)}
 
@@ -264,13 +269,7 @@ class CostModel:
         used = [t for t in MIXED_DERIVED if any(b.get(t) for b in branches(mixed))]
         if not used:
             return {}
-        sms = num_sms(self.gpu.name)
-        if sms is None:
-            name = f" '{where}'" if where else ""
-            raise ProfileError(
-                f"cost profile{name}: key 'gpu_pass.mixed': term '{used[0]}' needs the "
-                f"GPU's SM count, unknown for {self.gpu.name!r} (sim.cost.splits.NUM_SMS)"
-            )
+        sms = self._sms("mixed", used[0], where)
         heads = (self.model.num_heads, self.model.num_kv_heads)
         return mixed_derived(*heads, sms, flat=self._mixed_graphs)
 
