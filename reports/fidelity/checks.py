@@ -7,7 +7,7 @@ RUNS_DIR holds measured run folders named `<model tag>-<check>` (reports/fidelit
 each is predicted by `sim run` on its own trace (summary.json trace.path) with the measured
 run's own config (KV budget, depth, spec decoding, arrival mode) plus PROFILE, compared with
 `replay compare`, and judged against the targets. Writes DIR/<gpu>-<run>[-TAG].json and
-DIR/<gpu>-checks[-TAG].md (a table with verdicts); the calibration run (`*-calib`) is listed
+DIR/<gpu>-checks[-TAG].md (a table with verdicts); the calibration runs (`*-calib*`) are listed
 as such, not as a check.
 """
 
@@ -72,22 +72,27 @@ def main() -> None:
     ap.add_argument("--gpu", required=True)
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument(
+        "--work", type=Path, default=ROOT / "runs" / "checks-work",
+        help="where the predicted runs and comparisons go (not the measured runs' folder)",
+    )  # fmt: skip
     args = ap.parse_args()
     sfx = f"-{args.tag}" if args.tag else ""
     args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for meas in sorted(p for p in args.runs.iterdir() if (p / "summary.json").is_file()):
         summary = json.loads((meas / "summary.json").read_text())
         if summary["source"]["kind"] != "replay":
             continue
         trace = ROOT / summary["trace"]["path"]
-        pred = args.runs / f"sim-{meas.name}{sfx}"
+        pred = args.work / f"sim-{meas.name}{sfx}"
         sh("-m", "sim", "run", str(trace), "-q", "--force", "-o", str(pred),
            *sim_sets(summary["config"], args.profile, args.gpu))  # fmt: skip
-        fid = args.runs / f"fid-{meas.name}{sfx}"
+        fid = args.work / f"fid-{meas.name}{sfx}"
         sh("-m", "replay", "compare", str(pred), str(meas), "--force", "-o", str(fid))
         data = json.loads((fid / "fidelity.json").read_text())
-        data["role"] = "calibration" if meas.name.endswith("-calib") else "check"
+        data["role"] = "calibration" if "-calib" in meas.name else "check"
         data["profile"] = str(args.profile)
         (args.out / f"{args.gpu}-{meas.name}{sfx}.json").write_text(json.dumps(data, indent=1))
         rows.append((meas.name, data))

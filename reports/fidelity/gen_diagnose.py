@@ -1,0 +1,155 @@
+"""The step-record numbers section 1 of the fidelity README cites (the generalization protocol,
+H100, llama3.2-1b), from the committed measured runs and profile:
+
+    python reports/fidelity/gen_diagnose.py [--runs DIR] [--profile FILE]
+
+(defaults: reports/fidelity/gen/runs and gen/profile-h100-llama3.2-1b.json)
+
+1. decode CUDA-graph steps by batch band (8 rows a band): median GPU ms of steps the GPU began
+   after >= 100 us idle ("idle start") and of steps queued behind the previous one (< 10 us);
+2. the host's wait for a step's tokens: median ms from the step's GPU end to the wait's end,
+   over the steps whose host waited (sync_wait.wake_ms);
+3. a depth-1 decode step's period (consecutive decode steps, medians): GPU interval, gap to the
+   next step's GPU start, of which the token wait and the CPU phases;
+4. the committed profile's decode pass on each run's clean, queued decode steps without
+   penalties (the steps the sweep's samples stand for): median measured / predicted by band;
+5. its mixed pass on each run's clean mixed steps (kernels alone): median measured / predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from core.runfmt import load_run  # noqa: E402
+from replay.analysis.steps import CLEAN_TOL_S, predicted_gpu_ms  # noqa: E402
+
+IDLE_S = 100e-6
+BANDS = ((1, 8), (8, 16), (16, 24), (24, 32), (32, 64), (64, 256))
+
+
+def _decode(s: dict[str, np.ndarray]) -> np.ndarray:
+    return (s["num_prefill_reqs"] == 0) & (s["draft_tokens"] == 0) & np.isfinite(s["gpu_start_s"])
+
+
+def idle_vs_queued(s: dict[str, np.ndarray]) -> list[str]:
+    ms = (s["gpu_end_s"] - s["gpu_start_s"]) * 1e3
+    out = []
+    for lo, hi in BANDS:
+        band = _decode(s) & (s["num_reqs"] >= lo) & (s["num_reqs"] < hi)
+        idle, queued = (
+            band & (s["gpu_idle_before_s"] >= IDLE_S),
+            band & (s["gpu_idle_before_s"] < CLEAN_TOL_S),
+        )
+        if idle.sum() >= 5 and queued.sum() >= 5:
+            out.append(
+                f"b{lo}-{hi - 1}: idle {np.median(ms[idle]):.3f} ({idle.sum()}) "
+                f"queued {np.median(ms[queued]):.3f} ({queued.sum()})"
+            )
+    return out
+
+
+def token_wait(s: dict[str, np.ndarray]) -> str:
+    s0, s1, g1 = s["sync_start_s"], s["sync_end_s"], s["gpu_end_s"]
+    waited = np.isfinite(s0) & np.isfinite(g1) & (s0 < g1) & (s1 >= g1)
+    if not waited.any():
+        return "no token waits"
+    lat = (s1 - g1)[waited] * 1e3
+    p10, p50, p90 = np.percentile(lat, [10, 50, 90])
+    return f"{int(waited.sum())} waits: p10 {p10:.3f} p50 {p50:.3f} p90 {p90:.3f} ms"
+
+
+def decode_by_band(s: dict[str, np.ndarray]) -> list[str]:
+    ms = (s["gpu_end_s"] - s["gpu_start_s"]) * 1e3
+    out = []
+    for lo, hi in BANDS:
+        band = _decode(s) & (s["num_reqs"] >= lo) & (s["num_reqs"] < hi)
+        if band.sum() >= 5:
+            out.append(f"b{lo}-{hi - 1}: {np.median(ms[band]):.3f} ({band.sum()})")
+    return out
+
+
+def mixed_clean(run, s: dict[str, np.ndarray], profile: dict) -> str:  # noqa: ANN001
+    ends = np.fmax(s["sample_end_s"], s["launch_end_s"])
+    rows = np.flatnonzero(
+        (s["num_prefill_reqs"] > 0)
+        & np.isfinite(s["gpu_start_s"])
+        & (s["gpu_start_s"] >= ends - CLEAN_TOL_S)
+    )
+    if rows.size < 3:
+        return f"{rows.size} clean mixed steps"
+    meas = (s["gpu_end_s"][rows] - s["gpu_start_s"][rows]) * 1e3
+    ratio = np.median(meas / predicted_gpu_ms(run, profile, s, rows))
+    return f"{ratio:.3f} over {rows.size} clean mixed steps"
+
+
+def depth1_period(s: dict[str, np.ndarray]) -> str:
+    d = _decode(s)
+    i = np.flatnonzero(d[:-1] & d[1:])
+    g0, g1 = s["gpu_start_s"], s["gpu_end_s"]
+    gap = (g0[i + 1] - g1[i]) * 1e3
+    wait = (s["sync_end_s"][i] - g1[i]) * 1e3
+    phases = (s["launch_end_s"][i + 1] - s["process_outputs_start_s"][i]) * 1e3
+
+    def med(x: np.ndarray) -> float:
+        return float(np.nanmedian(x))
+
+    gpu = med((g1 - g0)[i] * 1e3)
+    return (
+        f"period {gpu + med(gap):.3f} = GPU {gpu:.3f} + gap {med(gap):.3f} "
+        f"(token wait {med(wait):.3f}, process_outputs..launch {med(phases):.3f})"
+    )
+
+
+def level_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  # noqa: ANN001
+    ends = np.fmax(s["sample_end_s"], s["launch_end_s"])
+    ok = (
+        _decode(s)
+        & (s["history_tokens"] == 0)
+        & (s["gpu_start_s"] >= ends - CLEAN_TOL_S)
+        & (s["gpu_idle_before_s"] < CLEAN_TOL_S)
+    )
+    out = []
+    for lo, hi in BANDS:
+        rows = np.flatnonzero(ok & (s["num_reqs"] >= lo) & (s["num_reqs"] < hi))
+        if rows.size < 20:
+            continue
+        rows = rows[:: max(1, rows.size // 2000)]
+        meas = (s["gpu_end_s"][rows] - s["gpu_start_s"][rows]) * 1e3
+        pred = predicted_gpu_ms(run, profile, s, rows)
+        out.append(f"b{lo}-{hi - 1}: {np.median(meas / pred):.3f} ({rows.size})")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=Path, default=ROOT / "reports/fidelity/gen/runs")
+    ap.add_argument(
+        "--profile", type=Path, default=ROOT / "reports/fidelity/gen/profile-h100-llama3.2-1b.json"
+    )
+    args = ap.parse_args()
+    profile = json.loads(args.profile.read_text())
+    for path in sorted(p for p in args.runs.iterdir() if (p / "summary.json").is_file()):
+        run = load_run(path)
+        s = run.arrays("steps")
+        depth = run.summary["config"]["batches_in_flight"]
+        print(f"== {path.name} (depth {depth})")
+        print("  1. decode graph GPU ms, idle start vs queued:", "; ".join(idle_vs_queued(s)))
+        print("  2. token wait after GPU end:", token_wait(s))
+        if depth == 1:
+            print("  3. depth-1 decode step:", depth1_period(s))
+            print("     decode GPU ms by band (each starts idle):", "; ".join(decode_by_band(s)))
+        level = "; ".join(level_by_band(run, s, profile))
+        print("  4. measured / profile, clean queued decode:", level)
+        print("  5. measured / profile, mixed:", mixed_clean(run, s, profile))
+
+
+if __name__ == "__main__":
+    main()
