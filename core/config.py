@@ -98,6 +98,9 @@ class Config:
     cuda_graphs_mixed: bool = False
     gc_freeze: bool = True
     batches_in_flight: int = 2  # 1 = synchronous; 2, 3 = async scheduling depth
+    # GPUs per replica, one rank each (Megatron-style column/row-parallel layers; rank 0 runs the
+    # scheduling policy and sends each step's inputs to the others: CPU phase `broadcast`)
+    tensor_parallel_size: int = 1
     optimistic_spec_decode: bool = True  # seed 5 (PR 32951)
     preallocated_backup_tokens: bool = True  # seed 1 (PR 41043)
     accepted_count_by_sum: bool = True  # seed 2 (PR 38372)
@@ -126,6 +129,11 @@ class Config:
         _check(0 < self.kv_memory_fraction <= 1, "kv_memory_fraction", "must be in (0, 1]")
         _check(self.num_kv_blocks >= 0, "num_kv_blocks", "must be >= 0")
         _check(self.batches_in_flight in (1, 2, 3), "batches_in_flight", "must be 1, 2 or 3")
+        _check(
+            self.tensor_parallel_size in (1, 2, 4, 8),
+            "tensor_parallel_size",
+            "must be 1, 2, 4 or 8",
+        )
         _check(
             self.cuda_graphs or not self.cuda_graphs_mixed, "cuda_graphs_mixed", "needs cuda_graphs"
         )

@@ -13,6 +13,9 @@ LAUNCH = "launch"  # issue the forward pass (eager kernels or a CUDA graph repla
 SAMPLE = "sample"  # launch sampling / rejection (incl. the placeholder scan of seed 3)
 DRAFT = "draft"  # propose draft tokens (n-gram on CPU or GPU)
 PROCESS_OUTPUTS = "process_outputs"  # apply results: append tokens, finish requests, free blocks
+# tensor parallelism: rank 0 sends a step's inputs to the other ranks (between prepare_inputs
+# and launch; absent with tensor_parallel_size 1)
+BROADCAST = "broadcast"
 SYNC = "sync"  # CPU blocked waiting for the GPU
 GC = "gc"  # Python garbage-collector pause
 
