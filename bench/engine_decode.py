@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -128,8 +129,6 @@ def measure(eng: Engine, batch: int, bandwidth: float, context: int = CONTEXT) -
 def profile_steps(eng: Engine, batch: int, path: Path, context: int = CONTEXT) -> None:
     """Kernel table of one more run of the case under torch.profiler (GPU time per kernel name,
     summed over the run, and per decode step), written to `path`."""
-    from torch.profiler import ProfilerActivity, profile
-
     reqs = [RequestInput(f"p{i}", context, DECODE) for i in range(batch)]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         eng.run(reqs)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -132,6 +133,7 @@ def _copies(nbytes: int, total: int = 256 << 20, most: int = 64) -> int:
 
 def _attention_calls(kind, q, k, kv, attn, scale, out, splits, block_n, warps, max_seq):
     """One call per KV copy in `kv` [n, 2, ...] (old general kernel or the decode kernel)."""
+    # lazy: Triton only when benchmarked (the torch backend runs without it)
     from engine.kernels import decode_attention, paged_attention
 
     for i in range(kv.shape[0]):
@@ -197,9 +199,7 @@ def _gemm_calls(fn, x, ws) -> None:
 
 def bench_gemm(batches, dtype, device, iters) -> list[dict]:
     """cuBLAS (F.linear) vs the Triton skinny GEMM at the llama3-8b decode shapes."""
-    import torch.nn.functional as F
-
-    from engine.kernels.skinny_gemm import skinny_gemm
+    from engine.kernels.skinny_gemm import skinny_gemm  # lazy: Triton only when benchmarked
 
     rows = []
     for name, (n_out, k_in) in GEMM_SHAPES.items():
@@ -232,7 +232,7 @@ def bench_gemm(batches, dtype, device, iters) -> list[dict]:
 
 
 def _site_calls(kind, x, ws) -> None:
-    from engine.kernels import skinny_gemm
+    from engine.kernels import skinny_gemm  # lazy: Triton only when benchmarked
 
     for w in ws:
         skinny_gemm(x, w, silu_mul=kind == "silu", out_dtype=torch.float32 if kind == "fp32"

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels import BLOCK_SIZE, time_ms  # noqa: E402
 from core.models import get_model  # noqa: E402
 from engine.attention import AttentionMetadata  # noqa: E402
+from engine.kernels import paged_attention  # noqa: E402
 
 # (decodes, context, long, long_context, chunk, chunk_context)
 CASES = [
@@ -53,8 +54,6 @@ def mixed_metadata(case: tuple[int, ...], device: torch.device) -> tuple[Attenti
 
 
 def bench_case(spec, case, dtype, device, iters) -> dict:
-    from engine.kernels import paged_attention
-
     attn, num_blocks = mixed_metadata(case, device)
     t = int(attn.query_start_loc[-1])
     kv = torch.randn((2, num_blocks, BLOCK_SIZE, spec.num_kv_heads, spec.head_dim),

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernels import decode_metadata, decode_step, time_ms  # noqa: E402
 
+import engine.model  # noqa: E402
 from core.models import get_model  # noqa: E402
 from engine.model import LlamaModel, allocate_kv_cache  # noqa: E402
 
@@ -62,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="override engine.model.SKINNY_FUSE_SILU")  # fmt: skip
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
-    import engine.model
-
     if args.skinny_rows is not None:
         engine.model.SKINNY_MAX_ROWS = args.skinny_rows
     if args.skinny_silu is not None:

@@ -34,11 +34,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.config import load_config  # noqa: E402
+from replay.gpu.run import check_trace, new_engine, warm_up  # noqa: E402
 
 
 def anatomy(model: str, trace: str, depth: int, blocks: int, device: str = "cuda") -> dict:
-    from replay.gpu.run import check_trace, new_engine, warm_up
-
     sets = [f"model={model}", f"num_kv_blocks={blocks}", f"batches_in_flight={depth}"]
     cfg = load_config(None, [*sets, f"device={device}"])
     tr = check_trace(cfg, trace)

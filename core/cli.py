@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from core.config import Config, ConfigError, load_config
+from core.gpus import get_gpu
+from core.models import get_model
 
 
 class UsageError(Exception):
@@ -58,9 +60,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def check_names(cfg: Config) -> Config:
     """The model and GPU `cfg` names must exist: one line (ConfigError) if not."""
-    from core.gpus import get_gpu
-    from core.models import get_model
-
     get_model(cfg.model)
     get_gpu(cfg.gpu)
     return cfg
@@ -73,7 +72,7 @@ def fail(msg: str) -> NoReturn:
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Run a command's main; turn known bad-input errors into one line and exit code 2."""
-    from core.trace import TraceError  # local: keeps `core.cli` light
+    from core.trace import TraceError  # lazy: pyarrow, which `--help` does not need
 
     global _owner_pid
     _owner_pid = os.getpid()

@@ -45,7 +45,7 @@ class OutKind:
 
 
 def _is_run_dir(p: Path) -> bool:
-    from core.runfmt.summary import FORMAT
+    from core.runfmt.summary import FORMAT  # lazy: pyarrow, which `--help` does not need
 
     try:
         summary = json.loads((p / "summary.json").read_text())

@@ -290,11 +290,7 @@ def _timeline_tracks(s: dict[str, np.ndarray], first: int) -> tuple[list[Any], f
 
 def _save_lines(out: Path, stem: str, series: list[Any], title: str, xlabel: str, mpl: bool) -> str:
     if mpl:
-        import matplotlib  # optional (mpl: installed); Agg before pyplot
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = _pyplot()
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         for label, xs, ys in series:
             ax.plot(xs, ys, label=label)
@@ -309,11 +305,7 @@ def _save_scatter(
     out: Path, stem: str, pred: np.ndarray, meas: np.ndarray, title: str, mpl: bool
 ) -> str:
     if mpl:
-        import matplotlib  # optional (mpl: installed); Agg before pyplot
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = _pyplot()
         fig, ax = plt.subplots(figsize=(5, 5))
         ax.scatter(meas, pred, s=3, alpha=0.5)
         ok = np.isfinite(pred) & np.isfinite(meas)
@@ -333,11 +325,7 @@ def _save_timeline(
     tracks, t0, t1 = _timeline_tracks(s, first)
     legend = list(CPU_PHASES)
     if mpl:
-        import matplotlib  # optional (mpl: installed); Agg before pyplot
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = _pyplot()
         fig, ax = plt.subplots(figsize=(9, 3))
         colors = svg.FILE_COLORS
         for r, (_, boxes) in enumerate(tracks):
@@ -354,10 +342,18 @@ def _save_timeline(
     return f"{stem}.svg"
 
 
-def _save_fig(fig: Any, out: Path, stem: str) -> str:
-    import matplotlib.pyplot as plt  # optional: only when matplotlib drew the figure
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, which must be chosen before pyplot loads."""
+    import matplotlib  # optional (mpl: installed), lazy: only a PNG report needs it
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after the backend is chosen
+
+    return plt
+
+
+def _save_fig(fig: Any, out: Path, stem: str) -> str:
     fig.tight_layout()
     fig.savefig(out / f"{stem}.png", dpi=100)
-    plt.close(fig)
+    _pyplot().close(fig)
     return f"{stem}.png"
