@@ -41,7 +41,7 @@ import numpy as np
 from core.config import Config
 from core.graph_buckets import decode_buckets
 from core.models import get_model
-from core.shape import SHAPE_FIELDS, BatchShape
+from core.shape import ShapeRow, shape_of
 
 SQRT2 = math.sqrt(2.0)
 MIN_DECODE_CONTEXT = 64
@@ -184,45 +184,23 @@ class Limits:
 
 
 def batch_shape(entries: Sequence[Entry]) -> dict[str, int]:
-    """The BatchShape fields of a synthetic step as `Scheduler._shape` computes them for the
+    """The BatchShape fields of a synthetic step (summed by core.shape.shape_of) for the
     requests replay.gpu.shapes_step builds (a chunk ends its prompt; a decode row's request holds
     start + 1 tokens, one of them a confirmed output: a `hist` decode row has a history of 1).
     replay.gpu.shapes writes the scheduler's own shape; this is the
     grid's view of it (tests check the two agree)."""
-    n_pf = pf_tok = dec_tok = drafts = kv = pairs = ctx = new = hist = 0
-    longest = 0
-    for e in entries:
-        n, s = e.n, e.start
-        if e.prefill:
-            n_pf += 1
-            pf_tok += n
-            new += e.is_new
-            ctx += s + n
-        else:
-            dec_tok += n
-            drafts += e.drafts
-            ctx += s + 1
-            hist += e.hist
-        kv += s + n
-        pairs += n * s + n * (n + 1) // 2
-        longest = max(longest, s + n)
-    shape = {
-        "num_reqs": len(entries),
-        "num_prefill_reqs": n_pf,
-        "prefill_tokens": pf_tok,
-        "decode_tokens": dec_tok,
-        "draft_tokens": drafts,
-        "kv_read_tokens": kv,
-        "attn_pairs": pairs,
-        "max_kv_tokens": longest,
-        "history_tokens": hist,
-        "context_tokens": ctx,
-        "new_reqs": new,
-        "finished_reqs": 0,
-    }
-    known = {f: shape.get(f, 0) for f in SHAPE_FIELDS}
-    BatchShape(**known)  # a field added to BatchShape without a value here: 0, and it shows up
-    return known
+    return shape_of(
+        ShapeRow(
+            e.start,
+            e.n,
+            e.prefill,
+            num_drafts=e.drafts,
+            is_new=e.is_new,
+            history_tokens=0 if e.prefill else int(e.hist),
+            context_tokens=e.start + (e.n if e.prefill else 1),
+        )
+        for e in entries
+    ).as_dict()
 
 
 # ---- axes ---------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 from core.config import Config
 from core.gpus import get_gpu
 from core.models import get_model
+from core.shape import attn_pairs
 from replay.analysis.shapes_file import KINDS
 from replay.analysis.shapes_grid import Batch, Limits, grid, quick_grid
 
@@ -55,7 +56,7 @@ class CostGuess:
     def step_ms(self, b: Batch, bucket: int = 0) -> float:
         tokens = max(b.num_tokens, bucket * (b.max_query_len if bucket else 1))
         kv = sum(e.seq_len for e in b.entries) * self.kv_bytes_per_token
-        pairs = sum(e.n * e.start + e.n * (e.n + 1) // 2 for e in b.entries)
+        pairs = sum(attn_pairs(e.start, e.n) for e in b.entries)
         mem = (self.weight_bytes + kv) / self.bytes_per_ms
         comp = (
             tokens * self.flops_per_token + pairs * self.attn_flops_per_pair
