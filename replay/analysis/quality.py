@@ -4,7 +4,7 @@ against the measured time: R², RMSE, mean and p90 |relative error|, error of th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,14 +40,21 @@ def evaluate(profile: Mapping[str, Any], runs: Sequence[Run], steps: Steps | Non
         if clean.any() and clean.sum() < rows.sum():
             pc = eval_linear(prof["gpu_pass"][kind], steps.cols, clean) + gpu_extra[clean]
             out[f"gpu_pass.{kind}.clean"] = stats(pc, gpu_y[clean])
+    for phase, y, rows, pred in phase_predictions(prof, runs, steps):
+        out[f"cpu_phases.{phase}"] = stats(pred, y[rows])
+    return out
+
+
+def phase_predictions(
+    prof: Mapping[str, Any], runs: Sequence[Run], steps: Steps
+) -> Iterator[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per CPU phase measured at some step: (phase, its measured ms per step (NaN where not
+    measured), the measured rows, `phase_predicted_ms` at those rows), in CPU_PHASES order."""
     for phase in CPU_PHASES:
         y = steps.phase_ms[phase]
         rows = np.isfinite(y)
-        if not rows.any():
-            continue
-        pred = phase_predicted_ms(prof, runs, steps, phase, rows)
-        out[f"cpu_phases.{phase}"] = stats(pred, y[rows])
-    return out
+        if rows.any():
+            yield phase, y, rows, phase_predicted_ms(prof, runs, steps, phase, rows)
 
 
 def phase_predicted_ms(

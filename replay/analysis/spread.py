@@ -18,9 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from core.phases import CPU_PHASES
 from core.runfmt import Run
-from replay.analysis.quality import phase_predicted_ms
+from replay.analysis.quality import phase_predictions
 from replay.analysis.steps import Steps
 from sim.cost.spread import mean_ratio
 
@@ -46,12 +45,7 @@ def fit_spread(
     spread: dict[str, dict[str, list[float]]] = {}
     report: dict[str, Any] = {}
     probs = [*SPREAD_P[:-1], TOP_P]
-    for phase in CPU_PHASES:
-        y = steps.phase_ms[phase]
-        rows = np.isfinite(y)
-        if not rows.any():
-            continue
-        pred = phase_predicted_ms(prof, runs, steps, phase, rows)
+    for phase, y, rows, pred in phase_predictions(prof, runs, steps):
         ok = pred > 0
         if ok.sum() < MIN_STEPS:
             notes.append(
