@@ -108,6 +108,20 @@ def replacing(target: Path) -> Iterator[Path]:
         os.replace(tmp, target)
 
 
+@contextlib.contextmanager
+def replacing_dir(target: Path) -> Iterator[Path]:
+    """A temp folder beside `target` for the block to fill (temp_dir); when the block ends
+    normally it is swapped in whole (swap_in), if it fails it is removed: `target` is always the
+    old folder or the whole new one. The parent folder must exist."""
+    tmp = temp_dir(target)
+    try:
+        yield tmp
+        swap_in(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def atomic_file(path: str | Path, text: str) -> Path:
     """Write a text file whole or not at all (temp file in the same folder, then rename)."""
     p = Path(path)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.atomic import move_aside, put_back, swap_in, temp_dir
+from core.atomic import move_aside, put_back, replacing_dir, temp_dir
 from core.cli import UsageError
 
 
@@ -172,15 +172,11 @@ def _writing(e: OSError, target: Path) -> bool:
 
 @contextlib.contextmanager
 def atomic_dir(out: str | Path, kind: OutKind) -> Iterator[Path]:
-    """Build a folder in a temp folder beside `out` and swap it in whole (core.atomic.swap_in);
-    on any exception the temp folder goes and `out` is left as it was."""
+    """Build a folder in a temp folder beside `out` and swap it in whole
+    (core.atomic.replacing_dir); on any exception the temp folder goes and `out` is left as it
+    was."""
     target = Path(out)
     check_place(target, kind)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir(target)
-    try:
+    with replacing_dir(target) as tmp:
         yield tmp
-        swap_in(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
