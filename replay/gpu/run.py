@@ -437,11 +437,7 @@ def _extra(
             "graph_buckets": list(engine.graphs.buckets) if engine.graphs is not None else [],
             "preemptions": engine.sched.num_preemptions,
         },
-        "versions": {
-            "python": sys.version.split()[0],
-            "torch": torch.__version__,
-            "triton": _version("triton"),
-        },
+        "versions": versions(),
         "requests_arrived": arrived,
         "trace_rows": trace_rows,
         "unfinished_requests": conv.unfinished,
@@ -456,6 +452,12 @@ def _extra(
         "interrupted": None if error is None else f"{type(error).__name__}: {error}",
         "device": cfg.device,
     }
+
+
+def versions() -> dict[str, str | None]:
+    """The software a measurement ran on (a run's summary, a sweep's metadata)."""
+    python = sys.version.split()[0]
+    return {"python": python, "torch": torch.__version__, "triton": _version("triton")}
 
 
 def _version(mod: str) -> str | None:

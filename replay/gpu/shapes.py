@@ -38,7 +38,6 @@ import gc
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -69,7 +68,7 @@ from replay.analysis.shapes_file import (
 )
 from replay.analysis.shapes_grid import Batch, Entry, Limits, axes_of, batch_shape, grid
 from replay.analysis.shapes_plan import DEFAULT_BUDGET_S, Plan, envelope, plan
-from replay.gpu.run import as_run, gpu_name
+from replay.gpu.run import as_run, gpu_name, versions
 from replay.gpu.shapes_step import SCATTER_MAX_BLOCKS as scatter_max
 from replay.gpu.shapes_step import MarkHooks, StageError, stage
 
@@ -438,9 +437,7 @@ def _meta_fn(
         "kv_layout": "scattered" if engine.num_kv_blocks <= scatter_max else "consecutive",
         "graphs_sample": bool(engine.graphs is not None and engine.graphs.samples),
         "spec": {"method": cfg.spec.method, "k": cfg.spec.k if cfg.spec.enabled else 0},
-        "torch": torch.__version__,
-        "triton": _version("triton"),
-        "python": sys.version.split()[0],
+        **versions(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "engine_commit": commit,
         "engine_dirty": dirty,
@@ -480,16 +477,9 @@ def _meta_fn(
     return meta
 
 
-def _version(mod: str) -> str | None:
-    try:
-        return __import__(mod).__version__
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
-        return None
-
-
 def _engine_commit() -> tuple[str | None, bool | None]:
     """HEAD of the repository holding engine/, and whether engine/ or core/ differ from it."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # replay/gpu/shapes.py -> the repository
     try:
         head = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"],
