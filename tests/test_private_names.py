@@ -1,5 +1,6 @@
-"""No module of core/, sim/, replay/, engine/ or bench/ reaches into another module's private
-names (a leading underscore): read with `ast`, nothing is imported. Caught:
+"""No module of core/, sim/, replay/, engine/, bench/ (nor the scripts of reports/ and traces/)
+reaches into another module's private names (a leading underscore): read with `ast`, nothing
+is imported. Caught:
 
 - `from pkg.mod import _name` (and relative forms), `import pkg._mod`;
 - `mod._name` where `mod` is a project module bound by an import;
@@ -18,7 +19,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "sim", "replay", "engine", "bench")
+PACKAGES = ("core", "sim", "replay", "engine", "bench", "reports", "traces")
 # namedtuple's public API, spelled with an underscore so it cannot clash with field names
 PUBLIC_UNDERSCORE = {"_replace", "_fields", "_asdict", "_make", "_field_defaults"}
 
