@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from core.runfmt import load_run  # noqa: E402
-from replay.analysis.steps import CLEAN_TOL_S, predicted_gpu_ms  # noqa: E402
+from replay.analysis.steps import CLEAN_TOL_S, predicted_gpu_ms, run_config  # noqa: E402
 
 IDLE_S = 100e-6
 BANDS = ((1, 8), (8, 16), (16, 24), (24, 32), (32, 64), (64, 256))
@@ -139,7 +139,7 @@ def main() -> None:
     for path in sorted(p for p in args.runs.iterdir() if (p / "summary.json").is_file()):
         run = load_run(path)
         s = run.arrays("steps")
-        depth = run.summary["config"]["batches_in_flight"]
+        depth = run_config(run).depth  # batches actually in flight (1 with ngram-cpu)
         print(f"== {path.name} (depth {depth})")
         print("  1. decode graph GPU ms, idle start vs queued:", "; ".join(idle_vs_queued(s)))
         print("  2. token wait after GPU end:", token_wait(s))
