@@ -285,7 +285,7 @@ class CostModel:
         if not any(b.get(PROGRAM_KEYS) for b in branches(decode)):
             return {}
         sms = self._sms("decode", PROGRAM_KEYS, where)
-        keys = program_keys_fn(self.model.num_kv_heads, sms)
+        keys = program_keys_fn(self.model.kv_heads_per_rank(self.tp), sms)  # one rank's
         return {PROGRAM_KEYS: lambda s: keys(s.num_reqs, s.max_kv_tokens)}
 
     def _mixed_derived(self, mixed: Mapping[str, Any], where: str | None) -> Derived:
@@ -295,8 +295,8 @@ class CostModel:
         if not used:
             return {}
         sms = self._sms("mixed", used[0], where)
-        heads = (self.model.num_heads, self.model.num_kv_heads)
-        return mixed_derived(*heads, sms, flat=self._mixed_graphs)
+        heads = (self.model.num_heads // self.tp, self.model.kv_heads_per_rank(self.tp))
+        return mixed_derived(*heads, sms, flat=self._mixed_graphs)  # one rank's heads
 
     def _per_token_ms(self, fit: Mapping[str, Any] | None) -> float:
         """GPU ms per query token of a mixed step: the fitted num_tokens (+ prefill_tokens)
@@ -308,10 +308,12 @@ class CostModel:
             sp = first.get(SPLINE_KEY)
             if sp is not None and sp["x"] in ("num_tokens", "prefill_tokens"):
                 per += (sp["ms"][-1] - sp["ms"][0]) / (sp["knots"][-1] - sp["knots"][0])
-            return per
+            return per  # a fit at the config's degree holds the collectives
         one = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=512, kv_read_tokens=512)
         two = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=1024, kv_read_tokens=512)
-        return (self.roofline(two) - self.roofline(one)) / 512
+        roof = (self.roofline(two) - self.roofline(one)) / 512
+        coll = self._collective_model.get("num_tokens")  # padded tokens are all-reduced too
+        return roof + coll if coll is not None else roof
 
     def _ngram_gpu_model(self, params: Mapping[str, Any]) -> dict[str, float]:
         """Linear in num_reqs: max_model_len and the number of n values are config constants."""
