@@ -134,6 +134,7 @@ def _worker(rank: int, job: _Job) -> None:
     )
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
+    barrier_ids = [rank] if cuda else None  # NCCL: the barrier's device, no guessing
     timed = _timer(cuda)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -143,16 +144,23 @@ def _worker(rank: int, job: _Job) -> None:
             for nbytes in job.sizes:
                 iters = iters_for(nbytes)
                 x = torch.ones(max(1, nbytes // elem), dtype=DTYPES[job.dtype], device=device)
+                fn: Callable[[], None] | None = None
                 try:
                     fn = _calls(mode, x, iters)
                 except Exception as e:  # noqa: BLE001 - a mode this stack cannot run
                     notes.append(f"mode {mode} at {nbytes} bytes failed: {type(e).__name__}: {e}")
+                ok = torch.tensor([1.0 if fn is not None else 0.0], device=device)
+                dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank drops the mode, or none
+                if fn is None or ok.item() < 1:
+                    if fn is not None:
+                        notes.append(f"mode {mode} at {nbytes} bytes failed on another rank")
                     break
+                run = fn
                 per_call: list[float] = []
                 for i in range(job.samples + 1):
-                    dist.barrier()
+                    dist.barrier(device_ids=barrier_ids)
                     sync()
-                    ms = timed(fn) / iters
+                    ms = timed(run) / iters
                     slowest = torch.tensor([ms], dtype=torch.float64, device=device)
                     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
                     if i:  # the first sample is untimed
@@ -169,7 +177,7 @@ def _worker(rank: int, job: _Job) -> None:
                         "ms_max": max(per_call),
                     }
                 )
-                del fn, x
+                del fn, run, x
         if rank == 0:
             Path(job.out).write_text(json.dumps({"rows": rows, "notes": notes}))
     finally:
