@@ -18,6 +18,7 @@ from core.shape import SHAPE_FIELDS, BatchShape
 from core.trace import TraceError, make_trace, write_trace
 from sim.cost import CostModel, ProfileError, load_profile
 from sim.plan.planner import run_plan
+from sim.plan.report import write_report
 from sim.plan.spec import PlanError, load_plan_spec
 from sim.plan.sweep import SerialExecutor
 from sim.run import simulate
@@ -150,6 +151,10 @@ def test_plan_chooses_tp_for_llama70b(trace: Path, tmp_path: Path) -> None:
         assert c["cost_per_mtok"] == pytest.approx(want)
     saved = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert saved["best"]["gpus_per_replica"] == best["gpus_per_replica"]
+    html = write_report(saved, tmp_path / "report.html").read_text()
+    tp, n = best["gpus_per_replica"], best["replicas"]
+    assert f"Best: {n} replica(s) of {tp} x H100 ({n * tp} GPUs)" in html
+    assert f"<td>{n * tp} ({n} x {tp})</td>" in html
     # without a list: the smallest degree that fits
     spec = load_plan_spec(SLOS, base)
     assert [c.gpus_per_replica for c in spec.candidates] == [2]
