@@ -70,17 +70,56 @@ class ModelSpec:
         embed = v * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + embed + h
 
-    def weight_bytes(self, dtype: str = "bfloat16") -> int:
-        return self.num_params * DTYPE_BYTES[dtype]
+    # ---- tensor parallelism (Megatron layout: q/k/v and gate/up split by columns, o and down
+    # by rows, vocab-parallel embedding and LM head; norms replicated; KV heads split across
+    # ranks, replicated when there are more ranks than KV heads, as vLLM does) -------------
+    def tp_error(self, tp: int) -> str | None:
+        """Why this model cannot be split `tp` ways, or None."""
+        if tp == 1:
+            return None
+        if self.num_heads % tp:
+            return f"{self.num_heads} attention heads do not split {tp} ways"
+        kvh = self.num_kv_heads
+        if kvh % tp and tp % kvh:
+            return f"{kvh} KV heads neither split {tp} ways nor replicate evenly"
+        if self.intermediate_size % tp:
+            return f"MLP width {self.intermediate_size} does not split {tp} ways"
+        return None
 
-    def decode_weight_bytes(self, dtype: str = "bfloat16") -> int:
-        """Bytes of weights one forward pass reads: all but the input embedding table (a gather)."""
-        h, v = self.hidden_size, self.vocab_size
-        unread = 0 if self.tie_word_embeddings else v * h
-        return (self.num_params - unread) * DTYPE_BYTES[dtype]
+    def kv_heads_per_rank(self, tp: int = 1) -> int:
+        return max(1, self.num_kv_heads // tp)
 
-    def kv_bytes_per_token(self, dtype: str = "bfloat16") -> int:
-        return 2 * self.num_layers * self.kv_size * DTYPE_BYTES[dtype]
+    def vocab_per_rank(self, tp: int = 1) -> int:
+        """Rows of the embedding / LM head shard (the vocabulary padded to a multiple of tp)."""
+        return -(-self.vocab_size // tp)
+
+    def params_per_rank(self, tp: int = 1) -> int:
+        """Parameters one rank holds; `num_params` at tp 1."""
+        if tp == 1:
+            return self.num_params
+        h, d = self.hidden_size, self.head_dim
+        q = self.q_size // tp
+        kv = self.kv_heads_per_rank(tp) * d
+        attn = h * (q + 2 * kv) + q * h
+        mlp = 3 * h * (self.intermediate_size // tp)
+        per_layer = attn + mlp + 2 * h
+        embed = self.vocab_per_rank(tp) * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embed + h
+
+    def weight_bytes(self, dtype: str = "bfloat16", tp: int = 1) -> int:
+        """Weight bytes on one GPU of a `tp`-way replica (the whole model at tp 1)."""
+        return self.params_per_rank(tp) * DTYPE_BYTES[dtype]
+
+    def decode_weight_bytes(self, dtype: str = "bfloat16", tp: int = 1) -> int:
+        """Bytes of weights one forward pass reads on one rank: all but the input embedding
+        table (a gather)."""
+        unread = 0 if self.tie_word_embeddings else self.vocab_per_rank(tp) * self.hidden_size
+        return (self.params_per_rank(tp) - unread) * DTYPE_BYTES[dtype]
+
+    def kv_bytes_per_token(self, dtype: str = "bfloat16", tp: int = 1) -> int:
+        """KV cache bytes per token on one rank (its KV heads; the whole cache at tp 1)."""
+        kv = self.kv_size if tp == 1 else self.kv_heads_per_rank(tp) * self.head_dim
+        return 2 * self.num_layers * kv * DTYPE_BYTES[dtype]
 
     def flops_per_token(self) -> int:
         """Matmul FLOPs per token, excluding attention over the context (2 * params read)."""

@@ -14,7 +14,9 @@ SAMPLE = "sample"  # launch sampling / rejection (incl. the placeholder scan of 
 DRAFT = "draft"  # propose draft tokens (n-gram on CPU or GPU)
 PROCESS_OUTPUTS = "process_outputs"  # apply results: append tokens, finish requests, free blocks
 # tensor parallelism: rank 0 sends a step's inputs to the other ranks (between prepare_inputs
-# and launch; absent with tensor_parallel_size 1)
+# and launch; absent with tensor_parallel_size 1). Not one of CPU_PHASES (the run format's
+# columns, the hooks' arrays and the sim's fast paths are laid out by that tuple): its time is
+# part of `launch`, which it precedes (sim.cost term `launch.tp_broadcast`)
 BROADCAST = "broadcast"
 SYNC = "sync"  # CPU blocked waiting for the GPU
 GC = "gc"  # Python garbage-collector pause

@@ -13,7 +13,7 @@ from pathlib import Path
 from core.cli import Terminated, UsageError, add_config_args, config_from_args, run_main
 from core.cli_timeline import add_timeline_args, timeline_line
 from core.config import ConfigError
-from core.outplace import RUN_FOLDER, atomic_dir, check_place, output_place
+from core.outplace import RUN_FOLDER, OutKind, atomic_dir, check_place, output_place
 
 
 class _Progress:
@@ -289,6 +289,94 @@ def cmd_ablate(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- allreduce, allreduce-fit -------------------------------------------------------------------
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} '{text}': expected comma-separated integers") from None
+    if not vals or any(v < 1 for v in vals):
+        raise UsageError(f"{flag} '{text}': expected integers >= 1")
+    return vals
+
+
+def cmd_allreduce(args: argparse.Namespace) -> int:
+    # lazy: the sweep spawns torch processes
+    from replay.gpu.nccl_sweep import DTYPES, MODES, sizes_between, sweep
+
+    gpus = _int_list(args.gpus, "--gpus")
+    if args.backend == "nccl" and any(n < 2 for n in gpus):
+        raise UsageError(f"--gpus '{args.gpus}': an all-reduce needs 2 or more GPUs")
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or any(m not in MODES for m in modes):
+        raise UsageError(f"--modes '{args.modes}': expected a comma-separated subset of {MODES}")
+    if args.dtype not in DTYPES:
+        raise UsageError(f"--dtype '{args.dtype}': expected one of {sorted(DTYPES)}")
+    if args.samples < 1 or not 1 <= args.min_bytes <= args.max_bytes:
+        raise UsageError("--samples must be >= 1 and 1 <= --min-bytes <= --max-bytes")
+    out = Path(args.output or Path("runs") / "allreduce.parquet")
+    check_place(out, _ALLREDUCE_FILE, args.force)
+    try:
+        res = sweep(
+            out, gpus, sizes_between(args.min_bytes, args.max_bytes), args.samples, modes,
+            args.dtype, args.backend, args.gpu,
+        )  # fmt: skip
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    for note in res.notes:
+        print(f"note: {note}")
+    for r in res.rows:
+        moved = 2 * (r["world_size"] - 1) / r["world_size"] * r["bytes"]
+        busbw = moved / (r["ms"] / 1e3) / 1e9
+        print(
+            f"  {r['mode']:<5} n={r['world_size']} {r['bytes']:>11} B  {1e3 * r['ms']:9.2f} us"
+            f"  busbw {busbw:7.1f} GB/s"
+        )
+    print(f"{len(res.rows)} rows in {res.wall_s:.1f} s -> {res.path}")
+    return 0
+
+
+def cmd_allreduce_fit(args: argparse.Namespace) -> int:
+    from replay.analysis.allreducefit import SweepFileError, fit_profile, fit_sweep, read_sweep
+    from sim.cost import save_profile
+
+    try:
+        sw = read_sweep(args.sweep)
+        res = fit_sweep(sw, args.mode, args.gpu)
+    except SweepFileError as e:
+        raise UsageError(str(e)) from None
+    prof = fit_profile(sw, res, args.mode, str(args.sweep))
+    if prof["gpu"] is None:
+        del prof["gpu"]
+    out = Path(args.output or Path(args.sweep).with_suffix(".profile.json"))
+    save_profile(out, prof)
+    p = res.params
+    print(
+        f"gpu_pass.allreduce: latency_ms {p['latency_ms']:.5f} + latency_ms_per_peer "
+        f"{p['latency_ms_per_peer']:.5f} x (n - 1), bw_efficiency {p['bw_efficiency']:.3f} "
+        f"({res.rows} rows, world sizes {res.world_sizes}; relative error rms "
+        f"{100 * res.rms_rel:.1f} %, max {100 * res.max_rel:.1f} %)"
+    )
+    for note in res.notes:
+        print(f"note: {note}")
+    print(f"profile -> {out}")
+    return 0
+
+
+def _is_allreduce(p: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    from replay.analysis.allreducefit import META_KEY
+
+    try:
+        return META_KEY in (pq.read_schema(p).metadata or {})
+    except Exception:  # noqa: BLE001 - not parquet at all
+        return False
+
+
+_ALLREDUCE_FILE = OutKind("all-reduce sweep", folder=False, recognise=_is_allreduce)
+
+
 def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -431,6 +519,32 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=cmd_ablate)
+
+    p = sub.add_parser(
+        "allreduce", help="time torch.distributed all_reduce on N local GPUs (NCCL sweep)"
+    )
+    p.add_argument("--gpus", default="2", help="world sizes, comma-separated (default 2)")
+    p.add_argument("--min-bytes", type=int, default=1024, help="smallest message (default 1 KiB)")
+    p.add_argument(
+        "--max-bytes", type=int, default=256 * 2**20, help="largest message (default 256 MiB)"
+    )
+    p.add_argument("--samples", type=int, default=20, help="timed samples per size (median)")
+    p.add_argument("--modes", default="graph,eager", help="graph and/or eager calls")
+    p.add_argument("--dtype", default="bfloat16", help="element type (default bfloat16)")
+    p.add_argument("--backend", default="nccl", choices=("nccl", "gloo"), help="gloo: CPU test")
+    p.add_argument("--gpu", help="core.gpus preset the file names (default: from the device)")
+    p.add_argument("-o", "--output", help="parquet file (default runs/allreduce.parquet)")
+    p.add_argument("--force", action="store_true", help="replace an existing output")
+    p.set_defaults(func=cmd_allreduce)
+
+    p = sub.add_parser(
+        "allreduce-fit", help="fit the sim's gpu_pass.allreduce keys from an all-reduce sweep"
+    )
+    p.add_argument("sweep", help="a `replay allreduce` parquet file")
+    p.add_argument("--mode", default="graph", choices=("graph", "eager"), help="rows to fit")
+    p.add_argument("--gpu", help="core.gpus preset (default: the sweep's)")
+    p.add_argument("-o", "--output", help="profile JSON (default SWEEP.profile.json)")
+    p.set_defaults(func=cmd_allreduce_fit)
     return parser
 
 

@@ -19,6 +19,7 @@ from core.runfmt import Recording, RunRecorder, trace_info, write_run
 from core.runfmt.timeline import DEFAULT_MAX_STEPS
 from core.scenario import Scenario
 from core.shape import SHAPE_FIELDS
+from core.tpfit import fit_error
 from core.trace import Trace, TraceError, read_trace
 from sim.acceptance import AcceptanceModel
 from sim.cost import CostModel, load_cost_model
@@ -124,11 +125,10 @@ def simulate(
     trace = read_trace(trace_path, model)
     gpu = get_gpu(cfg.gpu)
     cost = cost or load_cost_model(cfg)
-    num_blocks = kv_blocks_for_gpu(cfg, model, gpu.memory_bytes)
-    if num_blocks < 1:
-        raise TraceError(
-            f"model '{cfg.model}' does not fit on one {gpu.name}: no memory left for KV cache"
-        )
+    why = fit_error(cfg, model, gpu)
+    if why is not None:
+        raise TraceError(why)
+    num_blocks = kv_blocks_for_gpu(cfg, model, gpu.memory_bytes)  # per replica (and per GPU)
     sched = Scheduler(scheduler_config(cfg, model, num_blocks))
     requests = build_requests(trace, cfg.arrival)
     for r in requests:

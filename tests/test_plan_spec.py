@@ -182,7 +182,8 @@ def _cli_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--slo", "ttft_p99=1"], "KEY one of"),
         ([], "at least one --slo"),
         (
-            ["--slo", "ttft_p99_s=1", "--vary", "gpu=h100,l40s", "--set", "model=llama3-70b"],
+            ["--slo", "ttft_p99_s=1", "--vary", "gpu=h100,l40s", "--set", "model=llama3-70b"]
+            + ["--tp", "1"],
             "candidate 'gpu=h100'.*does not fit",
         ),
         (["--slo", "ttft_p99_s=1", "--set", "max_model_len=100"], "row 0.*exceeds the context"),

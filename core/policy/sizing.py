@@ -13,16 +13,20 @@ ACTIVATION_RESERVE_BYTES = int(1.5 * 2**30)
 
 
 def kv_blocks_from_free_bytes(cfg: Config, model: ModelSpec, free_bytes: float) -> int:
-    """Blocks that fit in `free_bytes` x kv_memory_fraction (free = after weights)."""
-    per_block = model.kv_bytes_per_token(cfg.dtype) * cfg.block_size
+    """Blocks that fit in `free_bytes` x kv_memory_fraction (free = after weights), on one GPU:
+    with tensor parallelism a block holds that rank's KV heads of block_size tokens, and every
+    rank holds the same blocks."""
+    per_block = model.kv_bytes_per_token(cfg.dtype, cfg.tensor_parallel_size) * cfg.block_size
     return max(0, int(free_bytes * cfg.kv_memory_fraction) // per_block)
 
 
 def kv_blocks_for_gpu(cfg: Config, model: ModelSpec, gpu_memory_bytes: float) -> int:
-    """The sim's KV budget: the GPU's memory less weights and an activation reserve."""
+    """The sim's KV budget: one GPU's memory less its weights (its shard under tensor
+    parallelism) and an activation reserve."""
     if cfg.num_kv_blocks > 0:
         return cfg.num_kv_blocks
-    free = gpu_memory_bytes - model.weight_bytes(cfg.dtype) - ACTIVATION_RESERVE_BYTES
+    weights = model.weight_bytes(cfg.dtype, cfg.tensor_parallel_size)
+    free = gpu_memory_bytes - weights - ACTIVATION_RESERVE_BYTES
     return kv_blocks_from_free_bytes(cfg, model, free)
 
 

@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from core.config import Config
-from core.phases import CPU_PHASES, LAUNCH
+from core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS
 from core.runfmt import Run, load_run
 from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
@@ -96,8 +96,9 @@ from replay.analysis.sweepmeta import measures_steps
 from replay.analysis.syncwake import fit_sync_wake
 from sim.cost import merge_profile, resolve_profile, save_profile, validate_profile
 from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
+from sim.cost.profile import TP_KEY
 from sim.cost.spread import SPREAD_KEY
-from sim.cost.terms import TERM_NAMES, term_target
+from sim.cost.terms import BROADCAST_TERM, TERM_NAMES, term_target
 
 __all__ = [
     "CalibrationError",
@@ -143,6 +144,7 @@ ONE_SIDED_FIELDS: dict[str, tuple[str, ...]] = {
     "sample.forward_placeholder_scan": ("history_tokens",),
 }
 LAUNCH_RESIDUAL_TERMS = ("num_reqs", "num_tokens")
+BROADCAST_FIELDS = ("intercept", "num_reqs", "prefill_tokens")  # a step's inputs to send
 OUTLIER_MADS = 5.0  # graph launches this far above the fit (robust sigmas) are one-off uploads
 MIN_CLEAN_STEPS = 20
 STRAGGLER_START = 1.05  # sweep rows this far above the bulk branch seed the straggler fit
@@ -364,6 +366,9 @@ def calibrate(
         cpu[LAUNCH] = launch_model
     if cpu:
         prof["cpu_phases"] = {p: cpu[p] for p in CPU_PHASES if p in cpu}
+    bcast = _fit_broadcast(runs, steps, notes)
+    if bcast is not None:
+        fitted_terms[BROADCAST_TERM] = bcast
     if fitted_terms:
         prof["terms"] = fitted_terms
         notes.append("fitted seed terms: " + ", ".join(fitted_terms))
@@ -427,15 +432,20 @@ def _load_sweeps(paths: Sequence[str | Path], runs: Sequence[Run]) -> SweepRows:
     """The sweeps' rows; each file must be of the runs' model, dtype and GPU."""
     sweep = read_sweeps(paths)
     cfg = run_config(runs[0])
-    want = {"model": cfg.model, "dtype": cfg.dtype, "gpu": _gpu_name(runs[0], cfg)}
+    want = {
+        "model": cfg.model,
+        "dtype": cfg.dtype,
+        "gpu": _gpu_name(runs[0], cfg),
+        TP_KEY: cfg.tensor_parallel_size,
+    }
     for path, meta in zip(sweep.paths, sweep.meta):
-        got = {k: meta.get(k) for k in want}
+        got = {k: meta.get(k, 1 if k == TP_KEY else None) for k in want}
         if got != want:
             bad = [k for k in want if got[k] != want[k]]
             raise CalibrationError(
                 f"shapes file '{path}' is of another {'/'.join(bad)} than the runs: "
                 + ", ".join(f"{k} {got[k]!r} (runs: {want[k]!r})" for k in bad)
-                + "; calibrate one model, GPU and dtype at a time"
+                + "; calibrate one model, GPU, dtype and tensor_parallel_size at a time"
             )
     sweep.cols["program_keys"] = program_keys(
         runs[0], sweep.cols["num_reqs"], sweep.cols["max_kv_tokens"]
@@ -701,6 +711,36 @@ def _fit_launch(steps: Steps) -> tuple[dict[str, float], dict[str, float]]:
     return prof, resid
 
 
+def _broadcast_ms(run: Run) -> np.ndarray:
+    """Per step, rank 0's send of the step's inputs (core.phases.BROADCAST): its own phase
+    columns where the run format has them, else the time between prepare_inputs' end and the
+    launch's start (0 where the engine times the send inside `launch`, which then holds it)."""
+    s = run.arrays("steps")
+    if f"{BROADCAST}_start_s" in s:
+        return (s[f"{BROADCAST}_end_s"] - s[f"{BROADCAST}_start_s"]) * 1e3
+    return (s[f"{LAUNCH}_start_s"] - s[f"{PREPARE_INPUTS}_end_s"]) * 1e3
+
+
+def _fit_broadcast(runs: Sequence[Run], steps: Steps, notes: list[str]) -> dict[str, float] | None:
+    """The term `launch.tp_broadcast` of tensor-parallel runs (sim.cost.terms): a non-negative
+    fit over BROADCAST_FIELDS of _broadcast_ms; None for one-GPU runs."""
+    if run_config(runs[0]).tensor_parallel_size == 1:
+        return None
+    y = np.concatenate([_broadcast_ms(r) for r in runs])
+    rows = np.isfinite(y)
+    if rows.sum() < MIN_CLEAN_STEPS:
+        notes.append(f"{BROADCAST_TERM}: {int(rows.sum())} steps with a send; keeping the default")
+        return None
+    x = np.column_stack([steps.cols[f][rows] for f in BROADCAST_FIELDS])
+    coef = fit(x, np.maximum(y[rows], 0.0)).coef
+    model = {f: float(c) for f, c in zip(BROADCAST_FIELDS, coef) if c}
+    notes.append(
+        f"{BROADCAST_TERM}: {int(rows.sum())} steps, median {float(np.median(y[rows])):.4f} ms "
+        "(between prepare_inputs and launch; 0 when the engine times the send inside launch)"
+    )
+    return model
+
+
 def _fit_gc(runs: Sequence[Run], default: Mapping[str, list[float]]) -> dict[str, list[float]]:
     dur = np.concatenate([r.arrays("gc")["duration_s"] for r in runs]) * 1e3
     gen = np.concatenate([r.arrays("gc")["generation"] for r in runs])
@@ -714,10 +754,11 @@ def _fit_gc(runs: Sequence[Run], default: Mapping[str, list[float]]) -> dict[str
     return {"pause_ms": a, "pause_ms_per_object": b}
 
 
-def _identity(runs: Sequence[Run], gpu_preset: str | None) -> tuple[dict[str, str], list[str]]:
-    """gpu (preset name), model, dtype, date, notes for the profile; all runs must agree."""
+def _identity(runs: Sequence[Run], gpu_preset: str | None) -> tuple[dict[str, Any], list[str]]:
+    """gpu (preset name), model, dtype, tensor_parallel_size (above 1), date, notes for the
+    profile; all runs must agree."""
     cfgs = [run_config(r) for r in runs]
-    for key in ("model", "dtype"):
+    for key in ("model", "dtype", TP_KEY):
         vals = sorted({str(getattr(c, key)) for c in cfgs})
         if len(vals) > 1:
             raise CalibrationError(f"the runs mix {key}s {vals}: calibrate one {key} at a time")
@@ -726,7 +767,10 @@ def _identity(runs: Sequence[Run], gpu_preset: str | None) -> tuple[dict[str, st
         raise CalibrationError(f"the runs come from different GPUs {names}: one at a time")
     notes: list[str] = []
     preset = gpu_preset or _preset_for(names[0])
-    out = {"model": cfgs[0].model, "dtype": cfgs[0].dtype}
+    out: dict[str, Any] = {"model": cfgs[0].model, "dtype": cfgs[0].dtype}
+    tp = cfgs[0].tensor_parallel_size
+    if tp > 1:  # the fits are rank 0's (its GPU pass holds the collectives): this degree only
+        out[TP_KEY] = tp
     if preset:
         out["gpu"] = preset
     else:

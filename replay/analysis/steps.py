@@ -123,11 +123,12 @@ def _run_steps(run: Run, index: int) -> dict[str, np.ndarray]:
 
 def program_keys(run: Run, num_reqs: np.ndarray, max_kv: np.ndarray) -> np.ndarray:
     """The derived term `program_keys` (sim.cost.splits) of each step: keys of the longest decode
-    attention program for the run's model and GPU; zeros where either is unknown here."""
+    attention program for the run's model and GPU (one rank's KV heads under tensor
+    parallelism); zeros where either is unknown here."""
     cfg = run_config(run)
     sms = num_sms(str((run.summary.get("source") or {}).get("gpu") or cfg.gpu))
     try:
-        kv_heads = get_model(cfg.model).num_kv_heads
+        kv_heads = get_model(cfg.model).kv_heads_per_rank(cfg.tensor_parallel_size)
     except ValueError:  # a checkpoint folder not on this machine
         sms = None
     if sms is None:
@@ -156,14 +157,17 @@ def mixed_attention(run: Run, cols: Mapping[str, np.ndarray]) -> dict[str, np.nd
 
 
 def _model_heads(run: Run) -> tuple[int, int, int] | None:
-    """(query heads, kv heads, SMs) of the run's model and GPU, None where either is unknown."""
+    """(query heads, kv heads, SMs) of one rank of the run's model and GPU, None where either
+    is unknown."""
     cfg = run_config(run)
     sms = num_sms(str((run.summary.get("source") or {}).get("gpu") or cfg.gpu))
     try:
         model = get_model(cfg.model)
     except ValueError:  # a checkpoint folder not on this machine
         return None
-    return None if sms is None else (model.num_heads, model.num_kv_heads, sms)
+    tp = cfg.tensor_parallel_size
+    heads = (model.num_heads // tp, model.kv_heads_per_rank(tp))
+    return None if sms is None else (*heads, sms)
 
 
 def _clean(run: Run, s: dict[str, np.ndarray], ends: np.ndarray) -> np.ndarray:

@@ -60,6 +60,15 @@ DEFAULTS: dict[str, Any] = {
             # softmax/penalties read and write, sampler read (~16 bytes).
             "logits_bytes_per_vocab": 16.0,
         },
+        # Tensor parallelism (sim.cost.collective): each of a pass's 2 x num_layers activation
+        # all-reduces and its logits all-gather costs latency_ms + latency_ms_per_peer x
+        # (n - 1) + the ring's bytes per link / (core.gpus link_gb_per_s x bw_efficiency).
+        # nccl-tests on 8 x H100 SXM reach a busbw of 360-480 GB/s against NVLink 4's 450 GB/s
+        # each way (0.8 without NVLink SHARP); NCCL's small-message all-reduce on one NVLink
+        # host takes ~7-20 us from 2 to 8 GPUs (an estimate, launched from a CUDA graph).
+        # Added to roofline passes only: a fitted GPU model measured at the same degree holds
+        # them. `replay allreduce-fit` fits the three from `replay allreduce` (an NCCL sweep).
+        "allreduce": {"latency_ms": 6 * US, "latency_ms_per_peer": 1.5 * US, "bw_efficiency": 0.8},
         # Optional fitted linear models that replace the roofline (see linear.py), per kind:
         # "decode": pure-decode steps (no prefill request), "mixed": any step with a prefill.
     },
@@ -132,6 +141,18 @@ DEFAULTS: dict[str, Any] = {
         # After: launching a torch.compile'd n-gram kernel (guards + ~5 Triton launches) and
         # scattering the drafts, no CUDA graph.
         "draft.ngram_gpu_launch": {"intercept": 100 * US},
+        # Tensor parallelism (tensor_parallel_size > 1): rank 0 sends each step's inputs to the
+        # other ranks after prepare_inputs (core.phases.BROADCAST), charged to the `launch`
+        # phase, which it precedes (the sim records no phase of its own for it). vLLM sends its
+        # scheduler output through a shared-memory ring buffer (PR 5399: one write whatever the
+        # number of readers; +3.5 % throughput over torch.distributed broadcasts at TP 8 on
+        # H100, PR 9856 for V1): a pickle and memcpy of tens of us, growing with the requests
+        # and the new prompts' token ids. An estimate; `replay calibrate` fits it from TP runs.
+        "launch.tp_broadcast": {
+            "intercept": 25 * US,
+            "num_reqs": 0.5 * US,
+            "prefill_tokens": 5 * NS,
+        },
         # Seed 5 (PR 32951): ~4 small correction kernels launched before the forward.
         "prepare_inputs.optimistic_fix": {"intercept": 4 * 8 * US},
         # GPU side of the same changes.

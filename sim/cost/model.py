@@ -29,6 +29,7 @@ from core.models import get_model, with_context
 from core.phases import CPU_PHASES
 from core.shape import BatchShape
 
+from .collective import Collectives
 from .linear import (
     PROGRAM_KEYS,
     Derived,
@@ -40,11 +41,18 @@ from .linear import (
     compile_model,
 )
 from .mixedsplits import MIXED_DERIVED, mixed_derived
-from .profile import ProfileError, load_profile, resolve_profile, validate_profile
+from .profile import (
+    GPU_FIT_KINDS,
+    TP_KEY,
+    ProfileError,
+    load_profile,
+    resolve_profile,
+    validate_profile,
+)
 from .roofline import Roofline
 from .splits import num_sms, program_keys_fn
 from .table import SPLINE_KEY
-from .terms import GPU_TARGET, active_terms, term_target
+from .terms import BROADCAST_TERM, GPU_TARGET, active_terms, term_target
 
 
 class CostModel:
@@ -64,7 +72,15 @@ class CostModel:
 
         # GPU pass: a fitted model per batch kind if the profile has one (decode: linear or the
         # larger of linear branches, with piecewise terms, docs/cost-model.md), else the roofline.
-        self.roofline = Roofline(self.model, self.gpu, config.dtype, prof["gpu_pass"]["roofline"])
+        # With tensor parallelism: one rank's pass (the ranks run in lockstep); the roofline's
+        # weights, KV and FLOPs are a rank's, plus the pass's collectives (sim.cost.collective);
+        # a fitted model was measured at the config's degree (_check_identity) and holds them.
+        tp = config.tensor_parallel_size
+        self.tp = tp
+        gp = prof["gpu_pass"]
+        self.roofline = Roofline(self.model, self.gpu, config.dtype, gp["roofline"], tp)
+        self.collectives = Collectives(self.gpu, tp, gp["allreduce"])
+        self._collective_model = self.collectives.pass_model(self.model, config.dtype)
         gpu_extra = add_linear(*(prof["terms"][t] for t in terms if term_target(t) == GPU_TARGET))
         decode = prof["gpu_pass"].get("decode")
         derived = self._decode_derived(decode, where) if decode is not None else {}
@@ -127,6 +143,9 @@ class CostModel:
                 add_linear(prof["alloc_objects"].get(phase, {}), *allocs)
             )
         self._sync = compile_linear(prof["sync"])
+        self._broadcast = compile_linear(
+            prof["terms"][BROADCAST_TERM] if BROADCAST_TERM in terms else {}
+        )
         # a host that waits for a GPU event resumes this long after it (sim.loop._sync)
         self.sync_wake_s = float(prof["sync_wait"]["wake_ms"]) / 1e3
         self._gc_a = tuple(float(x) for x in prof["gc"]["pause_ms"])
@@ -177,6 +196,11 @@ class CostModel:
     def d2h_sync_ms(self, shape: BatchShape) -> float:
         return self._sync(shape)
 
+    def broadcast_ms(self, shape: BatchShape) -> float:
+        """Rank 0 sending the step's inputs to the other ranks (core.phases.BROADCAST; 0 with
+        one GPU): part of cpu_phase_ms("launch", shape), which it precedes."""
+        return self._broadcast(shape)
+
     # ---- the same, as plain functions (the fast-forward's loops call them per step) ---------
     def phase_ms_fn(self, phase: str) -> LinearFn:
         """`cpu_phase_ms(phase, ·)` without the dispatch."""
@@ -211,6 +235,7 @@ class CostModel:
     ) -> LinearFn:
         if fit is not None:
             return compile_model(add_to_model(fit, extra), derived)
+        extra = add_linear(extra, self._collective_model)
         if not extra:
             return self.roofline
         roof, add = self.roofline, compile_linear(extra)
@@ -260,7 +285,7 @@ class CostModel:
         if not any(b.get(PROGRAM_KEYS) for b in branches(decode)):
             return {}
         sms = self._sms("decode", PROGRAM_KEYS, where)
-        keys = program_keys_fn(self.model.num_kv_heads, sms)
+        keys = program_keys_fn(self.model.kv_heads_per_rank(self.tp), sms)  # one rank's
         return {PROGRAM_KEYS: lambda s: keys(s.num_reqs, s.max_kv_tokens)}
 
     def _mixed_derived(self, mixed: Mapping[str, Any], where: str | None) -> Derived:
@@ -270,8 +295,8 @@ class CostModel:
         if not used:
             return {}
         sms = self._sms("mixed", used[0], where)
-        heads = (self.model.num_heads, self.model.num_kv_heads)
-        return mixed_derived(*heads, sms, flat=self._mixed_graphs)
+        heads = (self.model.num_heads // self.tp, self.model.kv_heads_per_rank(self.tp))
+        return mixed_derived(*heads, sms, flat=self._mixed_graphs)  # one rank's heads
 
     def _per_token_ms(self, fit: Mapping[str, Any] | None) -> float:
         """GPU ms per query token of a mixed step: the fitted num_tokens (+ prefill_tokens)
@@ -283,10 +308,12 @@ class CostModel:
             sp = first.get(SPLINE_KEY)
             if sp is not None and sp["x"] in ("num_tokens", "prefill_tokens"):
                 per += (sp["ms"][-1] - sp["ms"][0]) / (sp["knots"][-1] - sp["knots"][0])
-            return per
+            return per  # a fit at the config's degree holds the collectives
         one = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=512, kv_read_tokens=512)
         two = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=1024, kv_read_tokens=512)
-        return (self.roofline(two) - self.roofline(one)) / 512
+        roof = (self.roofline(two) - self.roofline(one)) / 512
+        coll = self._collective_model.get("num_tokens")  # padded tokens are all-reduced too
+        return roof + coll if coll is not None else roof
 
     def _ngram_gpu_model(self, params: Mapping[str, Any]) -> dict[str, float]:
         """Linear in num_reqs: max_model_len and the number of n values are config constants."""
@@ -316,6 +343,20 @@ def _check_identity(
                 f"cost profile{name}: key '{key}': the profile is for {have!r}, "
                 f"the config's {key} is {want[-1]!r}"
             )
+    # Fitted GPU times are per (model, GPU, degree): a rank's pass at another degree reads
+    # other shards and waits on other collectives, so no scaling rule carries them over.
+    fitted = any(k in prof["gpu_pass"] for k in GPU_FIT_KINDS)
+    tp, have_tp = config.tensor_parallel_size, prof.get(TP_KEY)
+    if have_tp is None and fitted:
+        have_tp = 1  # every profile fitted before tensor parallelism: one GPU
+    if have_tp is not None and have_tp != tp:
+        name = f" '{where}'" if where else ""
+        raise ProfileError(
+            f"cost profile{name}: key '{TP_KEY}': the profile's GPU fits are for "
+            f"tensor_parallel_size={have_tp}, the config's is {tp} (fitted GPU times do not "
+            f"carry across degrees: calibrate on tensor_parallel_size={tp} runs, or drop the "
+            "profile's gpu_pass fits to use the roofline)"
+        )
 
 
 def load_cost_model(config: Config) -> CostModel:

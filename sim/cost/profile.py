@@ -38,16 +38,28 @@ PARAM_TABLES = (
     "gpu_pass.roofline",
     "gpu_pass.idle_start",
     "gpu_pass.history",
+    "gpu_pass.allreduce",
     "launch",
     "ngram_gpu",
     "sync_wait",
 )
-GPU_PARAM_TABLES = ("roofline", "idle_start", "history")  # gpu_pass's, merged key by key
+# gpu_pass's, merged key by key
+GPU_PARAM_TABLES = ("roofline", "idle_start", "history", "allreduce")
 GPU_FIT_KINDS = ("decode", "mixed", "verify")
-EFFICIENCY_KEYS = ("mem_efficiency", "matmul_efficiency", "attn_efficiency", "scale")
+EFFICIENCY_KEYS = (
+    "mem_efficiency",
+    "matmul_efficiency",
+    "attn_efficiency",
+    "scale",
+    "bw_efficiency",
+)
+# the tensor-parallel degree the profile's GPU fits were measured at (sim.cost.model refuses
+# it for another degree; a profile without it and with fitted GPU models is for degree 1)
+TP_KEY = "tensor_parallel_size"
 TOP_KEYS = (
     "version",
     *META_STR_KEYS,
+    TP_KEY,
     "source_runs",
     "gpu_pass",
     "launch",
@@ -187,6 +199,9 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
     for k in META_STR_KEYS:
         if k in prof and not isinstance(prof[k], str):
             raise _fail(where, k, f"expected a string, got {prof[k]!r}")
+    tp = prof.get(TP_KEY, 1)
+    if isinstance(tp, bool) or tp not in (1, 2, 4, 8):
+        raise _fail(where, TP_KEY, f"expected 1, 2, 4 or 8, got {tp!r}")
     runs = prof.get("source_runs", [])
     if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
         raise _fail(where, "source_runs", f"expected a list of strings, got {runs!r}")

@@ -28,22 +28,34 @@ DTYPE_RATE = {"bfloat16": 1.0, "float16": 1.0, "float32": 0.5}
 class Roofline:
     """`Roofline(model, gpu, dtype, params)(shape)` -> ms; all constants folded at init."""
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, dtype: str, params: Mapping[str, Any]):
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        dtype: str,
+        params: Mapping[str, Any],
+        tp: int = 1,
+    ):
+        """`tp`: the pass of one rank of a tensor-parallel replica (its weight shard, its KV
+        heads, 1/tp of the matmul and attention FLOPs; logits and sampling over the whole
+        vocabulary, as every rank samples); the collectives are sim.cost.collective's."""
         dbytes = DTYPE_BYTES[dtype]
         ms_per_byte = 1e3 / (gpu.hbm_gb_per_s * 1e9 * params["mem_efficiency"])
         flop_rate = gpu.bf16_tflops * 1e12 * DTYPE_RATE[dtype]
         ms_per_mm_flop = 1e3 / (flop_rate * params["matmul_efficiency"])
         ms_per_attn_flop = 1e3 / (flop_rate * params["attn_efficiency"])
-        lm_params = model.vocab_size * model.hidden_size
-        body_params = model.decode_weight_bytes(dtype) // dbytes - lm_params
+        lm_params = model.vocab_per_rank(tp) * model.hidden_size
+        weight_bytes = model.decode_weight_bytes(dtype, tp)
+        body_params = weight_bytes // dbytes - lm_params
         layers = model.num_layers
+        attn_flops = model.attn_flops(1, 1) if tp == 1 else model.attn_flops(1, 1) / tp
 
-        self.weights_ms = model.decode_weight_bytes(dtype) * ms_per_byte
-        self.kv_ms_per_token = model.kv_bytes_per_token(dtype) * ms_per_byte
+        self.weights_ms = weight_bytes * ms_per_byte
+        self.kv_ms_per_token = model.kv_bytes_per_token(dtype, tp) * ms_per_byte
         self.logits_ms_per_row = model.vocab_size * params["logits_bytes_per_vocab"] * ms_per_byte
         self.body_ms_per_token = 2 * body_params * ms_per_mm_flop
         self.lm_ms_per_row = 2 * lm_params * ms_per_mm_flop
-        self.attn_ms_per_pair = model.attn_flops(1, 1) * ms_per_attn_flop
+        self.attn_ms_per_pair = attn_flops * ms_per_attn_flop
         self.p = float(params["pnorm"])
         self.inv_p = 1.0 / self.p
         self.overhead_ms = params["overhead_ms"] + params["overhead_ms_per_layer"] * layers

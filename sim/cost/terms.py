@@ -15,6 +15,7 @@ from core.phases import CPU_PHASES
 from core.switches import AFTER, BEFORE, acts_on_side
 
 GPU_TARGET = "gpu"
+BROADCAST_TERM = "launch.tp_broadcast"  # core.phases.BROADCAST's cost, charged to launch
 
 
 def optimistic_active(c: Config) -> bool:
@@ -44,6 +45,9 @@ TERM_CONDITIONS: dict[str, Callable[[Config], bool]] = {
     "gpu.accept_count_cat": _side("accepted_count_by_sum", BEFORE),
     "gpu.accept_count_sum": _side("accepted_count_by_sum", AFTER),
     "gpu.optimistic_fix": optimistic_active,
+    # rank 0 sends the step's inputs to the other ranks (core.phases.BROADCAST): time between
+    # prepare_inputs and the forward's issue, charged to `launch`
+    BROADCAST_TERM: lambda c: c.tensor_parallel_size > 1,
 }
 TERM_NAMES: tuple[str, ...] = tuple(TERM_CONDITIONS)
 

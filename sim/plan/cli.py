@@ -74,6 +74,12 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--router", choices=ROUTERS, help="router for candidates that name none")
     p.add_argument(
+        "--tp",
+        metavar="N,M,...",
+        help="tensor_parallel_size degrees (GPUs per replica) to try for candidates that set "
+        "none (default: the smallest at which the model fits, up to 8)",
+    )
+    p.add_argument(
         "--no-early-stop",
         action="store_true",
         help="run every point to the end, even once it surely violates an SLO",
@@ -96,6 +102,11 @@ def _search_over(args: argparse.Namespace) -> dict[str, Any]:
         over["router"] = args.router
     if args.no_early_stop:
         over["early_stop"] = False
+    if args.tp:
+        try:
+            over["tensor_parallel"] = [int(x) for x in args.tp.split(",") if x.strip()]
+        except ValueError:
+            raise PlanError(f"--tp '{args.tp}': expected degrees like 1,2,4,8") from None
     return over
 
 
@@ -196,8 +207,10 @@ def print_plan(plan: dict[str, Any], out: Path) -> None:
     if best is None:
         print("  no candidate meets the SLOs at the trace's load (see report.html)")
     else:
+        tp = best.get("gpus_per_replica", 1)
+        per = f" of {tp} GPUs ({best['gpus']} in all)" if tp > 1 else ""
         print(
-            f"  best: {best['candidate']} x {best['replicas']} replica(s), "
+            f"  best: {best['candidate']} x {best['replicas']} replica(s){per}, "
             f"${best['cost_per_mtok']:.3f} per million output tokens; one replica sustains "
             f"{sustains(best)} the trace's load"
         )

@@ -32,6 +32,7 @@ from core.policy import Scheduler
 from core.policy.sizing import kv_blocks_for_gpu, scheduler_config
 from core.request import Request
 from core.runfmt import RunRecorder
+from core.tpfit import fit_error
 from core.trace import Trace, TraceError
 from sim.cost import CostModel, load_cost_model
 from sim.gcmodel import GCModel
@@ -54,15 +55,14 @@ class FleetSpec:
 
 
 def kv_blocks(cfg: Config) -> int:
-    """KV blocks one replica gets; TraceError when the model leaves no room on the GPU."""
+    """KV blocks one replica gets (each of its tensor_parallel_size GPUs holds its KV heads of
+    every block); TraceError when the model leaves no room on the GPUs."""
     model = with_context(get_model(cfg.model), cfg.max_model_len)
     gpu = get_gpu(cfg.gpu)
-    n = kv_blocks_for_gpu(cfg, model, gpu.memory_bytes)
-    if n < 1:
-        raise TraceError(
-            f"model '{cfg.model}' does not fit on one {gpu.name}: no room for KV cache"
-        )
-    return n
+    why = fit_error(cfg, model, gpu)
+    if why is not None:
+        raise TraceError(why)
+    return kv_blocks_for_gpu(cfg, model, gpu.memory_bytes)
 
 
 def scaled(trace: Trace, load_factor: float) -> Trace:

@@ -3,8 +3,9 @@ plan.json: per candidate its load curve (one replica), highest sustained load, s
 per load and its cost; `best` = the cheapest candidate (cost per million output tokens) whose
 fleet meets the SLOs at the trace's load (ties: fewer replicas, then candidate order).
 
-Cost per million output tokens = replicas x price per GPU-hour / (output tokens per hour the
-fleet served) x 1e6, at the load the fleet was sized for.
+Cost per million output tokens = replicas x GPUs per replica (tensor_parallel_size) x price
+per GPU-hour / (output tokens per hour the fleet served) x 1e6, at the load the fleet was sized
+for.
 """
 
 from __future__ import annotations
@@ -157,10 +158,11 @@ def brief(result: dict[str, Any], slos: tuple[SLO, ...]) -> dict[str, Any]:
     return out
 
 
-def cost_per_mtok(replicas: int, price_per_hour: float, tok_per_s: float | None) -> float | None:
+def cost_per_mtok(gpus: int, price_per_hour: float, tok_per_s: float | None) -> float | None:
+    """USD per million output tokens of `gpus` GPUs at `price_per_hour` each."""
     if not tok_per_s:
         return None
-    return replicas * price_per_hour / (tok_per_s * 3600.0) * 1e6
+    return gpus * price_per_hour / (tok_per_s * 3600.0) * 1e6
 
 
 def _candidate_entry(
@@ -172,6 +174,7 @@ def _candidate_entry(
     at_max = s.probes.get(fmax) if fmax > 0 else None
     tok_max = at_max.get("output_tok_per_s") if at_max else None
     fleets = []
+    tp = c.gpus_per_replica
     for f in outcome["fleets"]:
         n = f["replicas"]
         res = f["tried"].get(n) if n is not None else None
@@ -179,9 +182,12 @@ def _candidate_entry(
             {
                 "load": f["load"],
                 "replicas": n,
+                "gpus": n * tp if n is not None else None,
                 "feasible": n is not None,
                 "reason": f.get("reason"),
-                "cost_per_mtok": cost_per_mtok(n, c.price_per_hour, res.get("output_tok_per_s"))
+                "cost_per_mtok": cost_per_mtok(
+                    n * tp, c.price_per_hour, res.get("output_tok_per_s")
+                )
                 if res is not None and n is not None
                 else None,
                 "result": brief(res, slos) if res is not None else None,
@@ -201,15 +207,17 @@ def _candidate_entry(
         "gpu": c.config.gpu,
         "model": c.config.model,
         "price_per_hour": c.price_per_hour,
+        "gpus_per_replica": tp,
         "config": c.config.to_dict(),
         "meets_slos": main["feasible"],
         "replicas": main["replicas"],
+        "gpus": main["gpus"],
         "cost_per_mtok": main["cost_per_mtok"],
         "max_load_factor": fmax,
         "max_load_capped": outcome["max_load_capped"],
         "max_load_req_per_s": fmax * load["req_per_s"],
         "max_load_output_tok_per_s": tok_max,
-        "cost_per_mtok_at_max_load": cost_per_mtok(1, c.price_per_hour, tok_max),
+        "cost_per_mtok_at_max_load": cost_per_mtok(tp, c.price_per_hour, tok_max),
         "gpu_time": {
             k: shown.get(k) if shown else None
             for k in ("gpu_s", "busy_s", "bubble_s", "idle_s", "bubble_s_by_cause")
@@ -228,6 +236,8 @@ def _pick(entries: list[dict[str, Any]], key: Callable[[dict[str, Any]], Any]) -
         **e["config"],
         "router": e["router"],
         "replicas": e["replicas"],
+        "gpus_per_replica": e["gpus_per_replica"],
+        "gpus": e["gpus"],
         "cost_per_mtok": e["cost_per_mtok"],
         "price_per_hour": e["price_per_hour"],
         "candidate": e["name"],
@@ -257,7 +267,7 @@ def assemble(
         "trace": {**info, **load},
         "slos": {s.key: s.limit_s for s in spec.slos},
         "search": {k: getattr(spec.search, k) for k in spec.search.__dataclass_fields__},
-        "best": _pick(entries, lambda e: (e["cost_per_mtok"], e["replicas"], e["index"])),
-        "smallest_fleet": _pick(entries, lambda e: (e["replicas"], e["cost_per_mtok"], e["index"])),
+        "best": _pick(entries, lambda e: (e["cost_per_mtok"], e["gpus"], e["index"])),
+        "smallest_fleet": _pick(entries, lambda e: (e["gpus"], e["cost_per_mtok"], e["index"])),
         "candidates": entries,
     }

@@ -26,6 +26,7 @@ _SHORT = {
     "max_num_seqs": "seqs",
     "max_num_batched_tokens": "tokens",
     "spec.method": "spec",
+    "tensor_parallel_size": "tp",
     "spec.k": "k",
     "optimistic_spec_decode": "optimistic",
     "kv_memory_fraction": "kv",
@@ -85,6 +86,14 @@ var r=svg.getBoundingClientRect();if(n>0&&n===Number(svg.dataset.marks)&&r.width
 document.body.setAttribute('data-plots-drawn',String(ok));
 document.body.setAttribute('data-plots-total',String(plots.length));})();
 """
+
+
+def _gpus(c: dict[str, Any]) -> str:
+    """The fleet's GPUs, 'replicas x GPUs per replica' under tensor parallelism."""
+    tp = c.get("gpus_per_replica", 1)
+    if c["replicas"] is None:
+        return f"- ({tp}/replica)" if tp > 1 else "-"
+    return f"{c['gpus']} ({c['replicas']} x {tp})" if tp > 1 else str(c["gpus"])
 
 
 def short_name(c: dict[str, Any]) -> str:
@@ -283,8 +292,13 @@ def _answer(plan: dict[str, Any]) -> str:
             f"<br>Smallest fleet: <code>{escape(sm['candidate'])}</code> with "
             f"{sm['replicas']} replica(s), ${sm['cost_per_mtok']:.3f}/Mtok."
         )
+    gpu = escape(str(best["gpu"]).upper())
+    tp = best.get("gpus_per_replica", 1)
+    fleet = f"{best['replicas']} x {gpu}"
+    if tp > 1:  # tensor parallel: GPUs per replica, and the fleet's GPUs
+        fleet = f"{best['replicas']} replica(s) of {tp} x {gpu} ({best['gpus']} GPUs)"
     return (
-        f'<div class="answer"><b>Best: {best["replicas"]} x {escape(str(best["gpu"]).upper())} '
+        f'<div class="answer"><b>Best: {fleet} '
         f"running {escape(str(best['model']))}, ${best['cost_per_mtok']:.3f} per million output "
         f"tokens</b><br>candidate <code>{escape(best['candidate'])}</code>: "
         f"batches_in_flight={best['batches_in_flight']}, max_num_seqs={best['max_num_seqs']}, "
@@ -297,7 +311,8 @@ def _answer(plan: dict[str, Any]) -> str:
 def _table(plan: dict[str, Any], ranked: list[dict[str, Any]]) -> str:
     slo_keys = list(plan["slos"])
     head = (
-        "<tr><th class=l>candidate</th><th>meets</th><th>replicas</th><th>$/Mtok</th>"
+        "<tr><th class=l>candidate</th><th>meets</th><th>replicas</th><th>GPUs</th>"
+        "<th>$/Mtok</th>"
         "<th>max load</th><th>req/s</th>"
         + "".join(f"<th>{escape(k[:-2])} (ms)</th>" for k in slo_keys)
         + "<th>bubbles</th><th>points</th></tr>"
@@ -321,6 +336,7 @@ def _table(plan: dict[str, Any], ranked: list[dict[str, Any]]) -> str:
         rows.append(
             f'<tr class="{cls}"><td class=l>{escape(short_name(c))}</td>'
             f"<td>{'yes' if c['meets_slos'] else 'no'}</td><td>{_fmt(c['replicas'], 'd')}</td>"
+            f"<td>{_gpus(c)}</td>"
             f"<td>{_fmt(c['cost_per_mtok'], '.3f')}</td>"
             f"<td>{cap}{c['max_load_factor']:.3g}x</td><td>{c['max_load_req_per_s']:.2f}</td>"
             + "".join(lat)
@@ -384,7 +400,7 @@ def render(plan: dict[str, Any]) -> str:
         f'<p class="note">{st.get("points_run", 0)} points simulated, '
         f"{st.get('points_cached', 0)} reused from an earlier run, {st.get('wall_s', 0):.1f} s. "
         f"Code version {escape(plan.get('code_version', ''))}; prices are USD per GPU-hour "
-        f"({escape(prices)}).</p>",
+        f"({escape(prices)}); a replica of tensor_parallel_size N costs N GPUs.</p>",
         f"<script>{CHECK_JS}</script></body></html>",
     ]
     return "".join(parts)

@@ -32,9 +32,12 @@ from typing import Any
 from core.cli import UsageError
 from core.config import Config, ConfigError
 from core.gpus import GPUS, get_gpu
+from core.models import get_model, with_context
+from core.tpfit import TP_DEGREES, fit_error, fitting_degrees
 
 ROUTERS: tuple[str, ...] = ("round-robin", "least-outstanding", "prefix-aware")
 PLAN_KEYS: tuple[str, ...] = ("router",)  # grid keys that are not config keys
+TP_KEY = "tensor_parallel_size"  # GPUs per replica: the plan searches it (SearchOptions)
 SLO_METRICS: tuple[str, ...] = ("ttft", "tpot", "e2e", "itl")
 SLO_QUANTILES: dict[str, float] = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
 _SLO_RE = re.compile(r"^(ttft|tpot|e2e|itl)_(p50|p90|p99)_s$")
@@ -102,6 +105,10 @@ class SearchOptions:
     prefix_abs_tokens: int = 4096  # prefix-aware: stick unless the home is this far above
     prefix_rel: float = 1.5  # ... and this many times the least loaded replica
     early_stop: bool = True  # end a run once its SLO verdict is certain
+    # tensor_parallel_size degrees (GPUs per replica) tried for candidates that do not set the
+    # key themselves (a grid/config key, or --set with a value above 1): each degree here at
+    # which the model fits; () = the smallest degree up to 8 at which it fits
+    tensor_parallel: tuple[int, ...] = ()
 
     def validate(self) -> None:
         def need(ok: bool, key: str, why: str) -> None:
@@ -120,6 +127,11 @@ class SearchOptions:
         need(self.router in ROUTERS, "router", f"must be one of {ROUTERS}")
         need(self.prefix_abs_tokens >= 0, "prefix_abs_tokens", "must be >= 0")
         need(self.prefix_rel >= 1, "prefix_rel", "must be >= 1")
+        need(
+            all(tp in TP_DEGREES for tp in self.tensor_parallel),
+            "tensor_parallel",
+            f"degrees must be among {TP_DEGREES}",
+        )
 
 
 @dataclass(frozen=True)
@@ -131,7 +143,11 @@ class Candidate:
     overrides: dict[str, Any]
     config: Config
     router: str
-    price_per_hour: float
+    price_per_hour: float  # USD per GPU-hour
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.config.tensor_parallel_size
 
 
 @dataclass(frozen=True)
@@ -205,7 +221,12 @@ def _search_options(table: dict[str, Any], where: str, over: dict[str, Any]) -> 
             raise PlanError(f"{where} [search]: unknown key '{key}' (known: {sorted(types)})")
         default = getattr(SearchOptions(), key)
         try:
-            if isinstance(default, tuple):
+            if key == "tensor_parallel":
+                vals = v if isinstance(v, list | tuple) else [v]
+                if any(isinstance(x, bool) or int(x) != x for x in vals):
+                    raise TypeError
+                kw[key] = tuple(sorted({int(x) for x in vals}))
+            elif isinstance(default, tuple):
                 vals = v if isinstance(v, list | tuple) else [v]
                 kw[key] = tuple(float(x) for x in vals)
             elif isinstance(default, bool):
@@ -278,13 +299,44 @@ def load_plan_spec(
     cands: list[Candidate] = []
     seen: set[str] = set()
     for group, gwhere in groups:
-        for overrides in _expand(group, gwhere):
-            c = _candidate(len(cands), overrides, base, search, prices, gwhere)
-            ident = repr((sorted(c.config.flat().items()), c.router))
-            if ident not in seen:  # a string key: iteration order never used
-                seen.add(ident)
-                cands.append(c)
+        for grid_overrides in _expand(group, gwhere):
+            for overrides in _with_tp(grid_overrides, base, search, gwhere):
+                c = _candidate(len(cands), overrides, base, search, prices, gwhere)
+                ident = repr((sorted(c.config.flat().items()), c.router))
+                if ident not in seen:  # a string key: iteration order never used
+                    seen.add(ident)
+                    cands.append(c)
     return PlanSpec(slos, tuple(cands), search, prices)
+
+
+def _with_tp(
+    overrides: dict[str, Any], base: Config, search: SearchOptions, where: str
+) -> list[dict[str, Any]]:
+    """The candidate at each tensor-parallel degree it is tried at (SearchOptions.
+    tensor_parallel): as given when it sets tensor_parallel_size itself (or the base config
+    sets it above 1), else one per degree at which the model fits, the degree added to its
+    overrides when above 1 (a one-GPU candidate keeps its name). PlanError when the model
+    fits at none of them."""
+    if TP_KEY in overrides or base.tensor_parallel_size != 1:
+        return [overrides]
+    name = _describe(overrides)
+    cfg_over = {k: v for k, v in overrides.items() if k not in PLAN_KEYS}
+    try:
+        cfg = base.replace(**cfg_over) if cfg_over else base
+        model = with_context(get_model(cfg.model), cfg.max_model_len)
+        gpu = get_gpu(cfg.gpu)
+    except (ConfigError, ValueError) as e:
+        raise PlanError(f"{where}: candidate '{name}': {e}") from None
+    degrees = search.tensor_parallel or TP_DEGREES
+    fits = fitting_degrees(cfg, model, gpu, degrees)
+    if not fits:  # the largest degree tried says why, and at which degree it would fit
+        why = fit_error(cfg.replace(tensor_parallel_size=degrees[-1]), model, gpu)
+        tried = f" (search option tensor_parallel {list(degrees)})"
+        tried = tried if search.tensor_parallel else ""
+        raise PlanError(f"{where}: candidate '{name}': {why}{tried}")
+    if not search.tensor_parallel:
+        fits = fits[:1]
+    return [overrides if tp == 1 else {**overrides, TP_KEY: tp} for tp in fits]
 
 
 def _candidate(

@@ -1,0 +1,187 @@
+"""An all-reduce sweep file (`python -m replay allreduce`, replay/gpu/nccl_sweep.py) and its fit
+into the profile keys the simulator reads (`gpu_pass.allreduce`, sim.cost.collective).
+
+File: one parquet row per (mode, world_size, bytes): the median per-call time over `samples`
+samples, each the slowest rank's mean over `iters` back-to-back calls. Metadata key META_KEY:
+JSON with the GPU preset name, the device name, backend, dtype, date, torch and NCCL versions.
+
+Fit (sim.cost.collective's ring model, relative least squares over every row with n > 1 of one
+mode):
+
+    ms = latency_ms + latency_ms_per_peer x (n - 1) + c x moved_bytes / link_bytes_per_ms
+
+with moved_bytes = 2 (n - 1) / n x bytes and c = 1 / bw_efficiency. Rows are weighted by
+1 / ms, so a 1 KB call and a 256 MB call count alike (the sweep spans five decades). With one
+world size the per-peer latency is not identifiable: it is set to 0 and said so. An efficiency
+above 1 (NVLink SHARP all-reduces beat the ring's bytes) is capped at 1, and said so. Pure
+numpy and pyarrow: runs where the sweep ran (no polars there).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from core.atomic import replacing
+from core.gpus import get_gpu
+from sim.cost.collective import allreduce_moved_bytes
+from sim.cost.defaults import PROFILE_VERSION
+
+META_KEY = b"bubblesim-allreduce"
+FORMAT_VERSION = 1
+COLUMNS: dict[str, pa.DataType] = {
+    "mode": pa.string(),  # "graph" (calls replayed from one CUDA graph) or "eager"
+    "world_size": pa.int64(),
+    "bytes": pa.int64(),  # message size of one call (the tensor reduced)
+    "iters": pa.int64(),  # calls per sample
+    "samples": pa.int64(),
+    "ms": pa.float64(),  # median over samples of the slowest rank's mean ms per call
+    "ms_min": pa.float64(),
+    "ms_max": pa.float64(),
+}
+
+
+class SweepFileError(ValueError):
+    """A file that is not an all-reduce sweep, or one the fit cannot use: one line."""
+
+
+def write_sweep(path: str | Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> Path:
+    """Write the rows (dicts with COLUMNS' keys) atomically."""
+    cols = {k: pa.array([r[k] for r in rows], t) for k, t in COLUMNS.items()}
+    table = pa.table(cols)
+    info = {"format_version": FORMAT_VERSION, **meta}
+    table = table.replace_schema_metadata({META_KEY: json.dumps(info).encode()})
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(p) as tmp:
+        pq.write_table(table, tmp)
+    return p
+
+
+@dataclass
+class Sweep:
+    meta: dict[str, Any]
+    cols: dict[str, np.ndarray]
+
+
+def read_sweep(path: str | Path) -> Sweep:
+    p = Path(path)
+    if not p.is_file():
+        raise SweepFileError(f"all-reduce sweep '{p}' does not exist")
+    try:
+        table = pq.read_table(p)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise SweepFileError(f"'{p}' is not a parquet file: {e}") from None
+    raw = (table.schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise SweepFileError(f"'{p}' is not an all-reduce sweep (no {META_KEY.decode()} metadata)")
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise SweepFileError(f"all-reduce sweep '{p}': column '{missing[0]}' missing")
+    cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in COLUMNS}
+    return Sweep(json.loads(raw), cols)
+
+
+@dataclass
+class AllreduceFit:
+    params: dict[str, float]  # the profile's gpu_pass.allreduce
+    world_sizes: list[int]
+    rows: int
+    rms_rel: float  # root mean square of (predicted - measured) / measured over the rows
+    max_rel: float
+    notes: list[str] = field(default_factory=list)
+
+
+def fit_allreduce(
+    world_size: np.ndarray, nbytes: np.ndarray, ms: np.ndarray, link_gb_per_s: float
+) -> AllreduceFit:
+    """Fit latency_ms, latency_ms_per_peer, bw_efficiency (module doc) to measured calls."""
+    n = np.asarray(world_size, dtype=np.float64)
+    b = np.asarray(nbytes, dtype=np.float64)
+    t = np.asarray(ms, dtype=np.float64)
+    keep = (n > 1) & np.isfinite(t) & (t > 0)
+    n, b, t = n[keep], b[keep], t[keep]
+    if len(t) < 3:
+        raise SweepFileError(f"the fit needs 3 or more timed calls on 2+ GPUs, got {len(t)}")
+    if link_gb_per_s <= 0:
+        raise SweepFileError("the GPU has no link bandwidth (core.gpus link_gb_per_s)")
+    link_bytes_per_ms = link_gb_per_s * 1e9 / 1e3
+    x_bw = allreduce_moved_bytes(b, n.astype(np.int64)) / link_bytes_per_ms  # ms at 100 %
+    sizes = sorted({int(v) for v in n})
+    notes: list[str] = []
+    one_size = len(sizes) == 1
+    design = np.stack([np.ones_like(t), x_bw] if one_size else [np.ones_like(t), n - 1, x_bw], 1)
+    w = 1.0 / t
+    coef, *_ = np.linalg.lstsq(design * w[:, None], t * w, rcond=None)
+    if one_size:
+        lat, per_peer, c = float(coef[0]), 0.0, float(coef[1])
+        notes.append(
+            f"one world size ({sizes[0]}): latency_ms_per_peer is not identifiable, set to 0 "
+            "(latency_ms holds the whole per-call latency at that size)"
+        )
+    else:
+        lat, per_peer, c = (float(v) for v in coef)
+    if c <= 0:
+        raise SweepFileError("the bandwidth term fitted <= 0: the sweep needs larger messages")
+    eff = 1.0 / c
+    if eff > 1.0:
+        notes.append(
+            f"bw_efficiency fitted {eff:.3f} > 1 (the collective beat the ring's bytes over "
+            f"{link_gb_per_s:g} GB/s, e.g. NVLink SHARP): capped at 1"
+        )
+        eff = 1.0
+    if lat < 0 or per_peer < 0:
+        notes.append(
+            f"a latency fitted < 0 (latency_ms {lat:.4g}, per peer {per_peer:.4g}): set to 0"
+        )
+        lat, per_peer = max(lat, 0.0), max(per_peer, 0.0)
+    pred = lat + per_peer * (n - 1) + x_bw / eff
+    rel = (pred - t) / t
+    return AllreduceFit(
+        {"latency_ms": lat, "latency_ms_per_peer": per_peer, "bw_efficiency": eff},
+        sizes,
+        len(t),
+        float(np.sqrt(np.mean(rel**2))),
+        float(np.max(np.abs(rel))),
+        notes,
+    )
+
+
+def fit_sweep(sweep: Sweep, mode: str = "graph", gpu: str | None = None) -> AllreduceFit:
+    """Fit one mode's rows of a sweep, against the GPU preset named by `gpu` or the file."""
+    name = gpu or sweep.meta.get("gpu")
+    if not name:
+        raise SweepFileError("the sweep names no GPU preset: give --gpu")
+    spec = get_gpu(str(name))
+    modes = sweep.cols["mode"]
+    sel = modes == mode
+    if not sel.any():
+        have = sorted({str(m) for m in modes})
+        raise SweepFileError(f"the sweep has no '{mode}' rows (modes: {', '.join(have)})")
+    c = sweep.cols
+    return fit_allreduce(c["world_size"][sel], c["bytes"][sel], c["ms"][sel], spec.link_gb_per_s)
+
+
+def fit_profile(sweep: Sweep, res: AllreduceFit, mode: str, source: str) -> dict[str, Any]:
+    """A partial cost profile with the fitted keys (merge it over another with
+    sim.cost.merge_profile, or pass it as the config's profile)."""
+    meta = sweep.meta
+    return {
+        "version": PROFILE_VERSION,
+        "gpu": str(meta.get("gpu", "")) or None,
+        "date": dt.date.today().isoformat(),
+        "notes": (
+            f"gpu_pass.allreduce fitted on {res.rows} '{mode}' rows of {source} "
+            f"({meta.get('device', '?')}, {meta.get('backend', '?')}, world sizes "
+            f"{res.world_sizes}; rms rel error {100 * res.rms_rel:.1f} %)"
+        ),
+        "source_runs": [source],
+        "gpu_pass": {"allreduce": res.params},
+    }
