@@ -337,6 +337,7 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
 
 
 def cmd_allreduce_fit(args: argparse.Namespace) -> int:
+    # lazy: the fit needs numpy and pyarrow, never torch
     from replay.analysis.allreducefit import SweepFileError, fit_profile, fit_sweep, read_sweep
     from sim.cost import save_profile
 
@@ -364,9 +365,10 @@ def cmd_allreduce_fit(args: argparse.Namespace) -> int:
 
 
 def _is_allreduce(p: Path) -> bool:
+    # lazy: pyarrow only when a file is classified
     import pyarrow.parquet as pq
 
-    from replay.analysis.allreducefit import META_KEY
+    from replay.analysis.allreducefit import META_KEY  # lazy: numpy, with pyarrow
 
     try:
         return META_KEY in (pq.read_schema(p).metadata or {})
