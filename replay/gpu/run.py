@@ -43,6 +43,7 @@ from engine import warmup as W
 from engine.engine import Engine
 from engine.hooks import StepHooks
 from engine.requests import RequestInput
+from engine.tp.workers import stop_all as stop_tp_workers
 from replay.analysis.metrics import flat_metrics, spread
 from replay.gpu.compiles import CompileCounter
 from replay.gpu.measure import hook_overhead, overhead_summary, to_recorder
@@ -132,6 +133,7 @@ def replay(
         # the engine froze its start-up heap (gc_freeze); leave the process as we found it
         # (a heap left frozen at exit also makes nanobind report Triton's objects as leaks)
         gc.unfreeze()
+        stop_tp_workers()  # tensor parallelism: the worker ranks the repeats shared
 
 
 def _replay(
@@ -194,6 +196,7 @@ def replay_interleaved(
         return {s: _finish(done[s], cfgs[s], trace_path, outs[s], t_start) for s in cfgs}
     finally:
         gc.unfreeze()  # as `replay`
+        stop_tp_workers()
 
 
 def _one_repeat(
@@ -293,10 +296,9 @@ def warm_up(engine: Any) -> dict[str, Any]:
     info: dict[str, Any] = {"forward_steps": 0, "request_steps": 0}
     if engine.device.type == "cuda" and getattr(engine.model, "kernels", None) is not None:
         lim = W.Limits.of_engine(engine)
-        plan = W.forward_plan(lim)
         threads = min(16, os.cpu_count() or 1)
-        info["forward_compiles"] = W.run_forward_plan(engine, plan, compile_threads=threads)
-        info["forward_steps"] = len(plan)
+        # every tensor-parallel rank runs the same forwards (Engine.warm_forwards)
+        info["forward_steps"], info["forward_compiles"] = engine.warm_forwards(threads)
         reqs = W.request_plan(lim.max_tokens, lim.max_model_len, lim.max_num_seqs, engine.depth)
         info["request_steps"] = W.run_request_plan(engine, reqs, WARMUP_KEY + len(WARMUP_SHAPES))
     for i, (p, o) in enumerate(WARMUP_SHAPES):
