@@ -130,6 +130,11 @@ class Engine:
             )
         if self.tp is not None:
             self.device = self.model.device  # this rank's device
+            if self.tp.is_driver and self.tp.workers is None:
+                raise ValueError(
+                    "config key 'tensor_parallel_size': the given model's worker ranks were "
+                    "stopped (Engine.close or engine.tp.workers.stop_all); build a new model"
+                )
             if self.tp.is_driver:  # the workers build the same engine, collective for collective
                 self.tp.send_header(OP_ENGINE)
                 self.tp.send_object(cfg)

@@ -153,6 +153,8 @@ def test_workers_exit_when_the_engine_closes():
     eng.close()  # idempotent
     assert not any(alive(p) for p in pids)
     assert not torch.distributed.is_initialized()  # the next engine may start its own group
+    with pytest.raises(ValueError, match="worker ranks were stopped"):
+        Engine(make_cfg(tensor_parallel_size=2), model=eng.model)
 
 
 @pytest.mark.slow
@@ -164,5 +166,29 @@ def test_a_checkpoint_error_is_raised_once_and_no_worker_stays(tmp_path: Path):
     cfg = make_cfg(tensor_parallel_size=2, model=str(tmp_path / "bad"), max_model_len=128)
     with pytest.raises(CheckpointError, match="up_proj.weight' is missing"):
         Engine(cfg)
+    assert set(multiprocessing.active_children()) == before
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.slow
+def test_replay_run_with_tp2_is_complete_and_stops_its_workers(tmp_path: Path):
+    from core.config import Config
+    from core.runfmt import load_run
+    from core.trace import make_trace, write_trace
+    from replay.gpu.run import replay
+
+    outs = [5, 3, 7]
+    t = make_trace([0.0, 0.002, 0.004], [20, 35, 8], outs,
+                   request_id=np.array(["a", "b", "c"], dtype=object))  # fmt: skip
+    path = write_trace(t, tmp_path / "t.parquet")
+    before = set(multiprocessing.active_children())
+    replay(Config(model="tiny", device="cpu", tensor_parallel_size=2), path, tmp_path / "run",
+           repeat=2)  # fmt: skip
+    run = load_run(tmp_path / "run")
+    assert run.complete
+    req = run.arrays("requests")
+    assert dict(zip(req["request_id"].tolist(), req["output_tokens"].tolist())) == dict(
+        zip("abc", outs)
+    )
     assert set(multiprocessing.active_children()) == before
     assert not torch.distributed.is_initialized()

@@ -240,6 +240,7 @@ def serve(comm: Comm, model: Any) -> None:
         elif op == OP_END_ENGINE:
             engine = _drop(engine)
         elif op == OP_SHUTDOWN:
+            _drop(engine)  # unfrozen and freed: nothing left for the interpreter's exit
             return
         else:
             raise RuntimeError(f"tensor-parallel worker {comm.rank}: unknown command {op}")
