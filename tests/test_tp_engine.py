@@ -182,10 +182,13 @@ def test_replay_run_with_tp2_is_complete_and_stops_its_workers(tmp_path: Path):
                    request_id=np.array(["a", "b", "c"], dtype=object))  # fmt: skip
     path = write_trace(t, tmp_path / "t.parquet")
     before = set(multiprocessing.active_children())
-    replay(Config(model="tiny", device="cpu", tensor_parallel_size=2), path, tmp_path / "run",
-           repeat=2)  # fmt: skip
+    res = replay(Config(model="tiny", device="cpu", tensor_parallel_size=2), path,
+                 tmp_path / "run", repeat=2)  # fmt: skip
     run = load_run(tmp_path / "run")
     assert run.complete
+    tp = res.summary["replay"]["tensor_parallel"]
+    assert tp["size"] == 2 and tp["broadcast_steps"] == run.summary["num_steps"]
+    assert tp["broadcast_us_p50"] > 0
     req = run.arrays("requests")
     assert dict(zip(req["request_id"].tolist(), req["output_tokens"].tolist())) == dict(
         zip("abc", outs)

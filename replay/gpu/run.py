@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from core.config import Config, ConfigError
@@ -385,7 +386,27 @@ def _measure(
     extra = _extra(engine, cfg, conv, wall, error, len(outputs), len(trace))
     extra["engine"]["preemptions"] -= preempted_before
     extra["jit_compiles"] = measured.summary()
+    if getattr(engine, "tp", None) is not None:
+        extra["tensor_parallel"] = _tp_extra(engine, step_trace)
     return Measured(conv.recorder, extra, _summarize(conv.recorder, cfg), complete, error)
+
+
+def _tp_extra(engine: Any, step_trace: Any) -> dict[str, Any]:
+    """Tensor parallelism: the ranks' devices and the step broadcast's host time (rank 0's
+    `broadcast` interval, engine.hooks; a column of the run's steps only where
+    core.phases.CPU_PHASES has it)."""
+    size = engine.tp.size
+    b = step_trace.broadcast_ns
+    us = (b[:, 1] - b[:, 0])[b[:, 0] >= 0] / 1e3
+    cuda = engine.device.type == "cuda"
+    return {
+        "size": size,
+        "devices": [torch.cuda.get_device_name(r) if cuda else "cpu" for r in range(size)],
+        "broadcast_steps": int(len(us)),
+        "broadcast_us_p50": float(np.median(us)) if len(us) else None,
+        "broadcast_us_mean": float(us.mean()) if len(us) else None,
+        "broadcast_s_total": float(us.sum() / 1e6),
+    }
 
 
 def _finish_after_error(engine: Any) -> Any:
