@@ -195,3 +195,46 @@ def test_replay_run_with_tp2_is_complete_and_stops_its_workers(tmp_path: Path):
     )
     assert set(multiprocessing.active_children()) == before
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.slow
+def test_tp4_equals_tp1_on_a_model_with_4_kv_heads():
+    reqs = [RequestInput(f"r{i}", 5 + 11 * i, 5) for i in range(4)]
+    ref, _ = tokens_of(make_cfg(model="small"), reqs)
+    got, _ = tokens_of(make_cfg(model="small", tensor_parallel_size=4), reqs)
+    assert got == ref
+
+
+CRASH = """
+import os, sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from helpers import make_cfg
+from engine.engine import Engine
+from engine.requests import RequestInput
+
+if __name__ == "__main__":
+    eng = Engine(make_cfg(tensor_parallel_size=2))
+    eng.run([RequestInput("a", 9, 3)], arrival="asap")
+    print(*eng.model.comm.workers.pids, flush=True)
+    os._exit(3)  # rank 0 dies without closing anything (no atexit either)
+"""
+
+
+@pytest.mark.slow
+def test_workers_exit_when_rank_0_dies_without_closing(tmp_path: Path):
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH.format(root=str(root), tests=str(root / "tests")))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, cwd=root)  # fmt: skip
+    assert res.returncode == 3, res.stderr[-2000:]
+    pids = [int(p) for p in res.stdout.split()]
+    assert len(pids) == 1
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)
