@@ -21,7 +21,7 @@ in-flight steps' accepted counts before `prepare_inputs` (both waits recorded as
 Tensor parallelism (config key `tensor_parallel_size` > 1, engine.tp): this engine is rank 0;
 it starts the other ranks with its model (or uses those of the model it is given), and each
 of them builds the same Engine from this config. Between `prepare_inputs` and `launch` rank 0
-sends the step (`broadcast`: a fixed-size header over the host group, new slots' sampler state
+sends the step (`broadcast`: a fixed-size header through shared memory, new slots' sampler state
 when there are any, and the uploaded input buffers through a device broadcast); each worker
 runs the same device work (`serve_step`): input finishing, the forward (or the same CUDA graph,
 all-reduces inside) and sampling from the same gathered logits, so its per-slot sampler state

@@ -1,15 +1,17 @@
 """One rank's view of the tensor-parallel group: the collectives of the model and of the step.
 
-Two groups over the same ranks: the default process group (NCCL on CUDA, gloo on CPU) carries
-device tensors (the model's all-reduces and logits gather, the step's input buffers), and a
-gloo group carries host messages from rank 0: a fixed-size int64 header per step or command
-(`HEADER_LEN`), and now and then a variable-length int64 payload or a pickled object. Every
-rank issues the same collectives in the same order (the worker loop mirrors rank 0's step), so
-NCCL kernels captured in CUDA graphs pair up on replay.
+The default process group (NCCL on CUDA, gloo on CPU) carries device tensors (the model's
+all-reduces and logits gather, the step's input buffers). Host messages from rank 0: a
+fixed-size int64 header per step or command (`HEADER_LEN` values) through a shared-memory ring
+(engine.tp.ring), and now and then, when a header announces one, a variable-length int64
+payload or a pickled object over a gloo group. Every rank issues the same collectives in the
+same order (the worker loop mirrors rank 0's step), so NCCL kernels captured in CUDA graphs pair
+up on replay.
 
-No call here waits for the device: NCCL collectives are enqueued on the compute stream's order
-(the calling stream waits for them on the device, not on the host); gloo messages are host
-sends, which is the `broadcast` phase's cost on rank 0.
+No call here waits for the device: NCCL collectives are enqueued in the compute stream's order
+(the calling stream waits for them on the device, not on the host); the header is a few
+shared-memory stores, which with the broadcasts' enqueueing is the `broadcast` phase's cost on
+rank 0.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from engine.tp.ring import HeaderRing
 
 HEADER_LEN = 16
 # the host group waits for rank 0's next message as long as the engine lives (idle engines,
@@ -34,11 +38,13 @@ OP_STEP, OP_ENGINE, OP_END_ENGINE, OP_WARM_FORWARDS, OP_SHUTDOWN = range(1, 6)
 class Comm:
     """Built on every rank after `dist.init_process_group` (same order everywhere)."""
 
-    def __init__(self, rank: int, size: int, device: torch.device) -> None:
+    def __init__(self, rank: int, size: int, device: torch.device, ring: HeaderRing) -> None:
+        """`ring`: the header ring, created by rank 0 (`HeaderRing.create`), attached by the
+        workers."""
         self.rank, self.size, self.device = rank, size, device
         self.host_group = dist.new_group(backend="gloo", timeout=HOST_TIMEOUT)
-        self.header = torch.zeros(HEADER_LEN, dtype=torch.int64)
-        self.header_np = self.header.numpy()
+        self.ring = ring
+        self.header_np = np.zeros(HEADER_LEN, dtype=np.int64)
         self.workers = None  # rank 0: engine.tp.workers.Workers (the processes it started)
 
     @property
@@ -69,12 +75,15 @@ class Comm:
         h = self.header_np
         h[:] = 0
         h[: len(values)] = values
-        dist.broadcast(self.header, src=0, group=self.host_group)
+        self.ring.send(h, self._workers_alive)
+
+    def _workers_alive(self) -> bool:
+        w = self.workers
+        return w is None or all(p.is_alive() for p in w.procs)
 
     def recv_header(self) -> np.ndarray:
-        """Workers: block until rank 0's next header; returns it (a view, valid until the next)."""
-        dist.broadcast(self.header, src=0, group=self.host_group)
-        return self.header_np
+        """Workers: wait for rank 0's next header; returns it (valid until the next)."""
+        return self.ring.recv()
 
     def send_ints(self, values: np.ndarray) -> None:
         """Rank 0: an int64 array whose length the header announced."""
@@ -107,3 +116,4 @@ class Comm:
         if self.workers is not None:
             self.workers.stop(self)
             self.workers = None
+            self.ring.close()

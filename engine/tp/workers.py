@@ -1,11 +1,12 @@
 """Rank 0 starts the other ranks; each worker rank builds its model shard and then mirrors the
 engines rank 0 builds and the steps it runs, until rank 0 says stop.
 
-Start (`start`, in rank 0's process): a TCP store on a free localhost port, tp - 1 processes
-spawned (`torch.multiprocessing`, spawn start method, daemonic: they end with rank 0's process),
-the process groups (engine.tp.comm), then every rank builds its shard at the same time; all
-ranks agree that every shard was built before rank 0 returns (a worker's error is printed by
-the worker, and rank 0 raises one line saying so).
+Start (`start`, in rank 0's process): a TCP store on a free localhost port and the header
+ring in shared memory (engine.tp.ring), tp - 1 processes spawned (`torch.multiprocessing`,
+spawn start method, daemonic: they end with rank 0's process), the process groups
+(engine.tp.comm), then every rank builds its shard at the same time; all ranks agree that
+every shard was built before rank 0 returns (a worker's error is printed by the worker, and
+rank 0 raises one line saying so).
 
 Worker loop (`serve`): read rank 0's next header (engine.tp.comm commands): OP_ENGINE builds an
 `Engine` from the config rank 0 sends (the same constructor, so both ranks run the same
@@ -37,6 +38,7 @@ import torch.multiprocessing as mp
 
 from core.config import Config
 from engine.tp.comm import (
+    HEADER_LEN,
     OP_END_ENGINE,
     OP_ENGINE,
     OP_SHUTDOWN,
@@ -44,6 +46,7 @@ from engine.tp.comm import (
     OP_WARM_FORWARDS,
     Comm,
 )
+from engine.tp.ring import IDLE_S, SPIN_CPU_S, HeaderRing
 from engine.tp.shard import check_divisible
 
 START_TIMEOUT = timedelta(minutes=5)  # every rank joins the store within this
@@ -120,18 +123,20 @@ def start(cfg: Config, max_model_len: int):
     store = dist.TCPStore(
         "127.0.0.1", 0, tp, is_master=True, wait_for_workers=False, timeout=START_TIMEOUT
     )
+    ring = HeaderRing.create(tp - 1, HEADER_LEN)
     ctx = mp.get_context("spawn")
     procs = []
     for rank in range(1, tp):
-        args = (rank, tp, store.port, cfg, max_model_len, os.getpid())
+        args = (rank, tp, store.port, ring.name, cfg, max_model_len, os.getpid())
         p = ctx.Process(target=worker_main, args=args, daemon=True, name=f"engine-tp{rank}")
         p.start()
         procs.append(p)
     workers = Workers(procs, store)
     try:
-        comm = _join(0, tp, store, cfg.device)
+        comm = _join(0, tp, store, cfg.device, ring)
     except BaseException:
         workers.stop(None)
+        ring.close()
         raise
     model, error = None, None
     try:
@@ -140,6 +145,7 @@ def start(cfg: Config, max_model_len: int):
         error = e
     if comm.agree_min(0 if model is None else 1) == 0:
         workers.stop(None)
+        ring.close()
         if error is not None:
             raise error
         raise RuntimeError(
@@ -162,7 +168,7 @@ def stop_all() -> None:
         _ACTIVE.pop().close()
 
 
-def _join(rank: int, size: int, store: Any, device: str) -> Comm:
+def _join(rank: int, size: int, store: Any, device: str, ring: HeaderRing) -> Comm:
     """Join the default group (NCCL on CUDA, gloo on CPU) and build the rank's Comm."""
     if device == "cuda":
         dev = torch.device("cuda", rank)
@@ -170,7 +176,7 @@ def _join(rank: int, size: int, store: Any, device: str) -> Comm:
     else:
         dev = torch.device("cpu")
         dist.init_process_group("gloo", store=store, rank=rank, world_size=size)
-    return Comm(rank, size, dev)
+    return Comm(rank, size, dev, ring)
 
 
 def build_shard(cfg: Config, comm: Comm, max_model_len: int):
@@ -193,7 +199,13 @@ def build_shard(cfg: Config, comm: Comm, max_model_len: int):
 
 # ---- worker ranks ----------------------------------------------------------------------------
 def worker_main(
-    rank: int, size: int, port: int, cfg: Config, max_model_len: int, parent_pid: int
+    rank: int,
+    size: int,
+    port: int,
+    ring_name: str,
+    cfg: Config,
+    max_model_len: int,
+    parent_pid: int,
 ) -> None:
     """A worker process: join, build the shard, serve until OP_SHUTDOWN."""
     _exit_with_parent(parent_pid)
@@ -202,7 +214,9 @@ def worker_main(
     else:
         torch.set_num_threads(1)  # the CPU ranks share the host's cores
     store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=START_TIMEOUT)
-    comm = _join(rank, size, store, cfg.device)
+    spin_s = IDLE_S if cfg.device == "cuda" else SPIN_CPU_S  # CPU ranks share the cores
+    ring = HeaderRing.attach(ring_name, size - 1, HEADER_LEN, rank - 1, spin_s)
+    comm = _join(rank, size, store, cfg.device, ring)
     model = None
     try:
         model = build_shard(cfg, comm, max_model_len)
@@ -210,6 +224,7 @@ def worker_main(
         traceback.print_exc()
     if comm.agree_min(0 if model is None else 1) == 0:
         dist.destroy_process_group()
+        ring.close()
         return
     try:
         serve(comm, model)
@@ -217,6 +232,7 @@ def worker_main(
         traceback.print_exc()
         os._exit(1)
     dist.destroy_process_group()
+    ring.close()
 
 
 def serve(comm: Comm, model: Any) -> None:
