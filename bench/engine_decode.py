@@ -17,6 +17,7 @@ hooks: per step a GPU interval from CUDA events on the compute stream.
   kv_read_tokens x bytes per token and the bandwidth comes from a large device-to-device copy
   on GPU 0 in the same run (read + write bytes / time).
 - busy_fraction: GPU busy time / wall time over the steady steps (1.0 = no bubbles).
+- broadcast_us: median host time of rank 0's step broadcast (tensor parallelism, else 0).
 The KV cache is sized for the cases (config num_kv_blocks), not from free memory, so the run
 stays short; everything else is the engine as replay runs it.
 """
@@ -125,6 +126,10 @@ def measure(eng: Engine, batch: int, bandwidth: float, context: int = CONTEXT) -
         "floor_ms": round(floor_ms, 4),
         "ratio": round(step_ms / floor_ms, 3),
         "busy_fraction": round(tr.gpu_busy_fraction(lo, hi), 4),
+        # tensor parallelism: rank 0's host time sending each step to the other ranks
+        "broadcast_us": round(float(np.median(np.diff(tr.broadcast_ns[lo:hi], axis=1))) / 1e3, 1)
+        if tp > 1
+        else 0.0,
         "steps": len(rows),
         "kv_read_tokens": round(kv_tokens),
         "copy_gbps": round(bandwidth / 1e9, 1),
@@ -210,7 +215,8 @@ def main() -> int:
                     results.append(row)
                     print(
                         f"  batch {batch:3d}: step {row['step_ms']:.3f} ms, floor "
-                        f"{row['floor_ms']:.3f} ms, busy {row['busy_fraction']:.3f}",
+                        f"{row['floor_ms']:.3f} ms, busy {row['busy_fraction']:.3f}, "
+                        f"broadcast {row['broadcast_us']:.1f} us",
                         flush=True,
                     )
                     if args.profile and batch <= 8 and device.type == "cuda":
