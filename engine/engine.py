@@ -140,6 +140,15 @@ class Engine:
                 self.tp.send_object(cfg)
         self._closed = False
         self._inits: list[tuple[int, tuple | None]] = []  # new slots' sampler state to send
+        try:
+            self._build(cfg)
+        except BaseException:
+            if self._owns_tp:  # the workers it started would outlive the failed engine
+                self.model.comm.close()
+            raise
+
+    def _build(self, cfg: Config) -> None:
+        """The constructor after the model: what every tensor-parallel rank builds alike."""
         self.spec: ModelSpec = self.model.spec
         self.depth = cfg.depth  # 1 with ngram-cpu (synchronous, as vLLM), else batches_in_flight
         n = cfg.max_num_seqs

@@ -238,3 +238,16 @@ def test_workers_exit_when_rank_0_dies_without_closing(tmp_path: Path):
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids)
+
+
+@pytest.mark.slow
+def test_an_engine_that_fails_after_starting_its_workers_stops_them(monkeypatch):
+    def fail(self):
+        raise RuntimeError("injected start-up failure")
+
+    monkeypatch.setattr(Engine, "_kv_blocks", fail)  # rank 0 only: workers import afresh
+    before = set(multiprocessing.active_children())
+    with pytest.raises(RuntimeError, match="injected"):
+        Engine(make_cfg(tensor_parallel_size=2))
+    assert set(multiprocessing.active_children()) == before
+    assert not torch.distributed.is_initialized()
