@@ -26,6 +26,7 @@ import atexit
 import contextlib
 import gc
 import os
+import signal
 import threading
 import time
 import traceback
@@ -50,7 +51,7 @@ from engine.tp.ring import IDLE_S, SPIN_CPU_S, HeaderRing
 from engine.tp.shard import check_divisible
 
 START_TIMEOUT = timedelta(minutes=5)  # every rank joins the store within this
-JOIN_S = 30.0  # a worker's time to leave after OP_SHUTDOWN before it is terminated
+JOIN_S = 10.0  # a worker's time to leave after OP_SHUTDOWN before it is terminated
 
 
 class Workers:
@@ -209,6 +210,7 @@ def worker_main(
 ) -> None:
     """A worker process: join, build the shard, serve until OP_SHUTDOWN."""
     _exit_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle: it stops us
     if cfg.device == "cuda":
         torch.cuda.set_device(rank)
     else:
