@@ -3,6 +3,7 @@ decode with 1 vs 2 batches in flight; prints a table, writes JSON rows with --js
 
     python bench/engine_decode.py [--json PATH]                 # H100: llama3-8b, llama3.2-1b
     python bench/engine_decode.py --device cpu --cases tiny:1,4 # checks the script runs
+    python bench/engine_decode.py --tp 2 --cases llama3-8b:1,64    # tensor parallel, 2 GPUs
 
 Each case serves `batch` requests of CONTEXT prompt tokens and DECODE output tokens through
 `engine.Engine` (random weights, bf16, CUDA graphs on, asap arrivals) and reads the engine's own
@@ -10,10 +11,13 @@ hooks: per step a GPU interval from CUDA events on the compute stream.
 - step_ms: median GPU interval of the steady pure-decode steps (all `batch` requests decoding,
   first WARMUP and last 2 dropped): input copies + graph replay + sampler.
 - wall_ms: wall time per steady step (first to last GPU start / steps).
-- floor_ms = (weight bytes a forward reads + KV bytes read) / copy bandwidth, where the KV read
-  is the steps' mean kv_read_tokens x bytes per token and the bandwidth comes from a large
-  device-to-device copy in the same run (read + write bytes / time).
+- floor_ms = (weight bytes a forward reads + KV bytes read) / tp / copy bandwidth: one GPU's HBM
+  floor (`--tp` N, config key tensor_parallel_size: each rank reads 1/N of the weights and of
+  the KV heads; all-reduces are not in the floor), where the KV read is the steps' mean
+  kv_read_tokens x bytes per token and the bandwidth comes from a large device-to-device copy
+  on GPU 0 in the same run (read + write bytes / time).
 - busy_fraction: GPU busy time / wall time over the steady steps (1.0 = no bubbles).
+- broadcast_us: median host time of rank 0's step broadcast (tensor parallelism, else 0).
 The KV cache is sized for the cases (config num_kv_blocks), not from free memory, so the run
 stays short; everything else is the engine as replay runs it.
 """
@@ -74,6 +78,7 @@ def make_engine(
     device: str,
     max_model_len: int = 2048,
     context: int = CONTEXT,
+    tp: int = 1,
 ) -> Engine:
     per_req = -(-(context + DECODE + 1) // BLOCK_SIZE)
     cfg = Config(
@@ -89,6 +94,7 @@ def make_engine(
         gc_freeze=True,
         batches_in_flight=depth,
         arrival="asap",
+        tensor_parallel_size=tp,
     )
     return Engine(cfg)
 
@@ -108,17 +114,23 @@ def measure(eng: Engine, batch: int, bandwidth: float, context: int = CONTEXT) -
     wall_ms = (g[-1, 0] - g[0, 0]) / (len(g) - 1) / 1e6
     spec, dtype = eng.spec, eng.cfg.dtype
     kv_tokens = float(np.mean([tr.shapes[i].kv_read_tokens for i in rows]))
+    tp = eng.cfg.tensor_parallel_size
     read_bytes = spec.decode_weight_bytes(dtype) + kv_tokens * spec.kv_bytes_per_token(dtype)
-    floor_ms = read_bytes / bandwidth * 1e3
+    floor_ms = read_bytes / tp / bandwidth * 1e3  # one GPU's share
     return {
         "model": spec.name,
         "batch": batch,
         "batches_in_flight": eng.depth,
+        "tensor_parallel_size": tp,
         "step_ms": round(step_ms, 4),
         "wall_ms": round(float(wall_ms), 4),
         "floor_ms": round(floor_ms, 4),
         "ratio": round(step_ms / floor_ms, 3),
         "busy_fraction": round(tr.gpu_busy_fraction(lo, hi), 4),
+        # tensor parallelism: rank 0's host time sending each step to the other ranks
+        "broadcast_us": round(float(np.median(np.diff(tr.broadcast_ns[lo:hi], axis=1))) / 1e3, 1)
+        if tp > 1
+        else 0.0,
         "steps": len(rows),
         "kv_read_tokens": round(kv_tokens),
         "copy_gbps": round(bandwidth / 1e9, 1),
@@ -144,6 +156,8 @@ def profile_steps(eng: Engine, batch: int, path: Path, context: int = CONTEXT) -
 
 
 def free_engine(eng: Engine | None) -> None:
+    if eng is not None:
+        eng.close()  # tensor parallelism: its worker ranks stop
     del eng
     gc.unfreeze()  # the engine froze its start-up objects; let them go
     gc.collect()
@@ -168,6 +182,7 @@ def main() -> int:
     ap.add_argument(
         "--max-model-len", type=int, default=2048, help="the engine's max_model_len (graphs' bound)"
     )
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (GPUs per engine)")
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument(
         "--profile", type=Path, help="folder: a torch.profiler kernel table per case (batch <= 8)"
@@ -190,15 +205,17 @@ def main() -> int:
             try:
                 t0 = time.perf_counter()
                 eng = make_engine(
-                    model, max(batches), depth, args.device, args.max_model_len, args.context
-                )
+                    model, max(batches), depth, args.device, args.max_model_len, args.context,
+                    args.tp,
+                )  # fmt: skip
                 print(f"{model} depth {depth}: engine ready in {time.perf_counter() - t0:.1f} s")
                 for batch in batches:
                     row = measure(eng, batch, bandwidth, args.context)
                     results.append(row)
                     print(
                         f"  batch {batch:3d}: step {row['step_ms']:.3f} ms, floor "
-                        f"{row['floor_ms']:.3f} ms, busy {row['busy_fraction']:.3f}",
+                        f"{row['floor_ms']:.3f} ms, busy {row['busy_fraction']:.3f}, "
+                        f"broadcast {row['broadcast_us']:.1f} us",
                         flush=True,
                     )
                     if args.profile and batch <= 8 and device.type == "cuda":
@@ -211,12 +228,13 @@ def main() -> int:
             finally:
                 free_engine(eng)
     print()
-    head = f"{'model':<14}{'batch':>6}{'depth':>6}{'step_ms':>10}{'wall_ms':>10}"
+    head = f"{'model':<14}{'tp':>3}{'batch':>6}{'depth':>6}{'step_ms':>10}{'wall_ms':>10}"
     head += f"{'floor_ms':>10}{'ratio':>8}{'busy':>8}"
     print(head)
     for r in results:
         print(
-            f"{r['model']:<14}{r['batch']:>6}{r['batches_in_flight']:>6}{r['step_ms']:>10.3f}"
+            f"{r['model']:<14}{r['tensor_parallel_size']:>3}{r['batch']:>6}"
+            f"{r['batches_in_flight']:>6}{r['step_ms']:>10.3f}"
             f"{r['wall_ms']:>10.3f}{r['floor_ms']:>10.3f}{r['ratio']:>8.2f}"
             f"{r['busy_fraction']:>8.3f}"
         )

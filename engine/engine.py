@@ -17,16 +17,29 @@ Speculative decoding (engine.spec.decoder) keeps this shape: decodes feed k draf
 verified tokens; ngram-gpu proposes in `draft` on the device, ngram-cpu waits there for the
 step's tokens (so it runs with one batch in flight); with seed 5 off the CPU also waits for the
 in-flight steps' accepted counts before `prepare_inputs` (both waits recorded as `sync`).
+
+Tensor parallelism (config key `tensor_parallel_size` > 1, engine.tp): this engine is rank 0;
+it starts the other ranks with its model (or uses those of the model it is given), and each
+of them builds the same Engine from this config. Between `prepare_inputs` and `launch` rank 0
+sends the step (`broadcast`: a fixed-size header through shared memory, new slots' sampler state
+when there are any, and the uploaded input buffers through a device broadcast); each worker
+runs the same device work (`serve_step`): input finishing, the forward (or the same CUDA graph,
+all-reduces inside) and sampling from the same gathered logits, so its per-slot sampler state
+(the next decode's input ids) stays identical to rank 0's. Only rank 0 schedules, reads tokens
+and syncs; workers never wait for their device. `close()` ends the workers' engine (and the
+workers, when this engine started them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from core import phases as P
@@ -56,6 +69,7 @@ from engine.requests import (
 from engine.sampler import Sampler, SampleRows
 from engine.spec.decoder import SpecDecoder
 from engine.spec.inputs import SpecInputBuffers
+from engine.tp.comm import OP_END_ENGINE, OP_ENGINE, OP_STEP, OP_WARM_FORWARDS, Comm
 
 CPU_KV_BYTES = 64 << 20  # the KV budget on CPU, where free memory says little
 _now = time.perf_counter_ns
@@ -78,7 +92,12 @@ def engine_dtype(cfg: Config) -> torch.dtype:
 
 
 def build_model(cfg: Config, max_model_len: int) -> LlamaModel:
-    """Random weights for a preset (seeded), or a checkpoint folder's weights."""
+    """Random weights for a preset (seeded), or a checkpoint folder's weights. Tensor
+    parallelism: rank 0's shard, the other ranks started with theirs (engine.tp.workers)."""
+    if cfg.tensor_parallel_size > 1:
+        from engine.tp.workers import start
+
+        return start(cfg, max_model_len)
     dtype, device = engine_dtype(cfg), torch.device(cfg.device)
     if cfg.model not in PRESETS:  # a checkpoint folder
         from engine.loader import load_checkpoint
@@ -95,7 +114,41 @@ class Engine:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("config key 'device': cuda, but no CUDA device is available")
         self.max_model_len = cfg.max_model_len or get_model(cfg.model).max_context
+        tp = cfg.tensor_parallel_size
+        if tp > 1 and cfg.spec.enabled:
+            raise NotImplementedError(
+                "config key 'tensor_parallel_size': speculative decoding is not built for "
+                "tensor parallelism"
+            )
+        self._owns_tp = model is None and tp > 1  # started the workers: close() stops them
         self.model = model if model is not None else build_model(cfg, self.max_model_len)
+        self.tp: Comm | None = self.model.comm  # None without tensor parallelism
+        if (1 if self.tp is None else self.tp.size) != tp:
+            raise ValueError(
+                f"config key 'tensor_parallel_size': {tp}, but the given model is built for "
+                f"{1 if self.tp is None else self.tp.size}"
+            )
+        if self.tp is not None:
+            self.device = self.model.device  # this rank's device
+            if self.tp.is_driver and self.tp.workers is None:
+                raise ValueError(
+                    "config key 'tensor_parallel_size': the given model's worker ranks were "
+                    "stopped (Engine.close or engine.tp.workers.stop_all); build a new model"
+                )
+            if self.tp.is_driver:  # the workers build the same engine, collective for collective
+                self.tp.send_header(OP_ENGINE)
+                self.tp.send_object(cfg)
+        self._closed = False
+        self._inits: list[tuple[int, tuple | None]] = []  # new slots' sampler state to send
+        try:
+            self._build(cfg)
+        except BaseException:
+            if self._owns_tp:  # the workers it started would outlive the failed engine
+                self.model.comm.close()
+            raise
+
+    def _build(self, cfg: Config) -> None:
+        """The constructor after the model: what every tensor-parallel rank builds alike."""
         self.spec: ModelSpec = self.model.spec
         self.depth = cfg.depth  # 1 with ngram-cpu (synchronous, as vLLM), else batches_in_flight
         n = cfg.max_num_seqs
@@ -124,8 +177,8 @@ class Engine:
             )
         self.outputs = OutputRing(self.depth, n * self.q, self.device)
         self.num_kv_blocks = self._kv_blocks()
-        self.kv_cache = allocate_kv_cache(
-            self.spec, self.num_kv_blocks, cfg.block_size, self.model.dtype, self.device
+        self.kv_cache = allocate_kv_cache(  # this rank's KV heads
+            self.model.local, self.num_kv_blocks, cfg.block_size, self.model.dtype, self.device
         )
         self.sched = Scheduler(scheduler_config(cfg, self.spec, self.num_kv_blocks))
         self.graphs: DecodeGraphs | None = None
@@ -137,14 +190,14 @@ class Engine:
                 self.max_model_len,
             )  # fmt: skip
             if self.device.type == "cuda":
-                self.mixed.capture()  # first: its largest bucket sizes the shared pool
+                self.mixed.capture(mode=self._capture_mode)  # first: sizes the shared pool
                 pool = self.mixed.pool
         if cfg.cuda_graphs and self.device.type == "cuda":
             sampler = self.sampler if self.sd is None else None  # graphs sample w/o drafts
             self.graphs = DecodeGraphs(
                 self.model, self.kv_cache, self.inputs, n, self.max_model_len, self.q, sampler
             )
-            self.graphs.capture(pool)
+            self.graphs.capture(pool, self._capture_mode)
         self.hooks = StepHooks(self.device)
         self.states: list[RequestState] = []
         self.slots = SlotPool(n)
@@ -153,6 +206,12 @@ class Engine:
         if cfg.gc_freeze:  # start-up objects leave the collector's view (vLLM freeze_gc_heap)
             gc.collect()
             gc.freeze()
+
+    @property
+    def _capture_mode(self) -> str:
+        """CUDA graph capture mode: "thread_local" with tensor parallelism, so that the NCCL
+        watchdog thread's event queries do not invalidate a capture; else torch's default."""
+        return "global" if self.tp is None else "thread_local"
 
     # ---- the loop ----------------------------------------------------------------------------
     def step(self) -> bool:
@@ -185,8 +244,14 @@ class Engine:
         h.begin(P.PREPARE_INPUTS)
         step = self._prepare(batch, row, shift)
         h.end(row)
+        if self.tp is not None:
+            h.begin_broadcast()
+            self._broadcast(step)
+            h.end_broadcast(row)
         h.begin(P.LAUNCH)
         h.graphed[row] = 1 if step.bucket else 0
+        if self.tp is not None:  # `send`'s device work, after the broadcast
+            self.inputs.apply(step, finish=not self._graph_samples(step))
         h.mark(row, FORWARD_BEGIN)
         logits = self._forward(step)
         h.mark(row, FORWARD_END)
@@ -257,10 +322,110 @@ class Engine:
         for st in new:  # device state of the new slots, enqueued before their first use
             self._init_slot(st)
         assert self.sampler.forced_width == width
-        self.inputs.send(step, finish=not self._graph_samples(step))
+        if self.tp is None:
+            self.inputs.send(step, finish=not self._graph_samples(step))
+        else:  # the rest after the broadcast (launch_batch)
+            self.inputs.upload(step)
         if sd is not None:
             sd.correct(step, self.cfg.block_size)
         return step
+
+    # ---- tensor parallelism ------------------------------------------------------------------
+    def _broadcast(self, step: StepInputs) -> None:
+        """Rank 0: the step to every worker rank (`serve_step`): its sizes in one header, the
+        sampler state of slots initialised since the last step, then the uploaded inputs."""
+        tp = self.tp
+        assert tp is not None
+        ids = self._init_payload()
+        a = step.attn
+        tp.send_header(
+            OP_STEP, step.ring, step.num_reqs, step.num_tokens, step.num_gen,
+            step.rows.hist_rows.numel(), step.bucket, step.padded_tokens, a.max_query_len,
+            a.max_seq_len, step.num_pairs, step.table_cols, step.mixed, len(self._inits),
+            0 if ids is None else len(ids) - 3 * len(self._inits),
+        )  # fmt: skip
+        if ids is not None:
+            tp.send_ints(ids)
+        self._inits.clear()
+        self.inputs.broadcast(step, tp)
+
+    def _init_payload(self) -> np.ndarray | None:
+        """[slot, prompt length (-1: no history), output length] per initialised slot, then
+        every history's ids; None when no slot was initialised."""
+        if not self._inits:
+            return None
+        head, tail = [], []
+        for slot, history in self._inits:
+            if history is None:
+                head += [slot, -1, 0]
+            else:
+                prompt, outputs = history
+                head += [slot, len(prompt), len(outputs)]
+                tail += [np.asarray(prompt, np.int64), np.asarray(outputs, np.int64)]
+        return np.concatenate([np.asarray(head, np.int64), *tail])
+
+    def serve_step(self, header: np.ndarray) -> None:
+        """A worker rank: the device work of the step rank 0 announced in `header`
+        (`_broadcast`), in rank 0's order: new slots' sampler state, the inputs' broadcast,
+        input finishing, forward (or graph replay), sampling into this rank's own state."""
+        tp = self.tp
+        assert tp is not None and not tp.is_driver
+        k, b, t_real, g, h, bucket, t, max_q, max_seq, pairs, cols, mixed, n_init, n_ids = (
+            int(x) for x in header[1:15]
+        )
+        step = self.inputs.views(k, b, t_real, g, h, bucket, t, max_q, max_seq, pairs, cols, mixed)
+        if n_init:
+            self._recv_inits(tp.recv_ints(3 * n_init + n_ids), n_init)
+        self.inputs.broadcast(step, tp)
+        samples = self._graph_samples(step)
+        self.inputs.apply(step, finish=not samples)
+        logits = self._forward(step)
+        if not samples and g:  # as `_sample`: the tokens stay on this rank's device
+            self.sampler.sample(logits[:g], step.rows, self.outputs.device_tokens[k, :g])
+
+    def _recv_inits(self, payload: np.ndarray, n: int) -> None:
+        """`_init_slot`'s sampler work on a worker, from `_init_payload`."""
+        at = 3 * n
+        for i in range(n):
+            slot, plen, olen = (int(x) for x in payload[3 * i : 3 * i + 3])
+            history = None
+            if plen >= 0:
+                history = (payload[at : at + plen], payload[at + plen : at + plen + olen])
+                at += plen + olen
+            self.sampler.init_slot(slot, history, None)
+
+    def warm_forwards(self, compile_threads: int) -> tuple[int, str]:
+        """engine.warmup's forward plan on this engine (every rank with tensor parallelism:
+        rank 0 tells the workers, which run the same plan). Returns (steps, how compiled).
+        Tensor-parallel ranks compile serially: a parallel pass that failed on one rank only
+        would leave the ranks' collectives out of step."""
+        from engine import warmup as W
+
+        if self.tp is not None:
+            compile_threads = 1
+            if self.tp.is_driver:
+                self.tp.send_header(OP_WARM_FORWARDS, compile_threads)
+        plan = W.forward_plan(W.Limits.of_engine(self))
+        return len(plan), W.run_forward_plan(self, plan, compile_threads)
+
+    def close(self) -> None:
+        """Tensor parallelism (rank 0): the workers drop their engine, and stop when this engine
+        started them. Idempotent; nothing to do at tensor_parallel_size 1."""
+        tp = self.tp
+        if tp is None or not tp.is_driver or self._closed:
+            return
+        self._closed = True
+        if tp.workers is not None:
+            with contextlib.suppress(Exception):  # workers gone: close() below reaps them
+                tp.send_header(OP_END_ENGINE)
+        if self._owns_tp:
+            tp.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def graph_bucket(self, shape: BatchShape) -> int:
         """The decode graph a batch of this shape replays, 0 = eager: pure decode with k drafts
@@ -443,6 +608,8 @@ class Engine:
         sd = self.sd
         history = (st.prompt_ids, st.confirmed_outputs()) if st.req.needs_history else None
         self.sampler.init_slot(st.slot, history, st.forced if sd is not None else None)
+        if self.tp is not None:  # the workers' samplers: with the next step (`_broadcast`)
+            self._inits.append((st.slot, history))
         if sd is not None:
             sd.reset_slot(st)
 
@@ -553,25 +720,27 @@ class Engine:
         cfg = self.cfg
         if cfg.num_kv_blocks > 0:
             return cfg.num_kv_blocks
-        per_block = kv_cache_bytes_per_block(self.spec, cfg.block_size, self.model.dtype)
+        local = self.model.local  # this rank's KV heads
+        per_block = kv_cache_bytes_per_block(local, cfg.block_size, self.model.dtype)
         if self.device.type != "cuda":
             return max(1, CPU_KV_BYTES // per_block)
         activation_bytes = self._profile_run()
         free_bytes, _ = torch.cuda.mem_get_info(self.device)
-        return kv_blocks_from_free_bytes(cfg, self.spec, free_bytes - activation_bytes)
+        blocks = kv_blocks_from_free_bytes(cfg, local, free_bytes - activation_bytes)
+        return blocks if self.tp is None else self.tp.agree_min(blocks)  # one policy, all ranks
 
     @torch.no_grad()
     def _profile_run(self) -> int:
         """Peak activation bytes of an eager forward over max_num_batched_tokens tokens plus
         sampling (with penalties) of max_num_seqs rows. Leaves the sampler state zeroed."""
-        cfg, spec, dev = self.cfg, self.spec, self.device
+        cfg, dev = self.cfg, self.device
         n_tok = self.inputs.max_tokens
         seq_len = min(n_tok, self.max_model_len)
         q_lens = [seq_len] * (n_tok // seq_len) + ([n_tok % seq_len] if n_tok % seq_len else [])
         bs = cfg.block_size
         per_seq = -(-seq_len // bs)
         tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(len(q_lens))]
-        kv = allocate_kv_cache(spec, per_seq * len(q_lens), bs, self.model.dtype, dev)
+        kv = allocate_kv_cache(self.model.local, per_seq * len(q_lens), bs, self.model.dtype, dev)
         attn = AttentionMetadata.from_lists(q_lens, q_lens, tables, bs, dev)
         ids = torch.zeros(n_tok, dtype=torch.int32, device=dev)
         pos = torch.cat([torch.arange(q, dtype=torch.int32, device=dev) for q in q_lens])

@@ -122,8 +122,9 @@ class DecodeGraphs:
             hist.zero_()
 
     @torch.no_grad()  # not inference_mode: the static logits are updated in place (penalties)
-    def capture(self, pool=None) -> None:
-        """Capture every bucket into `pool` (default: a new private pool)."""
+    def capture(self, pool=None, mode: str = "global") -> None:
+        """Capture every bucket into `pool` (default: a new private pool); `mode`: the capture
+        error mode ("thread_local" with tensor parallelism, engine.engine)."""
         pool = torch.cuda.graph_pool_handle() if pool is None else pool
         side = torch.cuda.Stream()
         for bucket in reversed(self.buckets):
@@ -136,7 +137,7 @@ class DecodeGraphs:
                         run()
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
                     self.logits[bucket, hist] = run()
                 # a graph's first replay uploads it to the device (slower than later ones):
                 # paid here, on these placeholder inputs, not by the first real step

@@ -11,6 +11,11 @@ One row per launched batch (in launch order; row == the batch's `ScheduledBatch.
   (`replay.gpu.measure.kernel_busy`). A CUDA graph runs without the host, so the forward's span is
   kernels only; the time between the start event and the forward is the input copies plus any
   wait for the host to issue the forward.
+- `broadcast_ns[row]` = (start, end) of the tensor-parallel step broadcast (`core.phases.
+  BROADCAST`: rank 0 sends the step's header and inputs to the other ranks), -1 where absent
+  (always at tensor_parallel_size 1). Its own column whether or not BROADCAST is one of
+  CPU_PHASES; when it is, the same interval is also the phase's column of `phase_ns` (and GC
+  pauses during it name it as their activity).
 - sync waits (`sync_ns`, `sync_row`) and GC pauses (`gc_ns`, generation, the activity that was
   running as an index into `ALL_CPU_ACTIVITIES` or -1, the newest row) are append-only columns.
 All times are `time.perf_counter_ns()`; GPU event times are put on that clock through a base
@@ -34,17 +39,18 @@ import contextlib
 import gc
 import time
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from core.phases import ALL_CPU_ACTIVITIES, CPU_PHASES, SYNC
+from core.phases import ALL_CPU_ACTIVITIES, BROADCAST, CPU_PHASES, SYNC
 from core.shape import BatchShape
 
 PHASE = {name: i for i, name in enumerate(CPU_PHASES)}  # CPU phase -> column of phase_ns
 ACTIVITY = {name: i for i, name in enumerate(ALL_CPU_ACTIVITIES)}  # gc_activity codes
 _SYNC = ACTIVITY[SYNC]
+_BCAST = ACTIVITY.get(BROADCAST, -1)  # -1: not one of CPU_PHASES, own column only
 _NP = len(CPU_PHASES)
 MARKS = ("forward_begin", "forward_end", "draft_begin")  # mark_ns columns
 FORWARD_BEGIN, FORWARD_END, DRAFT_BEGIN = range(len(MARKS))
@@ -70,6 +76,8 @@ class StepTrace:
     gc_generation: np.ndarray  # int64 [g]
     gc_activity: np.ndarray  # int64 [g]: index into ALL_CPU_ACTIVITIES, -1 = outside any
     gc_row: np.ndarray  # int64 [g]: newest row when the pause began (-1 = before any)
+    # int64 [n, 2]: the tensor-parallel step broadcast of each row, -1 = absent
+    broadcast_ns: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
 
     @property
     def num_steps(self) -> int:
@@ -137,6 +145,7 @@ class StepHooks:
         self._gpu = _filled("q", -1, 2 * cap)
         self._mark = _filled("q", -1, _NM * cap)
         self._mark_host = _filled("q", -1, _NM * cap)
+        self._bcast = _filled("q", -1, 2 * cap)
         self.finished = _filled("i", 0, cap)
         self.graphed = _filled("b", 0, cap)
         self.shapes: list[BatchShape] = []
@@ -158,6 +167,7 @@ class StepHooks:
         self._gpu.extend(_filled("q", -1, 2 * cap))
         self._mark.extend(_filled("q", -1, _NM * cap))
         self._mark_host.extend(_filled("q", -1, _NM * cap))
+        self._bcast.extend(_filled("q", -1, 2 * cap))
         self.finished.extend(_filled("i", 0, cap))
         self.graphed.extend(_filled("b", 0, cap))
         self._cap = 2 * cap
@@ -201,6 +211,7 @@ class StepHooks:
             gc_generation=_col(self.gc_generation),
             gc_activity=_col(self.gc_activity),
             gc_row=_col(self.gc_row),
+            broadcast_ns=_col(self._bcast, 2 * n).reshape(n, 2),
         )
 
     # ---- CPU phases --------------------------------------------------------------------------
@@ -214,6 +225,23 @@ class StepHooks:
         p = self._phase
         p[i] = self._t0
         p[i + 1] = _now()
+        self.activity = -1
+
+    def begin_broadcast(self) -> None:
+        """Open the step broadcast (tensor parallelism): a phase like the others where BROADCAST
+        is one of CPU_PHASES, else outside any activity."""
+        self.activity = _BCAST
+        self._t0 = _now()
+
+    def end_broadcast(self, row: int) -> None:
+        t1 = _now()
+        b = self._bcast
+        b[2 * row] = self._t0
+        b[2 * row + 1] = t1
+        if _BCAST >= 0:
+            i = (row * _NP + _BCAST) << 1
+            self._phase[i] = self._t0
+            self._phase[i + 1] = t1
         self.activity = -1
 
     def cancel(self) -> None:

@@ -254,6 +254,27 @@ class InputBuffers:
         self._stage_pairs(k, p_idx, p_blk)
 
         max_seq = max(seq_lens)
+        cols = min(mb, -(-max_seq // bs))
+        return self.views(k, b, t_real, g, h, bucket, t, max_q, max_seq, len(p_idx), cols,
+                          mixed_rows)  # fmt: skip
+
+    def views(
+        self,
+        k: int,
+        b: int,
+        t_real: int,
+        g: int,
+        h: int,
+        bucket: int,
+        t: int,
+        max_q: int,
+        max_seq: int,
+        num_pairs: int,
+        table_cols: int,
+        mixed_rows: int,
+    ) -> StepInputs:
+        """A step's device views from its host-known sizes (`fill`; a tensor-parallel worker
+        builds the same from rank 0's step header, engine.engine.Engine.serve_step)."""
         d = self.d_rows
         return StepInputs(
             num_reqs=b,
@@ -274,8 +295,8 @@ class InputBuffers:
                 forced_tok=d[GEN_FORCED_TOK, :g],
             ),
             padded_tokens=t,
-            num_pairs=len(p_idx),
-            table_cols=min(mb, -(-max_seq // bs)),
+            num_pairs=num_pairs,
+            table_cols=table_cols,
             mixed=mixed_rows,
         )
 
@@ -322,11 +343,34 @@ class InputBuffers:
         """Enqueue the step's device work: one host -> device copy of rows and tokens (pinned,
         asynchronous), the block-table update, then (`finish`) the work on the device copies,
         which a CUDA graph that samples does itself (`finish_graph`)."""
-        k, t, n = step.ring, step.padded_tokens, step.num_pairs
-        m = self.rows_len + self.token_fields * t
+        self.upload(step)
+        self.apply(step, finish)
+
+    def upload(self, step: StepInputs) -> None:
+        """`send`'s copies: rows and tokens, and the block-table updates, to the device."""
+        k, n = step.ring, step.num_pairs
+        m = self.rows_len + self.token_fields * step.padded_tokens
         self.d_buf[:m].copy_(self.h_buf[k][:m], non_blocking=True)
         if n:
             self.d_pairs[: 2 * n].copy_(self.h_pairs[k][: 2 * n], non_blocking=True)
+
+    def broadcast(self, step: StepInputs, comm) -> None:
+        """Tensor parallelism: rank 0's uploaded device buffers (`upload`) into every rank's
+        (engine.tp.comm: device collectives, enqueued; every rank calls it for the step)."""
+        m = self.rows_len + self.token_fields * step.padded_tokens
+        comm.broadcast_device(self.d_buf[:m])
+        n = step.num_pairs
+        if n:
+            if 2 * n > self.d_pairs.numel():  # a worker: grow as rank 0's `_stage_pairs` did
+                cap = 1 << (2 * n - 1).bit_length()
+                self.d_pairs = torch.zeros(cap, dtype=torch.int32, device=self.device)
+            comm.broadcast_device(self.d_pairs[: 2 * n])
+
+    def apply(self, step: StepInputs, finish: bool = True) -> None:
+        """`send`'s device work on the device copies: the block-table update, then (`finish`)
+        input ids and the batch's table rows."""
+        t, n = step.padded_tokens, step.num_pairs
+        if n:
             flat = self.d_pairs[:n].long()
             self.block_table.view(-1).index_copy_(0, flat, self.d_pairs[n : 2 * n])
         if finish:

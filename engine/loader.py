@@ -5,6 +5,9 @@ The checkpoint must match its config exactly: every tensor present with the expe
 no tensor the model has no place for (biases, other architectures). All names and shapes are
 checked from the file headers before any data is read; a mismatch raises one CheckpointError
 naming the tensor.
+
+A tensor-parallel rank (`comm`) reads only its slices of each tensor (engine.tp.shard.hf_pieces:
+safetensors slices, rows or columns) into its shard.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from safetensors import safe_open
 
 from core.models import ModelSpec
 from engine.model import LlamaModel
+from engine.tp.shard import Piece, hf_pieces
 
 INDEX_FILE = "model.safetensors.index.json"
 # Buffers some exporters save that carry no weights (recomputed from the config).
@@ -34,19 +38,22 @@ def load_checkpoint(
     device: torch.device | str = "cuda",
     attn_backend: str | None = None,
     max_positions: int | None = None,
+    comm=None,
 ) -> LlamaModel:
+    """`comm` (engine.tp.comm.Comm): load this rank's slices only."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CheckpointError(f"checkpoint '{path}': no config.json")
     spec = ModelSpec.from_hf_config(path / "config.json", name=path.name)
-    model = LlamaModel(spec, dtype, device, attn_backend, max_positions)
+    model = LlamaModel(spec, dtype, device, attn_backend, max_positions, comm=comm)
     load_weights(model, path)
     return model
 
 
 def _destinations(model: LlamaModel) -> dict[str, tuple[torch.Tensor, int]]:
-    """HF tensor name -> (parameter, first row) it fills; the row count is the tensor's."""
-    s = model.spec
+    """HF tensor name -> (parameter, first row) it fills; the row count is the tensor's
+    (tensor parallelism: its slice's, see `_slices`)."""
+    s = model.local  # this rank's sizes (the whole model's without tensor parallelism)
     dest = {"model.embed_tokens.weight": (model.embed_tokens, 0)}
     dest["model.norm.weight"] = (model.norm.weight, 0)
     if not s.tie_word_embeddings:
@@ -148,18 +155,47 @@ def _check(path: Path, spec: ModelSpec, files: dict[str, Path]) -> list[str]:
     return sorted(expected)
 
 
+def _slices(model: LlamaModel) -> dict[str, Piece]:
+    """HF tensor name -> the slice this rank reads (empty without tensor parallelism)."""
+    comm = model.comm
+    if comm is None:
+        return {}
+    out = {}
+    for key, (_, piece) in hf_pieces(model.spec, comm.rank, comm.size).items():
+        if key.startswith(("model.", "lm_head")):
+            out[key] = piece
+        else:
+            for i in range(model.spec.num_layers):
+                out[f"model.layers.{i}.{key}"] = piece
+    return out
+
+
+def _read(f, name: str, piece: Piece | None) -> torch.Tensor:
+    """The whole tensor, or only its slice's rows or columns."""
+    if piece is None:
+        return f.get_tensor(name)
+    sl = f.get_slice(name)
+    a, b = piece.start, piece.start + piece.length
+    return sl[a:b] if piece.dim == 0 else sl[:, a:b]
+
+
 @torch.no_grad()
 def load_weights(model: LlamaModel, path: str | Path) -> None:
     path = Path(path)
     files = _tensor_files(path)
     names = _check(path, model.spec, files)
     dest = _destinations(model)
+    slices = _slices(model)
+    if slices:  # vocab rows past the vocabulary (the last rank's padding) stay zero
+        model.embed_tokens.zero_()
+        model.lm_head.zero_()
     by_file: dict[Path, list[str]] = {}
     for name in names:
         by_file.setdefault(files[name], []).append(name)
     for file in sorted(by_file):
         with safe_open(file, framework="pt") as f:
             for name in by_file[file]:
-                tensor = f.get_tensor(name)
-                param, row = dest[name]
+                piece = slices.get(name)
+                tensor = _read(f, name, piece)
+                param, row = dest[name]  # row: the slice's first row (_destinations: local)
                 param[row : row + tensor.shape[0]].copy_(tensor.to(param.dtype))

@@ -160,8 +160,9 @@ class MixedGraphs:
         hist.zero_()
 
     @torch.no_grad()  # not inference_mode: the static logits are updated in place (penalties)
-    def capture(self, pool=None) -> None:
-        """Capture every bucket (largest first) into `pool` (default: a new private pool)."""
+    def capture(self, pool=None, mode: str = "global") -> None:
+        """Capture every bucket (largest first) into `pool` (default: a new private pool);
+        `mode`: the capture error mode ("thread_local" with tensor parallelism)."""
         t0 = time.perf_counter()
         dev = self.inputs.device
         torch.cuda.synchronize(dev)
@@ -178,7 +179,7 @@ class MixedGraphs:
                     run()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode=mode):
                 logits = run()
             if self.keep_logits:
                 self.logits[key] = logits

@@ -5,6 +5,11 @@ compute_logits(hidden[n]) -> float32 [n, vocab]. All sequences of a step are con
 no padding (see engine.attention for the batch layout). Weights: `init_random(seed)` or
 `engine.loader.load_checkpoint`. The forward reads no tensor values on the host, so with the
 "triton" backend it can be captured in a CUDA graph.
+
+Tensor parallelism (`comm`, engine.tp): the model holds rank r's slices (engine.tp.shard) and
+computes with `local`, the spec of its heads and MLP width; o_proj and down_proj outputs are
+summed over ranks (all-reduce), the vocab-parallel embedding masks ids outside the rank's rows
+and sums, and compute_logits gathers every rank's vocab slice, so every rank gets whole logits.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from torch import nn
 from core.models import ModelSpec
 from engine.attention import AttentionMetadata, PagedAttention
 from engine.rope import rope_tables
+from engine.tp.shard import fill_shard, full_shape, local_spec, vocab_rows
 
 INIT_STD = 0.02
 # Steps of at most this many tokens (decode batches) run their GEMMs through the Triton skinny
@@ -83,9 +89,13 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: PagedAttention, rotary, dtype, device):
+    def __init__(
+        self, spec: ModelSpec, attention: PagedAttention, rotary, dtype, device, comm=None
+    ):
+        """`spec`: this rank's heads (engine.tp.shard.local_spec); `comm`: sums o_proj's output."""
         super().__init__()
         self.spec = spec
+        self.comm = comm
         self.attention = attention
         self.rotary = [rotary]  # shared by all layers; a list keeps it out of the module tree
         self.scale = spec.head_dim**-0.5
@@ -95,7 +105,8 @@ class Attention(nn.Module):
     def forward(self, x, positions, attn: AttentionMetadata, kv_cache: torch.Tensor):
         kernels = self.attention.kernels
         qkv = _linear(kernels, x, self.qkv_proj)  # [T, q | k | v]
-        return _linear(kernels, self.attend(qkv, positions, attn, kv_cache), self.o_proj)
+        out = _linear(kernels, self.attend(qkv, positions, attn, kv_cache), self.o_proj)
+        return out if self.comm is None else self.comm.all_reduce(out)
 
     def attend(self, qkv, positions, attn: AttentionMetadata, kv_cache) -> torch.Tensor:
         """qkv [T, q | k | v] -> attention output [T, q_size] (RoPE, KV write, attention)."""
@@ -115,13 +126,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, dtype, device, kernels=None):
+    def __init__(self, spec: ModelSpec, dtype, device, kernels=None, comm=None):
         super().__init__()
         self.kernels = kernels  # engine.kernels for the fused SiLU * up, else None
+        self.comm = comm  # tensor parallelism: sums down_proj's output over ranks
         self.gate_up_proj = _param((2 * spec.intermediate_size, spec.hidden_size), dtype, device)
         self.down_proj = _param((spec.hidden_size, spec.intermediate_size), dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._forward(x)
+        return out if self.comm is None else self.comm.all_reduce(out)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         k = self.kernels
         if _skinny(k, x) and SKINNY_FUSE_SILU and k.skinny_supports(x.shape[1]):
             act = k.skinny_gemm(x, self.gate_up_proj, silu_mul=True)
@@ -134,13 +150,15 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: PagedAttention, rotary, dtype, device, kernels):
+    def __init__(
+        self, spec: ModelSpec, attention: PagedAttention, rotary, dtype, device, kernels, comm=None
+    ):
         super().__init__()
         h, eps = spec.hidden_size, spec.rms_norm_eps
         self.input_layernorm = RMSNorm(h, eps, dtype, device, kernels)
-        self.self_attn = Attention(spec, attention, rotary, dtype, device)
+        self.self_attn = Attention(spec, attention, rotary, dtype, device, comm)
         self.post_attention_layernorm = RMSNorm(h, eps, dtype, device, kernels)
-        self.mlp = MLP(spec, dtype, device, kernels)
+        self.mlp = MLP(spec, dtype, device, kernels, comm)
 
     def forward(self, x, residual, positions, attn, kv_cache):
         x, residual = self.input_layernorm(x, residual)
@@ -164,23 +182,30 @@ class LlamaModel(nn.Module):
         device: torch.device | str = "cuda",
         attn_backend: str | None = None,
         max_positions: int | None = None,
+        comm=None,
     ):
+        """`comm` (engine.tp.comm.Comm): this rank's slices of a tensor-parallel model."""
         super().__init__()
         device = torch.device(device)
         self.spec, self.dtype, self.device = spec, dtype, device
+        self.comm = comm
+        tp, rank = (1, 0) if comm is None else (comm.size, comm.rank)
+        self.local = local_spec(spec, tp)  # the heads and MLP width this rank computes
+        self.vocab_rows = vocab_rows(spec.vocab_size, tp)  # embedding / LM head rows here
+        self.vocab_start = rank * self.vocab_rows
         self.attention = PagedAttention(attn_backend, device)
         kernels = self.kernels = self.attention.kernels
         self.rotary = RotaryEmbedding(spec, max_positions or spec.max_context, device, kernels)
-        self.embed_tokens = _param((spec.vocab_size, spec.hidden_size), dtype, device)
+        self.embed_tokens = _param((self.vocab_rows, spec.hidden_size), dtype, device)
         self.layers = nn.ModuleList(
-            DecoderLayer(spec, self.attention, self.rotary, dtype, device, kernels)
+            DecoderLayer(self.local, self.attention, self.rotary, dtype, device, kernels, comm)
             for _ in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device, kernels)
         if spec.tie_word_embeddings:
             self.lm_head = self.embed_tokens
         else:
-            self.lm_head = _param((spec.vocab_size, spec.hidden_size), dtype, device)
+            self.lm_head = _param((self.vocab_rows, spec.hidden_size), dtype, device)
 
     @property
     def attn_backend(self) -> str:
@@ -189,16 +214,26 @@ class LlamaModel(nn.Module):
     @torch.no_grad()
     def init_random(self, seed: int) -> LlamaModel:
         """Seeded weights generated on the device: N(0, 0.02), output projections scaled by
-        1/sqrt(2 * num_layers) so the residual stream stays O(1) over many layers; norms = 1."""
+        1/sqrt(2 * num_layers) so the residual stream stays O(1) over many layers; norms = 1.
+        A tensor-parallel rank draws each whole (TP = 1) tensor from the same generator and
+        keeps its slice, so every TP degree computes with the TP = 1 weights."""
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed)
         out_std = INIT_STD / math.sqrt(2 * self.spec.num_layers)
+        tp, rank = (1, 0) if self.comm is None else (self.comm.size, self.comm.rank)
         for name, p in self.named_parameters():  # registration order: deterministic
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
-            else:
-                std = out_std if name.endswith(("o_proj", "down_proj")) else INIT_STD
+                continue
+            std = out_std if name.endswith(("o_proj", "down_proj")) else INIT_STD
+            shape = full_shape(name, self.spec)
+            if tp == 1 or shape is None:
                 p.normal_(0.0, std, generator=gen)
+                continue
+            full = torch.empty(shape, dtype=p.dtype, device=p.device)
+            full.normal_(0.0, std, generator=gen)
+            fill_shard(p, name, full, self.spec, rank, tp)
+            del full
         return self
 
     def forward(
@@ -208,21 +243,36 @@ class LlamaModel(nn.Module):
         attn: AttentionMetadata,
         kv_cache: torch.Tensor,  # [num_layers, 2, num_blocks, block_size, Hkv, D]
     ) -> torch.Tensor:
-        x = F.embedding(input_ids, self.embed_tokens)
+        x = self.embed(input_ids)
         residual = None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, attn, kv_cache[i])
         return self.norm(x, residual)[0]
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embedding rows [T, hidden]; tensor-parallel: this rank's vocab rows, summed."""
+        if self.comm is None:
+            return F.embedding(input_ids, self.embed_tokens)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.vocab_rows)
+        x = F.embedding(local.masked_fill(outside, 0), self.embed_tokens)
+        return self.comm.all_reduce(x.masked_fill(outside[:, None], 0))
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [n, hidden] (already final-normed by forward) -> float32 logits [n, vocab]."""
+        """hidden [n, hidden] (already final-normed by forward) -> float32 logits [n, vocab]
+        (tensor-parallel: gathered from every rank's vocab slice, on every rank)."""
         if _skinny(self.kernels, hidden) and self.kernels.skinny_supports(hidden.shape[1]):
             # fp32 straight from the accumulator: no separate .float() launch
-            return self.kernels.skinny_gemm(hidden, self.lm_head, out_dtype=torch.float32)
-        return F.linear(hidden, self.lm_head).float()
+            logits = self.kernels.skinny_gemm(hidden, self.lm_head, out_dtype=torch.float32)
+        else:
+            logits = F.linear(hidden, self.lm_head).float()
+        if self.comm is None:
+            return logits
+        return self.comm.gather_vocab(logits, self.spec.vocab_size)
 
 
 def kv_cache_bytes_per_block(spec: ModelSpec, block_size: int, dtype: torch.dtype) -> int:
+    """Of one rank: pass a tensor-parallel model's `local` spec."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * spec.num_layers * block_size * spec.kv_size * elem
 

@@ -71,9 +71,10 @@ class Limits:
         if engine.device.type == "cuda":
             sms = torch.cuda.get_device_properties(engine.device).multi_processor_count
         cfg = engine.cfg
+        spec = engine.model.local  # this rank's heads (tensor parallelism), else the model's
         return Limits(
-            num_q_heads=engine.spec.num_heads,
-            num_kv_heads=engine.spec.num_kv_heads,
+            num_q_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
             max_num_seqs=cfg.max_num_seqs,
             max_tokens=min(cfg.max_num_batched_tokens, engine.inputs.max_tokens),
             max_model_len=engine.max_model_len,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from core.config import Config, ConfigError
@@ -43,6 +44,7 @@ from engine import warmup as W
 from engine.engine import Engine
 from engine.hooks import StepHooks
 from engine.requests import RequestInput
+from engine.tp.workers import stop_all as stop_tp_workers
 from replay.analysis.metrics import flat_metrics, spread
 from replay.gpu.compiles import CompileCounter
 from replay.gpu.measure import hook_overhead, overhead_summary, to_recorder
@@ -132,6 +134,7 @@ def replay(
         # the engine froze its start-up heap (gc_freeze); leave the process as we found it
         # (a heap left frozen at exit also makes nanobind report Triton's objects as leaks)
         gc.unfreeze()
+        stop_tp_workers()  # tensor parallelism: the worker ranks the repeats shared
 
 
 def _replay(
@@ -194,6 +197,7 @@ def replay_interleaved(
         return {s: _finish(done[s], cfgs[s], trace_path, outs[s], t_start) for s in cfgs}
     finally:
         gc.unfreeze()  # as `replay`
+        stop_tp_workers()
 
 
 def _one_repeat(
@@ -293,10 +297,9 @@ def warm_up(engine: Any) -> dict[str, Any]:
     info: dict[str, Any] = {"forward_steps": 0, "request_steps": 0}
     if engine.device.type == "cuda" and getattr(engine.model, "kernels", None) is not None:
         lim = W.Limits.of_engine(engine)
-        plan = W.forward_plan(lim)
         threads = min(16, os.cpu_count() or 1)
-        info["forward_compiles"] = W.run_forward_plan(engine, plan, compile_threads=threads)
-        info["forward_steps"] = len(plan)
+        # every tensor-parallel rank runs the same forwards (Engine.warm_forwards)
+        info["forward_steps"], info["forward_compiles"] = engine.warm_forwards(threads)
         reqs = W.request_plan(lim.max_tokens, lim.max_model_len, lim.max_num_seqs, engine.depth)
         info["request_steps"] = W.run_request_plan(engine, reqs, WARMUP_KEY + len(WARMUP_SHAPES))
     for i, (p, o) in enumerate(WARMUP_SHAPES):
@@ -383,7 +386,27 @@ def _measure(
     extra = _extra(engine, cfg, conv, wall, error, len(outputs), len(trace))
     extra["engine"]["preemptions"] -= preempted_before
     extra["jit_compiles"] = measured.summary()
+    if getattr(engine, "tp", None) is not None:
+        extra["tensor_parallel"] = _tp_extra(engine, step_trace)
     return Measured(conv.recorder, extra, _summarize(conv.recorder, cfg), complete, error)
+
+
+def _tp_extra(engine: Any, step_trace: Any) -> dict[str, Any]:
+    """Tensor parallelism: the ranks' devices and the step broadcast's host time (rank 0's
+    `broadcast` interval, engine.hooks; a column of the run's steps only where
+    core.phases.CPU_PHASES has it)."""
+    size = engine.tp.size
+    b = step_trace.broadcast_ns
+    us = (b[:, 1] - b[:, 0])[b[:, 0] >= 0] / 1e3
+    cuda = engine.device.type == "cuda"
+    return {
+        "size": size,
+        "devices": [torch.cuda.get_device_name(r) if cuda else "cpu" for r in range(size)],
+        "broadcast_steps": int(len(us)),
+        "broadcast_us_p50": float(np.median(us)) if len(us) else None,
+        "broadcast_us_mean": float(us.mean()) if len(us) else None,
+        "broadcast_s_total": float(us.sum() / 1e6),
+    }
 
 
 def _finish_after_error(engine: Any) -> Any:

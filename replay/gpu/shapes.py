@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from core.config import Config
-from engine import warmup as W
 from engine.engine import Engine
+from engine.tp.workers import stop_all as stop_tp_workers
 from replay.analysis.shapes_file import (
     COLUMNS,
     FORMAT_VERSION,
@@ -266,6 +266,7 @@ def sweep(
         if was_enabled:
             gc.enable()
         torch.set_num_threads(threads)
+        stop_tp_workers()  # tensor parallelism: the engine's worker ranks
     stats["gpu_busy_s"] += timer.spin_s
     meta = meta_of()
     path = write_sweep(out, rows, meta)
@@ -303,8 +304,8 @@ def _warm_up(engine: Any) -> float:
     launches meet few; they would compile one by one. Returns the seconds it took."""
     t0 = time.perf_counter()
     if engine.device.type == "cuda" and getattr(engine.model, "kernels", None) is not None:
-        plan = W.forward_plan(W.Limits.of_engine(engine))
-        W.run_forward_plan(engine, plan, compile_threads=min(16, os.cpu_count() or 1))
+        # every tensor-parallel rank runs the same forwards (Engine.warm_forwards)
+        engine.warm_forwards(min(16, os.cpu_count() or 1))
     return time.perf_counter() - t0
 
 

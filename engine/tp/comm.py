@@ -1,0 +1,119 @@
+"""One rank's view of the tensor-parallel group: the collectives of the model and of the step.
+
+The default process group (NCCL on CUDA, gloo on CPU) carries device tensors (the model's
+all-reduces and logits gather, the step's input buffers). Host messages from rank 0: a
+fixed-size int64 header per step or command (`HEADER_LEN` values) through a shared-memory ring
+(engine.tp.ring), and now and then, when a header announces one, a variable-length int64
+payload or a pickled object over a gloo group. Every rank issues the same collectives in the
+same order (the worker loop mirrors rank 0's step), so NCCL kernels captured in CUDA graphs pair
+up on replay.
+
+No call here waits for the device: NCCL collectives are enqueued in the compute stream's order
+(the calling stream waits for them on the device, not on the host); the header is a few
+shared-memory stores, which with the broadcasts' enqueueing is the `broadcast` phase's cost on
+rank 0.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from engine.tp.ring import HeaderRing
+
+HEADER_LEN = 16
+# the host group waits for rank 0's next message as long as the engine lives (idle engines,
+# long arrivals gaps): its timeout only ends workers whose rank 0 vanished without a word
+HOST_TIMEOUT = timedelta(hours=24)
+# torch >= 2.12 names it all_gather_single; older releases all_gather_into_tensor (same call)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+# commands in header[0]
+OP_STEP, OP_ENGINE, OP_END_ENGINE, OP_WARM_FORWARDS, OP_SHUTDOWN = range(1, 6)
+
+
+class Comm:
+    """Built on every rank after `dist.init_process_group` (same order everywhere)."""
+
+    def __init__(self, rank: int, size: int, device: torch.device, ring: HeaderRing) -> None:
+        """`ring`: the header ring, created by rank 0 (`HeaderRing.create`), attached by the
+        workers."""
+        self.rank, self.size, self.device = rank, size, device
+        self.host_group = dist.new_group(backend="gloo", timeout=HOST_TIMEOUT)
+        self.ring = ring
+        self.header_np = np.zeros(HEADER_LEN, dtype=np.int64)
+        self.workers = None  # rank 0: engine.tp.workers.Workers (the processes it started)
+
+    @property
+    def is_driver(self) -> bool:
+        return self.rank == 0
+
+    # ---- the model's collectives (device group) ----------------------------------------------
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place."""
+        dist.all_reduce(x)
+        return x
+
+    def gather_vocab(self, x: torch.Tensor, vocab: int) -> torch.Tensor:
+        """Every rank's logits slice [n, Vr] -> the whole rows [n, vocab] on every rank."""
+        n, vr = x.shape
+        out = torch.empty((self.size * n, vr), dtype=x.dtype, device=x.device)
+        _all_gather(out, x.contiguous())
+        full = out.view(self.size, n, vr).permute(1, 0, 2).reshape(n, self.size * vr)
+        return full if self.size * vr == vocab else full[:, :vocab].contiguous()
+
+    def broadcast_device(self, x: torch.Tensor) -> None:
+        """Rank 0's contiguous device tensor into every rank's `x` (enqueued, no host wait)."""
+        dist.broadcast(x, src=0)
+
+    # ---- host messages (gloo group) -----------------------------------------------------------
+    def send_header(self, *values: int) -> None:
+        """Rank 0: header = values (the rest zero), to every rank."""
+        h = self.header_np
+        h[:] = 0
+        h[: len(values)] = values
+        self.ring.send(h, self._workers_alive)
+
+    def _workers_alive(self) -> bool:
+        w = self.workers
+        return w is None or all(p.is_alive() for p in w.procs)
+
+    def recv_header(self) -> np.ndarray:
+        """Workers: wait for rank 0's next header; returns it (valid until the next)."""
+        return self.ring.recv()
+
+    def send_ints(self, values: np.ndarray) -> None:
+        """Rank 0: an int64 array whose length the header announced."""
+        dist.broadcast(torch.from_numpy(np.ascontiguousarray(values, np.int64)), src=0,
+                       group=self.host_group)  # fmt: skip
+
+    def recv_ints(self, n: int) -> np.ndarray:
+        t = torch.empty(n, dtype=torch.int64)
+        dist.broadcast(t, src=0, group=self.host_group)
+        return t.numpy()
+
+    def send_object(self, obj: object) -> None:
+        dist.broadcast_object_list([obj], src=0, group=self.host_group)
+
+    def recv_object(self) -> object:
+        box: list[object] = [None]
+        dist.broadcast_object_list(box, src=0, group=self.host_group)
+        return box[0]
+
+    def agree_min(self, value: int) -> int:
+        """The smallest of every rank's `value` (all ranks call it)."""
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.host_group)
+        return int(t.item())
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Rank 0: stop the workers and leave the group (idempotent). Workers leave on their own
+        when they read the shutdown command."""
+        if self.workers is not None:
+            self.workers.stop(self)
+            self.workers = None
+            self.ring.close()

@@ -1,0 +1,94 @@
+"""Tensor parallelism on 2 CUDA GPUs (NCCL): bf16 logits of tensor_parallel_size 2 within
+tolerance of 1 with the decode CUDA graphs (all-reduces and the logits gather captured in them),
+a decode run with 2 batches in flight, and workers gone after close. Skipped with fewer than
+2 GPUs."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from helpers import make_cfg
+
+from engine.engine import Engine
+from engine.requests import RequestInput
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+    ),
+]
+
+BATCH, PROMPT, OUT = 4, 40, 6
+
+
+def forced_requests(vocab: int) -> list[RequestInput]:
+    """Prompts and outputs given, so both engines decode the same inputs whatever they sample."""
+    rng = np.random.default_rng(0)
+    return [
+        RequestInput(
+            f"f{i}",
+            PROMPT,
+            OUT,
+            prompt_ids=rng.integers(0, vocab, PROMPT),
+            output_ids=rng.integers(0, vocab, OUT),
+        )  # fmt: skip
+        for i in range(BATCH)
+    ]
+
+
+def last_decode_logits(tp: int) -> tuple[torch.Tensor, int]:
+    """Logits [BATCH, vocab] of the last decode step (a graph replay), and the graphed steps."""
+    cfg = make_cfg(device="cuda", model="small", tensor_parallel_size=tp, batches_in_flight=2)
+    eng = Engine(cfg)
+    try:
+        eng.run(forced_requests(eng.spec.vocab_size), arrival="asap")
+        assert eng.graphs is not None
+        bucket = eng.graphs.bucket_for(BATCH)
+        torch.cuda.synchronize()
+        logits = eng.graphs.logits[bucket, False][:BATCH].float().cpu().clone()
+        return logits, int(eng.trace.graphed.sum())
+    finally:
+        eng.close()
+
+
+def test_tp2_bf16_logits_match_tp1_with_cuda_graphs():
+    ref, graphed1 = last_decode_logits(1)
+    got, graphed2 = last_decode_logits(2)
+    assert graphed1 > 0 and graphed2 == graphed1
+    scale = ref.abs().max()
+    assert (got - ref).abs().max() <= 3e-2 * scale, float((got - ref).abs().max() / scale)
+    cos = torch.nn.functional.cosine_similarity(got, ref, dim=-1)
+    assert (cos > 0.999).all(), cos
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["decode-graphs", "mixed-graphs-too"])
+def test_tp2_decode_with_2_in_flight_and_workers_exit(mixed):
+    """Unforced requests (some with penalties: the graphs' history variant) through TP 2 with 2
+    batches in flight: exact lengths, graphed steps, the broadcast recorded, most first tokens
+    (prefill argmax, bf16) as TP 1's, and no worker left after close."""
+    kw = dict(device="cuda", model="small", batches_in_flight=2, cuda_graphs_mixed=mixed)
+    reqs = [RequestInput(f"d{i}", 16 + 8 * i, 24, needs_history=i % 3 == 0) for i in range(8)]
+    ref = Engine(make_cfg(**kw))
+    first_ref = [o.token_ids[0] for o in ref.run(reqs, arrival="asap")]
+    del ref
+    eng = Engine(make_cfg(tensor_parallel_size=2, **kw))
+    pids = eng.model.comm.workers.pids
+    try:
+        outs = eng.run(reqs, arrival="asap")
+        assert [len(o.token_ids) for o in outs] == [24] * 8
+        same = sum(o.token_ids[0] == t for o, t in zip(outs, first_ref))
+        assert same >= 6, same
+        tr = eng.trace
+        assert tr.graphed.sum() > 0
+        assert (tr.broadcast_ns[:, 1] >= tr.broadcast_ns[:, 0]).all()
+        assert (tr.broadcast_ns[:, 0] > 0).all()
+        print(f"broadcast us per step: {np.median(np.diff(tr.broadcast_ns, axis=1)) / 1e3:.1f}")
+    finally:
+        eng.close()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
