@@ -438,6 +438,8 @@ def _meta_fn(
         "kv_layout": "scattered" if engine.num_kv_blocks <= scatter_max else "consecutive",
         "graphs_sample": bool(engine.graphs is not None and engine.graphs.samples),
         "spec": {"method": cfg.spec.method, "k": cfg.spec.k if cfg.spec.enabled else 0},
+        # calibrate joins a sweep only to runs of the same degree (sim.cost.profile.TP_KEY)
+        "tensor_parallel_size": cfg.tensor_parallel_size,
         **versions(),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "engine_commit": commit,

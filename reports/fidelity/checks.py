@@ -1,14 +1,14 @@
 """Predict measured check runs with ONE committed profile and compare (the generalization
 protocol of reports/fidelity/README.md: the profile never saw these workloads).
 
-    python reports/fidelity/checks.py PROFILE RUNS_DIR --gpu h100 [--tag TAG] [--out DIR]
+    python reports/fidelity/checks.py PROFILE RUNS_DIR --gpu h100 [--prefix 1b-] [--tag T] [--out D]
 
 RUNS_DIR holds measured run folders named `<model tag>-<check>` (reports/fidelity/gpu_checks.sh);
 each is predicted by `sim run` on its own trace (summary.json trace.path) with the measured
 run's own config (KV budget, depth, spec decoding, arrival mode) plus PROFILE, compared with
-`replay compare`, and judged against the targets. Writes DIR/<gpu>-<run>[-TAG].json and
-DIR/<gpu>-checks[-TAG].md (a table with verdicts); the calibration runs (`*-calib*`) are listed
-as such, not as a check.
+`replay compare`, and judged against the targets. Writes D/<gpu>-<run>[-T].json and
+D/<gpu>-checks[-<model tag>][-T].md (a table with verdicts); the calibration runs (`*-calib*`)
+are listed as such, not as a check. --prefix keeps the runs of one model (their name's start).
 """
 
 from __future__ import annotations
@@ -71,6 +71,10 @@ def main() -> None:
     ap.add_argument("runs", type=Path)
     ap.add_argument("--gpu", required=True)
     ap.add_argument("--tag", default="")
+    ap.add_argument(
+        "--prefix", default="",
+        help="only the run folders whose name starts with this (the model tag, e.g. 8b-)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument(
         "--work", type=Path, default=ROOT / "runs" / "checks-work",
@@ -82,6 +86,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for meas in sorted(p for p in args.runs.iterdir() if (p / "summary.json").is_file()):
+        if not meas.name.startswith(args.prefix):
+            continue
         summary = json.loads((meas / "summary.json").read_text())
         if summary["source"]["kind"] != "replay":
             continue
@@ -108,7 +114,8 @@ def main() -> None:
         met = sum(1 for d in checks if cell(d, key, target).startswith("**"))
         table.append(f"\n{col}: {met}/{len(checks)} checks within target")
     text = "\n".join(table) + "\n"
-    (args.out / f"{args.gpu}-checks{sfx}.md").write_text(text)
+    model = f"-{args.prefix.rstrip('-')}" if args.prefix else ""
+    (args.out / f"{args.gpu}-checks{model}{sfx}.md").write_text(text)
     print(text)
 
 
