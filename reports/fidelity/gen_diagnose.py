@@ -131,12 +131,15 @@ def level_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  #
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=ROOT / "reports/fidelity/gen/runs")
+    ap.add_argument("--prefix", default="1b-", help="runs of one model (the profile's): 1b-, 8b-")
     ap.add_argument(
         "--profile", type=Path, default=ROOT / "reports/fidelity/gen/profile-h100-llama3.2-1b.json"
     )
     args = ap.parse_args()
     profile = json.loads(args.profile.read_text())
     for path in sorted(p for p in args.runs.iterdir() if (p / "summary.json").is_file()):
+        if not path.name.startswith(args.prefix):
+            continue
         run = load_run(path)
         s = run.arrays("steps")
         depth = run_config(run).depth  # batches actually in flight (1 with ngram-cpu)
