@@ -127,7 +127,7 @@ class CostModel:
                 add_linear(prof["alloc_objects"].get(phase, {}), *allocs)
             )
         self._sync = compile_linear(prof["sync"])
-        # a host that waits for a GPU event resumes this long after it (sim.loop._sync)
+        # a host that waits for a GPU event resumes this long after it (sim.clock.StepClock)
         self.sync_wake_s = float(prof["sync_wait"]["wake_ms"]) / 1e3
         self._gc_a = tuple(float(x) for x in prof["gc"]["pause_ms"])
         self._gc_b = tuple(float(x) for x in prof["gc"]["pause_ms_per_object"])
