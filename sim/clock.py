@@ -1,9 +1,10 @@
 """One engine step's physics: the CPU thread's clock through the phases, its GC pauses, its
 waits on the GPU, and the in-order GPU stream.
 
-The one definition of what a step costs in time: the step loop (sim.loop.SimLoop) runs it for
-every step it takes one by one, the fast path (sim.fast) for every step of a run it computes
-in bulk, so both do the same float operations in the same order and agree to the bit.
+The one definition of what a step costs in time, `StepClock.step`: the step loop
+(sim.loop.SimLoop) runs it for every step it takes one by one, the fast path (sim.fast) for
+every step of a run it computes in bulk, so both do the same float operations in the same
+order and agree to the bit.
 
 A step's costs come as one list in COSTS order (sim.fast.costs.StepCosts builds it from a
 shape): the CPU phases' seconds (launch with launch_ms), the GPU pass's and the GPU drafter's
@@ -41,17 +42,21 @@ PO_S, PO_OBJS = COSTS.index("process_outputs_s"), COSTS.index("process_outputs_o
 _INDEX = {p: i for i, p in enumerate(P.CPU_PHASES)}
 _SCHED, _PREP, _LAUNCH = _INDEX[P.SCHEDULE], _INDEX[P.PREPARE_INPUTS], _INDEX[P.LAUNCH]
 _SAMPLE, _DRAFT, _PO = _INDEX[P.SAMPLE], _INDEX[P.DRAFT], _INDEX[P.PROCESS_OUTPUTS]
-NO_EVENT = float("-inf")  # `launch(counts_s=...)` without a wait for the last counts
+NO_EVENT = float("-inf")  # `step(counts_s=...)` without a wait for the last counts
 
-# what `launch` returns, per step: these CPU and GPU times (seconds)
-LAUNCH_TIMES = (
+# what `StepClock.step` returns: these CPU and GPU times (seconds)
+TIMES = (
     "schedule0", "schedule1", "prepare0", "prepare1", "launch1",
     "gpu_start", "gpu_counts", "gpu_end", "sample1", "draft0", "draft1",
+    "process_outputs0", "process_outputs1",
 )  # fmt: skip
-Times = tuple[float, float, float, float, float, float, float, float, float, float, float]
-GPU_START, GPU_COUNTS, GPU_END = (
-    LAUNCH_TIMES.index(f"gpu_{x}") for x in ("start", "counts", "end")
+Times = tuple[float, ...]
+LAUNCH1, GPU_START, GPU_COUNTS = (
+    TIMES.index("launch1"),
+    TIMES.index("gpu_start"),
+    TIMES.index("gpu_counts"),
 )
+GPU_END, PO1 = TIMES.index("gpu_end"), TIMES.index("process_outputs1")
 
 
 @dataclass(slots=True)
@@ -69,9 +74,8 @@ class Pass:
 
 
 def launched_pass(batch: ScheduledBatch, step: int, t: Times, po: tuple[float, int]) -> Pass:
-    """The Pass of a launch with these times (`StepClock.launch`) and process_outputs costs."""
-    _, _, _, _, launch1, start, counts, end, _, _, _ = t
-    return Pass(batch, step, launch1, start, counts, end, po[0], po[1])
+    """The Pass of a launch with these times (`StepClock.step`) and process_outputs costs."""
+    return Pass(batch, step, t[LAUNCH1], t[GPU_START], t[GPU_COUNTS], t[GPU_END], po[0], po[1])
 
 
 class StepClock:
@@ -101,106 +105,109 @@ class StepClock:
         self.sync0: array[float] = array("d")
         self.sync1: array[float] = array("d")
 
-    def launch(self, step: int, c: Sequence[Any], counts_s: float = NO_EVENT) -> Times | None:
-        """Step `step` from its schedule to its draft phase: schedule, [a wait until
-        `counts_s`: the last pass's accepted counts, speculative decoding before vLLM PR
-        32951], prepare_inputs, launch, its GPU pass on the stream, sample, [a wait for that
-        pass: the CPU proposer], draft. `c`: its costs (COSTS order); a schedule that found
-        nothing has gpu_s None and costs its scan only (returns None). A pause in the
-        schedule phase counts on the step before (the engine has not started this one)."""
-        (
-            s_sched, s_prep, s_launch, s_sample, s_draft, _, gpu_s, dgpu_s,
-            a_sched, a_prep, a_launch, a_sample, a_draft, _, graphed,
-        ) = c  # fmt: skip
-        sp = self.spread
-        if sp is not None:  # no spread: no multiplication (x 1.0 would change no bit either)
-            s_sched *= sp.at(_SCHED, step)
-            s_prep *= sp.at(_PREP, step)
-            s_launch *= sp.at(_LAUNCH, step)
-            s_sample *= sp.at(_SAMPLE, step)
-            s_draft *= sp.at(_DRAFT, step)
+    def step(
+        self, step: int, c: Sequence[Any] | None, counts_s: float = NO_EVENT,
+        done_step: int = -1, done_end_s: float | None = None, po_s: float = 0.0,
+        po_objs: int = 0,
+    ) -> Times:  # fmt: skip
+        """One iteration of the engine's loop (`Engine.step`): launch step `step`, then
+        complete the oldest pass in flight. Returns the times in TIMES order (those of a part
+        that did not run are meaningless).
+
+        Launch (`c`: the step's costs in COSTS order; None: no schedule ran): schedule, [a wait
+        until `counts_s`: the last pass's accepted counts, speculative decoding before vLLM
+        PR 32951], prepare_inputs, launch, the GPU pass on the stream, sample, [a wait for
+        that pass: the CPU proposer], draft. A schedule that found nothing has gpu_s None
+        and costs its scan only. A pause in the schedule phase counts on the step before
+        (the engine has not started this one).
+        Complete (`done_step` >= 0; its pass ends at `done_end_s`, None: the pass launched
+        here): the wait for its results, then process_outputs (`po_s` seconds, `po_objs`
+        tracked objects); a pause counts on `step`, the latest step launched."""
         gc = self.gc
-        t0 = cpu = self.cpu_s
-        cpu += s_sched
-        if a_sched > 0:
-            pause = gc.allocate(a_sched)
-            if pause:
-                self.pauses.append((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
-                cpu += pause
-        if gpu_s is None:
-            self.cpu_s = cpu
-            return None
-        sched1 = cpu
-        if counts_s > cpu:
-            cpu = self._wait(step, cpu, counts_s)
-        prep0 = cpu
-        cpu += s_prep
-        if a_prep > 0:
-            pause = gc.allocate(a_prep)
-            if pause:
-                self.pauses.append((cpu, pause, gc.last_generation, P.PREPARE_INPUTS, step))
-                cpu += pause
-        prep1 = cpu
-        cpu += s_launch
-        if a_launch > 0:
-            pause = gc.allocate(a_launch)
-            if pause:
-                self.pauses.append((cpu, pause, gc.last_generation, P.LAUNCH, step))
-                cpu += pause
-        launch1 = cpu
-        start, counts = gpu_pass(
-            prep1, cpu, self.gpu_free_s, gpu_s, graphed, self.idle_scale, self.idle_min_s
-        )
-        end = self.gpu_free_s = counts + dgpu_s if dgpu_s > 0 else counts
-        cpu += s_sample
-        if a_sample > 0:
-            pause = gc.allocate(a_sample)
-            if pause:
-                self.pauses.append((cpu, pause, gc.last_generation, P.SAMPLE, step))
-                cpu += pause
-        sample1 = cpu
-        if self.cpu_ngram and end > cpu:  # the CPU proposer needs the sampled tokens
-            cpu = self._wait(step, cpu, end)
-        draft0 = cpu
-        cpu += s_draft
-        if a_draft > 0:
-            pause = gc.allocate(a_draft)
-            if pause:
-                self.pauses.append((cpu, pause, gc.last_generation, P.DRAFT, step))
-                cpu += pause
-        self.cpu_s = cpu
-        return t0, sched1, prep0, prep1, launch1, start, counts, end, sample1, draft0, cpu
-
-    def complete(
-        self, step: int, end_s: float, po_s: float, po_objs: int, pause_step: int
-    ) -> tuple[float, float]:
-        """The results of step `step` (its pass ends at `end_s`): the wait for them, then
-        process_outputs (`po_s` seconds, `po_objs` tracked objects); a pause counts on
-        `pause_step`, the latest step launched. Returns process_outputs' (start, end)."""
-        cpu = self.cpu_s
-        if end_s > cpu:  # _wait, inlined: most steps of a GPU-bound run wait here
-            self.sync_step.append(step)
-            self.sync0.append(cpu)
-            cpu = end_s + self.wake_s
-            self.sync1.append(cpu)
-        po0 = cpu
         sp = self.spread
-        if sp is not None:
-            po_s *= sp.at(_PO, step)
-        cpu += po_s
-        if po_objs > 0:
-            gc = self.gc
-            pause = gc.allocate(po_objs)
-            if pause:
-                self.pauses.append((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, pause_step))
-                cpu += pause
+        t0 = cpu = self.cpu_s
+        sched1 = prep0 = prep1 = launch1 = sample1 = draft0 = draft1 = cpu
+        start = counts = end = 0.0
+        if c is not None:
+            (
+                s_sched, s_prep, s_launch, s_sample, s_draft, _, gpu_s, dgpu_s,
+                a_sched, a_prep, a_launch, a_sample, a_draft, _, graphed,
+            ) = c  # fmt: skip
+            if sp is not None:  # no spread: no multiplication (x 1.0 would change no bit)
+                s_sched *= sp.at(_SCHED, step)
+                s_prep *= sp.at(_PREP, step)
+                s_launch *= sp.at(_LAUNCH, step)
+                s_sample *= sp.at(_SAMPLE, step)
+                s_draft *= sp.at(_DRAFT, step)
+            cpu += s_sched
+            if a_sched > 0:
+                pause = gc.allocate(a_sched)
+                if pause:
+                    self.pauses.append((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
+                    cpu += pause
+            sched1 = cpu
+            if gpu_s is not None:
+                if counts_s > cpu:
+                    cpu = self._wait(step, cpu, counts_s)
+                prep0 = cpu
+                cpu += s_prep
+                if a_prep > 0:
+                    pause = gc.allocate(a_prep)
+                    if pause:
+                        self.pauses.append((cpu, pause, gc.last_generation, P.PREPARE_INPUTS, step))
+                        cpu += pause
+                prep1 = cpu
+                cpu += s_launch
+                if a_launch > 0:
+                    pause = gc.allocate(a_launch)
+                    if pause:
+                        self.pauses.append((cpu, pause, gc.last_generation, P.LAUNCH, step))
+                        cpu += pause
+                launch1 = cpu
+                start, counts = gpu_pass(
+                    prep1, cpu, self.gpu_free_s, gpu_s, graphed, self.idle_scale, self.idle_min_s
+                )
+                end = self.gpu_free_s = counts + dgpu_s if dgpu_s > 0 else counts
+                cpu += s_sample
+                if a_sample > 0:
+                    pause = gc.allocate(a_sample)
+                    if pause:
+                        self.pauses.append((cpu, pause, gc.last_generation, P.SAMPLE, step))
+                        cpu += pause
+                sample1 = cpu
+                if self.cpu_ngram and end > cpu:  # the CPU proposer needs the sampled tokens
+                    cpu = self._wait(step, cpu, end)
+                draft0 = cpu
+                cpu += s_draft
+                if a_draft > 0:
+                    pause = gc.allocate(a_draft)
+                    if pause:
+                        self.pauses.append((cpu, pause, gc.last_generation, P.DRAFT, step))
+                        cpu += pause
+                draft1 = cpu
+        po0 = cpu
+        if done_step >= 0:
+            if done_end_s is None:
+                done_end_s = end
+            if done_end_s > cpu:  # _wait, inlined: most steps of a GPU-bound run wait here
+                self.sync_step.append(done_step)
+                self.sync0.append(cpu)
+                cpu = done_end_s + self.wake_s
+                self.sync1.append(cpu)
+            po0 = cpu
+            if sp is not None:
+                po_s *= sp.at(_PO, done_step)
+            cpu += po_s
+            if po_objs > 0:
+                pause = gc.allocate(po_objs)
+                if pause:
+                    self.pauses.append((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step))
+                    cpu += pause
         self.cpu_s = cpu
-        return po0, cpu
-
-    def wait(self, step: int, event_s: float) -> None:
-        """The CPU blocks until the GPU reaches `event_s` (a recorded wait if it is early)."""
-        if event_s > self.cpu_s:
-            self.cpu_s = self._wait(step, self.cpu_s, event_s)
+        return (
+            t0, sched1, prep0, prep1, launch1, start, counts, end, sample1, draft0, draft1,
+            po0, cpu,
+        )  # fmt: skip
 
     def _wait(self, step: int, cpu: float, event_s: float) -> float:
         """A host waiting from `cpu` resumes `wake_s` after the event (the result's copy and

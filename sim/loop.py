@@ -34,7 +34,7 @@ from core.request import Request, Status
 from core.runfmt import RunRecorder
 from core.shape import BatchShape
 from sim.acceptance import AcceptanceModel
-from sim.clock import NO_EVENT, PO_OBJS, PO_S, Pass, StepClock, launched_pass
+from sim.clock import NO_EVENT, PO1, PO_OBJS, PO_S, Pass, StepClock, launched_pass
 from sim.cost import CostModel
 from sim.cost.spread import PhaseSpread, phase_spread
 from sim.fast import FastForward, SpecForward, SpecSteps
@@ -171,7 +171,7 @@ class SimLoop:
             self.peak_running = len(self.sched.running)
         clock, rec = self.clock, self.rec
         if batch is None:
-            clock.launch(rec.num_steps, self.costs.empty(_EMPTY))  # the scan still costs
+            clock.step(rec.num_steps, self.costs.empty(_EMPTY))  # the scan still costs
             clock.flush(rec)
             return False
         shape = batch.shape
@@ -180,9 +180,8 @@ class SimLoop:
         if self.wait_for_counts and self.inflight:
             counts_s = self.inflight[-1].counts_s
         step = rec.add_step(shape)
-        t = clock.launch(step, c, counts_s)
-        assert t is not None
-        sched0, sched1, prep0, prep1, launch1, _, _, _, sample1, draft0, draft1 = t
+        t = clock.step(step, c, counts_s)
+        sched0, sched1, prep0, prep1, launch1, _, _, _, sample1, draft0, draft1, _, _ = t
         rec.phase(step, P.SCHEDULE, sched0, sched1)
         rec.phase(step, P.PREPARE_INPUTS, prep0, prep1)
         rec.phase(step, P.LAUNCH, prep1, launch1)
@@ -234,7 +233,10 @@ class SimLoop:
         """The CPU waits for pass `p` and runs its process_outputs phase (recorded, with the
         pass's GPU interval); returns the phase's end, when its tokens are out."""
         rec = self.rec
-        po0, po1 = self.clock.complete(p.step, p.gpu_end_s, p.po_s, p.po_objs, rec.num_steps - 1)
+        t = self.clock.step(
+            rec.num_steps - 1, None, NO_EVENT, p.step, p.gpu_end_s, p.po_s, p.po_objs
+        )
+        po0, po1 = t[PO1 - 1], t[PO1]
         self.clock.flush(rec)
         rec.phase(p.step, P.PROCESS_OUTPUTS, po0, po1)
         rec.gpu(p.step, p.gpu_start_s, p.gpu_end_s)

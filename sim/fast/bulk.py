@@ -1,27 +1,26 @@
-"""A segment's launch times (sim.clock.StepClock.launch, W floats per step, one flat buffer)
-as the recorder takes them in bulk."""
+"""A segment's step times (sim.clock.StepClock.step, one tuple per step) as the recorder
+takes them in bulk."""
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 
 from core import phases as P
-from sim.clock import LAUNCH_TIMES, Times
+from sim.clock import TIMES, Times
 
-_I = {name: i for i, name in enumerate(LAUNCH_TIMES)}
-W = len(LAUNCH_TIMES)  # a segment keeps launch k's times at [k * W, (k + 1) * W)
-
-
-def floats() -> array[float]:
-    return array("d")
+_I = {name: i for i, name in enumerate(TIMES)}
+_PHASE_TIMES = ("schedule0", "schedule1", "prepare0", "prepare1", "launch1", "sample1", "draft0",
+                "draft1")  # fmt: skip
 
 
-def launch_times(flat: array[float], k: int) -> Times:
-    """Launch k's times, from a segment's flat buffer."""
-    return tuple(flat[k * W : (k + 1) * W])  # type: ignore[return-value]
+def times_matrix(steps: list[Times]) -> np.ndarray:
+    """(len(steps), len(TIMES)) float64."""
+    w = len(TIMES)
+    return np.fromiter(chain.from_iterable(steps), np.float64, len(steps) * w).reshape(-1, w)
 
 
 def column(t: np.ndarray, i: int) -> array[float]:
@@ -30,8 +29,8 @@ def column(t: np.ndarray, i: int) -> array[float]:
 
 
 def launch_phases(t: np.ndarray) -> dict[str, tuple[Sequence[float], Sequence[float]]]:
-    """(starts, ends) of each CPU phase but process_outputs, from the (steps, W) times."""
-    cols = {name: column(t, i) for name, i in _I.items()}
+    """(starts, ends) of each CPU phase but process_outputs, from `times_matrix`."""
+    cols = {name: column(t, _I[name]) for name in _PHASE_TIMES}
     return {
         P.SCHEDULE: (cols["schedule0"], cols["schedule1"]),
         P.PREPARE_INPUTS: (cols["prepare0"], cols["prepare1"]),

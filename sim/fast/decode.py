@@ -28,7 +28,6 @@ the steps in bulk, request states are written back, and the passes still in flig
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
@@ -40,8 +39,18 @@ from core import phases as P
 from core.policy import Entry, ScheduledBatch, Scheduler
 from core.request import Request
 from core.shape import SHAPE_FIELDS, BatchShape
-from sim.clock import GPU_END, GPU_START, PO_OBJS, PO_S, Pass, launched_pass
-from sim.fast.bulk import W, column, floats, launch_phases, launch_times
+from sim.clock import (
+    GPU_END,
+    GPU_START,
+    NO_EVENT,
+    PO1,
+    PO_OBJS,
+    PO_S,
+    Pass,
+    Times,
+    launched_pass,
+)
+from sim.fast.bulk import column, launch_phases, times_matrix
 from sim.fast.host import Host
 from sim.stepcosts import StepShape
 
@@ -85,11 +94,9 @@ class _Run:
     # (k0, b, sum cr, max cr, sum hr, history members, sum prompt+a)
     pieces: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
     rows: dict[int, tuple[int, ...]] = field(default_factory=dict)  # other shapes, by launch
-    # StepClock.launch of launch k: LAUNCH_TIMES at [k * W, (k + 1) * W), W = len(LAUNCH_TIMES)
-    launches: array[float] = field(default_factory=floats)
+    launches: list[Times] = field(default_factory=list)  # StepClock.step of iteration k
     # process_outputs (seconds, objects) of the pass completed in iteration i
     po_costs: list[tuple[float, int]] = field(default_factory=list)
-    completes: array[float] = field(default_factory=floats)  # its (start, end), flat
     members: list[_Member] = field(default_factory=list)
     admitted: dict[int, list[Entry]] = field(default_factory=dict)  # launch -> prompt entries
 
@@ -173,8 +180,8 @@ class FastForward:
         s0 = rec.num_steps
         run = _Run(members=members)
         pieces, rows = run.pieces, run.rows
-        launches, completes, po_costs = run.launches, run.completes, run.po_costs
-        launch, complete = clock.launch, clock.complete
+        launches, po_costs = run.launches, run.po_costs
+        clock_step = clock.step
 
         # Calendars (launch or iteration -> members) and the sums over the members of a launch.
         drop: dict[int, list[_Member]] = {}  # launch k = end: leaves the decode
@@ -345,15 +352,18 @@ class FastForward:
                     c[i] = fn(sh) / 1e3 if ms else fn(sh)
             step = s0 + k
             # ---- launch_step, then complete_step of the oldest pass in flight
-            launches.extend(launch(step, c))  # type: ignore[arg-type]
+            counts_s = NO_EVENT
             po_costs.append((c[PO_S], c[PO_OBJS]))
             po_s, po_objs = po_costs[k]
             if k < nd:
-                done_t = complete(old_step[k], old_end[k], po_s, po_objs, step)
-            else:
-                done_t = complete(step - nd, launches[(k - nd) * W + GPU_END], po_s, po_objs, step)
-            completes.extend(done_t)
-            cpu = done_t[1]
+                done_step, done_end_s = old_step[k], old_end[k]
+            elif nd:
+                done_step, done_end_s = step - nd, launches[k - nd][GPU_END]
+            else:  # one batch in flight at most: the pass launched now
+                done_step, done_end_s = step, None
+            t = clock_step(step, c, counts_s, done_step, done_end_s, po_s, po_objs)
+            launches.append(t)
+            cpu = t[PO1]
             if cpu >= tick_at_s:
                 stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
             chunks = chunk_done.pop(k, None)
@@ -404,10 +414,9 @@ class FastForward:
         rec = loop.rec
         n, nd = run.n, len(old)
         shapes = _shape_rows(run)
-        t = np.frombuffer(run.launches, np.float64).reshape(n, W)
+        t = times_matrix(run.launches)
         s0 = rec.add_steps(shapes, launch_phases(t))
-        po = np.frombuffer(run.completes, np.float64).reshape(n, 2)
-        po0, po1 = column(po, 0), column(po, 1)
+        po0, po1 = column(t, PO1 - 1), column(t, PO1)
         for k, p in enumerate(old[:n]):
             rec.phase(p.step, P.PROCESS_OUTPUTS, po0[k], po1[k])
             rec.gpu(p.step, p.gpu_start_s, p.gpu_end_s)
@@ -450,8 +459,7 @@ class FastForward:
             entries.extend(run.admitted.get(k, ()))
             shape = BatchShape(*shapes[k].tolist())
             batch = ScheduledBatch(first + k, entries, shape)
-            t = launch_times(run.launches, k)
-            inflight.append(launched_pass(batch, s0 + k, t, run.po_costs[nd + k]))
+            inflight.append(launched_pass(batch, s0 + k, run.launches[k], run.po_costs[nd + k]))
         loop.inflight = inflight
         if loop.check:
             sched.check_invariants()

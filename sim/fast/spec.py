@@ -41,8 +41,19 @@ from core import phases as P
 from core.policy import Entry, ScheduledBatch, Scheduler
 from core.request import Request, Status
 from core.shape import SHAPE_FIELDS, BatchShape
-from sim.clock import GPU_COUNTS, GPU_END, GPU_START, PO_OBJS, PO_S, Pass, launched_pass
-from sim.fast.bulk import W, column, floats, launch_phases, launch_times
+from sim.clock import (
+    GPU_COUNTS,
+    GPU_END,
+    GPU_START,
+    NO_EVENT,
+    PO1,
+    PO_OBJS,
+    PO_S,
+    Pass,
+    Times,
+    launched_pass,
+)
+from sim.fast.bulk import column, launch_phases, times_matrix
 from sim.fast.decode import MAX_SEGMENT_STEPS
 from sim.fast.host import Host
 from sim.stepcosts import StepShape
@@ -128,11 +139,9 @@ class _Run:
     rows: list[int] = field(default_factory=list)  # shape of launch k: SHAPE_FIELDS values
     # batch of launch k: steady members (k drafts each), then individual and admitted entries
     passes: list[tuple[list[_Member], list[Entry]]] = field(default_factory=list)
-    # StepClock.launch of launch k: LAUNCH_TIMES at [k * W, (k + 1) * W), W = len(LAUNCH_TIMES)
-    launches: array[float] = field(default_factory=floats)
+    launches: list[Times] = field(default_factory=list)  # StepClock.step of iteration k
     # process_outputs (seconds, objects) of the pass completed in iteration i
     po_costs: list[tuple[float, int]] = field(default_factory=list)
-    completes: array[float] = field(default_factory=floats)  # its (start, end), flat
     accepted: list[int] = field(default_factory=list)  # per iteration: drafts accepted
     emitted: list[int] = field(default_factory=list)  # per iteration: emissions recorded
     tok_rows: array[int] = field(default_factory=_ints)  # per emission
@@ -352,8 +361,8 @@ class _Segment:
         st, grow_next = self.steady, self.grow_next
         s0 = rec.num_steps
         rows, passes = run.rows, run.passes
-        launches, completes, po_costs = run.launches, run.completes, run.po_costs
-        launch, complete = clock.launch, clock.complete
+        launches, po_costs = run.launches, run.po_costs
+        clock_step = clock.step
         acc_per_it, emitted_per_it = run.accepted, run.emitted
         tok_rows, tok_n, tok_acc = run.tok_rows, run.tok_n, run.tok_acc
         steady_ok = self.steady_ok
@@ -517,19 +526,20 @@ class _Segment:
             passes.append((snap, ents))
             step = s0 + k
             # ---- launch_step, then complete_step of the oldest pass in flight
+            counts_s = NO_EVENT
             if wait_counts:  # spec decoding before PR 32951: prep waits for the last counts
-                counts_s = launches[(k - 1) * W + GPU_COUNTS] if k else last_counts
-                launches.extend(launch(step, c, counts_s))  # type: ignore[arg-type]
-            else:
-                launches.extend(launch(step, c))  # type: ignore[arg-type]
+                counts_s = launches[k - 1][GPU_COUNTS] if k else last_counts
             po_costs.append((c[PO_S], c[PO_OBJS]))
             po_s, po_objs = po_costs[k]
             if k < nd:
-                done_t = complete(old_step[k], old_end[k], po_s, po_objs, step)
-            else:
-                done_t = complete(step - nd, launches[(k - nd) * W + GPU_END], po_s, po_objs, step)
-            completes.extend(done_t)
-            cpu = done_t[1]
+                done_step, done_end_s = old_step[k], old_end[k]
+            elif nd:
+                done_step, done_end_s = step - nd, launches[k - nd][GPU_END]
+            else:  # one batch in flight at most: the pass launched now
+                done_step, done_end_s = step, None
+            t = clock_step(step, c, counts_s, done_step, done_end_s, po_s, po_objs)
+            launches.append(t)
+            cpu = t[PO1]
             if cpu >= tick_at_s:
                 stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
             # accept.emitted + sched.emitted_tokens + sched.complete + tokens, per entry
@@ -601,13 +611,12 @@ class _Segment:
         loop, run, old = self.loop, self.run, self.old
         rec = loop.rec
         n, nd = run.n, self.nd
-        t = np.frombuffer(run.launches, np.float64).reshape(n, W)
+        t = times_matrix(run.launches)
         s0 = rec.add_steps(
             np.fromiter(run.rows, np.int64, len(run.rows)).reshape(n, len(SHAPE_FIELDS)),
             launch_phases(t),
         )
-        po = np.frombuffer(run.completes, np.float64).reshape(n, 2)
-        po0, po1 = column(po, 0), column(po, 1)
+        po0, po1 = column(t, PO1 - 1), column(t, PO1)
         for k, p in enumerate(old[:n]):
             rec.phase(p.step, P.PROCESS_OUTPUTS, po0[k], po1[k])
             rec.gpu(p.step, p.gpu_start_s, p.gpu_end_s)
@@ -656,8 +665,7 @@ class _Segment:
                 entries.sort(key=lambda e: members[e.req.index].key)
             w = len(SHAPE_FIELDS)
             batch = ScheduledBatch(first + k, entries, BatchShape(*run.rows[k * w : (k + 1) * w]))
-            t = launch_times(run.launches, k)
-            inflight.append(launched_pass(batch, s0 + k, t, run.po_costs[nd + k]))
+            inflight.append(launched_pass(batch, s0 + k, run.launches[k], run.po_costs[nd + k]))
         loop.inflight = deque(sorted(inflight, key=lambda p: p.step))
         if loop.check:
             loop.sched.check_invariants()
