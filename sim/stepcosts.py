@@ -143,11 +143,6 @@ class StepCosts:
         return out
 
     def varying(self, key: Hashable) -> list[tuple[int, CostFn, bool]]:
-        """(index, function, in ms) of the costs `const(shape, key)` left None."""
+        """(index, function, in ms) of the costs `const(shape, key)` left None: at a step,
+        c[index] = function(shape) / 1e3 if in ms else function(shape), as `all` takes it."""
         return self._varying[key]
-
-    @staticmethod
-    def fill(c: list[Any], varying: list[tuple[int, CostFn, bool]], shape: StepShape) -> None:
-        """Set `c`'s varying costs for `shape` (ms functions divided as in `all`)."""
-        for i, fn, ms in varying:
-            c[i] = fn(shape) / 1e3 if ms else fn(shape)

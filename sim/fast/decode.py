@@ -146,8 +146,8 @@ class FastForward:
         members = []
         for key, r in enumerate(running):
             out, ph, c = r.num_output_tokens, r.num_placeholders, r.num_computed_tokens
-            if r.prompt_len + out + ph - c != 1 or out + ph == 0:
-                return None  # not decoding
+            if not r.in_decode:
+                return None  # a prompt chunk to continue
             flags = held.get(r.index, [0] * nd)
             cum = [0]
             for f in flags:
@@ -169,7 +169,8 @@ class FastForward:
 
     # ---- the steps ----------------------------------------------------------------------------
     def _simulate(self, old: list[Pass], members: list[_Member]) -> _Run:
-        """SimLoop.launch_step + complete_step, iteration after iteration, on plain numbers."""
+        """SimLoop.launch_step + complete_step, iteration after iteration: the policy on the
+        members' lazy state, each step's timing by the loop's own StepClock.step."""
         loop = self.loop
         sched, rec, costs, clock = loop.sched, loop.rec, loop.costs, loop.clock
         blocks = sched.blocks
@@ -348,11 +349,10 @@ class FastForward:
                 sh.max_kv_tokens = longest
                 sh.history_tokens = hist
                 sh.context_tokens = ctx
-                for i, fn, ms in varying:  # StepCosts.fill, inlined
+                for i, fn, ms in varying:  # StepCosts.varying
                     c[i] = fn(sh) / 1e3 if ms else fn(sh)
             step = s0 + k
             # ---- launch_step, then complete_step of the oldest pass in flight
-            counts_s = NO_EVENT
             po_costs.append((c[PO_S], c[PO_OBJS]))
             po_s, po_objs = po_costs[k]
             if k < nd:
@@ -361,7 +361,7 @@ class FastForward:
                 done_step, done_end_s = step - nd, launches[k - nd][GPU_END]
             else:  # one batch in flight at most: the pass launched now
                 done_step, done_end_s = step, None
-            t = clock_step(step, c, counts_s, done_step, done_end_s, po_s, po_objs)
+            t = clock_step(step, c, NO_EVENT, done_step, done_end_s, po_s, po_objs)
             launches.append(t)
             cpu = t[PO1]
             if cpu >= tick_at_s:

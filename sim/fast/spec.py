@@ -172,11 +172,10 @@ class SpecForward:
             return False
         bs = self.block_size
         for r in running:
-            out, ph = r.num_output_tokens, r.num_placeholders
-            if r.output_len - out - r.num_inflight_gen <= 0:
+            if r.outputs_guaranteed >= r.output_len:
                 continue  # the passes in flight finish it: never scheduled again
-            if r.prompt_len + out + ph - r.num_computed_tokens != 1 or out + ph == 0:
-                return False  # not decoding
+            if not r.in_decode:
+                return False  # a prompt chunk to continue
             if len(r.block_ids) * bs < r.num_computed_tokens:
                 return False  # fewer blocks than computed tokens: not ours to model
         seg = _Segment(self, list(loop.inflight))
@@ -410,7 +409,7 @@ class _Segment:
                     out = r.num_output_tokens
                     g = r.num_inflight_gen
                     left = m.output_len - out - g
-                    if left <= 0:
+                    if left <= 0:  # Scheduler.plan: outputs_guaranteed >= output_len
                         continue  # batches in flight will finish it: never scheduled again
                     ph = r.num_placeholders
                     computed = r.num_computed_tokens
@@ -520,7 +519,7 @@ class _Segment:
                 sh.max_kv_tokens = longest
                 sh.history_tokens = hist
                 sh.context_tokens = ctx
-                for i, fn, ms in varying:  # StepCosts.fill, inlined
+                for i, fn, ms in varying:  # StepCosts.varying
                     c[i] = fn(sh) / 1e3 if ms else fn(sh)
             rows += row
             passes.append((snap, ents))
