@@ -123,7 +123,6 @@ class StepClock:
         Complete (`done_step` >= 0; its pass ends at `done_end_s`, None: the pass launched
         here): the wait for its results, then process_outputs (`po_s` seconds, `po_objs`
         tracked objects); a pause counts on `step`, the latest step launched."""
-        gc = self.gc
         sp = self.spread
         t0 = cpu = self.cpu_s
         sched1 = prep0 = prep1 = launch1 = sample1 = draft0 = draft1 = cpu
@@ -140,50 +139,35 @@ class StepClock:
                 s_sample *= sp.at(_SAMPLE, step)
                 s_draft *= sp.at(_DRAFT, step)
             cpu += s_sched
-            if a_sched > 0:
-                pause = gc.allocate(a_sched)
-                if pause:
-                    self.pauses.append((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
-                    cpu += pause
+            if a_sched > 0:  # allocations: maybe a collection
+                cpu = self._collect(cpu, a_sched, P.SCHEDULE, step - 1)
             sched1 = cpu
             if gpu_s is not None:
                 if counts_s > cpu:
                     cpu = self._wait(step, cpu, counts_s)
                 prep0 = cpu
                 cpu += s_prep
-                if a_prep > 0:
-                    pause = gc.allocate(a_prep)
-                    if pause:
-                        self.pauses.append((cpu, pause, gc.last_generation, P.PREPARE_INPUTS, step))
-                        cpu += pause
+                if a_prep > 0:  # allocations: maybe a collection
+                    cpu = self._collect(cpu, a_prep, P.PREPARE_INPUTS, step)
                 prep1 = cpu
                 cpu += s_launch
-                if a_launch > 0:
-                    pause = gc.allocate(a_launch)
-                    if pause:
-                        self.pauses.append((cpu, pause, gc.last_generation, P.LAUNCH, step))
-                        cpu += pause
+                if a_launch > 0:  # allocations: maybe a collection
+                    cpu = self._collect(cpu, a_launch, P.LAUNCH, step)
                 launch1 = cpu
                 start, counts = gpu_pass(
                     prep1, cpu, self.gpu_free_s, gpu_s, graphed, self.idle_scale, self.idle_min_s
                 )
                 end = self.gpu_free_s = counts + dgpu_s if dgpu_s > 0 else counts
                 cpu += s_sample
-                if a_sample > 0:
-                    pause = gc.allocate(a_sample)
-                    if pause:
-                        self.pauses.append((cpu, pause, gc.last_generation, P.SAMPLE, step))
-                        cpu += pause
+                if a_sample > 0:  # allocations: maybe a collection
+                    cpu = self._collect(cpu, a_sample, P.SAMPLE, step)
                 sample1 = cpu
                 if self.cpu_ngram and end > cpu:  # the CPU proposer needs the sampled tokens
                     cpu = self._wait(step, cpu, end)
                 draft0 = cpu
                 cpu += s_draft
-                if a_draft > 0:
-                    pause = gc.allocate(a_draft)
-                    if pause:
-                        self.pauses.append((cpu, pause, gc.last_generation, P.DRAFT, step))
-                        cpu += pause
+                if a_draft > 0:  # allocations: maybe a collection
+                    cpu = self._collect(cpu, a_draft, P.DRAFT, step)
                 draft1 = cpu
         po0 = cpu
         if done_step >= 0:
@@ -198,16 +182,27 @@ class StepClock:
             if sp is not None:
                 po_s *= sp.at(_PO, done_step)
             cpu += po_s
-            if po_objs > 0:
-                pause = gc.allocate(po_objs)
+            if po_objs > 0:  # _collect, inlined: most steps allocate here, few collect
+                pause = self.gc.allocate(po_objs)
                 if pause:
-                    self.pauses.append((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step))
+                    self.pauses.append(
+                        (cpu, pause, self.gc.last_generation, P.PROCESS_OUTPUTS, step)
+                    )
                     cpu += pause
         self.cpu_s = cpu
         return (
             t0, sched1, prep0, prep1, launch1, start, counts, end, sample1, draft0, draft1,
             po0, cpu,
         )  # fmt: skip
+
+    def _collect(self, cpu: float, objs: int, phase: str, step: int) -> float:
+        """A phase ending at `cpu` leaves `objs` tracked objects; a collection they trigger
+        pauses the thread there (recorded on `step`). Returns the clock after it."""
+        pause = self.gc.allocate(objs)
+        if not pause:
+            return cpu
+        self.pauses.append((cpu, pause, self.gc.last_generation, phase, step))
+        return cpu + pause
 
     def _wait(self, step: int, cpu: float, event_s: float) -> float:
         """A host waiting from `cpu` resumes `wake_s` after the event (the result's copy and
