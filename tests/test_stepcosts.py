@@ -34,7 +34,7 @@ def _decode(b: int, context: int) -> StepShape:
 def test_a_cost_reading_a_field_outside_the_key_is_never_cached() -> None:
     costs = _costs()
 
-    def reads_new_field(s: Any) -> float:  # a field the old hand-kept list once missed
+    def reads_new_field(s: Any) -> float:  # reads a field outside KEY_FIELDS
         return 1.0 + 0.001 * s.max_kv_tokens
 
     def reads_key_only(s: Any) -> float:
