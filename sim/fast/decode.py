@@ -95,8 +95,9 @@ class _Run:
     pieces: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
     rows: dict[int, tuple[int, ...]] = field(default_factory=dict)  # other shapes, by launch
     launches: list[Times] = field(default_factory=list)  # StepClock.step of iteration k
-    # process_outputs (seconds, objects) of the pass completed in iteration i
-    po_costs: list[tuple[float, int]] = field(default_factory=list)
+    # process_outputs seconds and objects of the pass completed in iteration i
+    po_s: list[float] = field(default_factory=list)
+    po_objs: list[int] = field(default_factory=list)
     members: list[_Member] = field(default_factory=list)
     admitted: dict[int, list[Entry]] = field(default_factory=dict)  # launch -> prompt entries
 
@@ -181,7 +182,7 @@ class FastForward:
         s0 = rec.num_steps
         run = _Run(members=members)
         pieces, rows = run.pieces, run.rows
-        launches, po_costs = run.launches, run.po_costs
+        launches = run.launches
         clock_step = clock.step
 
         # Calendars (launch or iteration -> members) and the sums over the members of a launch.
@@ -222,16 +223,19 @@ class FastForward:
         c: list[Any] = []  # the step's costs (sim.clock.COSTS)
         varying: list[Any] = []  # how to get those that vary: StepCosts.varying
         # the passes completed in iterations 0 .. nd - 1: the old ones
-        po_costs.extend((p.po_s, p.po_objs) for p in old)
+        po_s, po_objs = run.po_s, run.po_objs
+        po_s.extend(p.po_s for p in old)
+        po_objs.extend(p.po_objs for p in old)
         old_end = [p.gpu_end_s for p in old]
         old_step = [p.step for p in old]
         next_arrival_s = loop.next_arrival_s()
+        cpu = clock.cpu_s
         stop_after = False
         reload = True
         k = 0
         while k < MAX_SEGMENT_STEPS and not stop_after:
             # ---- top of the loop: arrivals up to the CPU clock are visible
-            if next_arrival_s <= clock.cpu_s:
+            if next_arrival_s <= cpu:
                 loop.take_arrivals()
                 next_arrival_s = loop.next_arrival_s()
             # ---- schedule(): the decodes of this launch
@@ -353,15 +357,15 @@ class FastForward:
                     c[i] = fn(sh) / 1e3 if ms else fn(sh)
             step = s0 + k
             # ---- launch_step, then complete_step of the oldest pass in flight
-            po_costs.append((c[PO_S], c[PO_OBJS]))
-            po_s, po_objs = po_costs[k]
-            if k < nd:
-                done_step, done_end_s = old_step[k], old_end[k]
-            elif nd:
-                done_step, done_end_s = step - nd, launches[k - nd][GPU_END]
-            else:  # one batch in flight at most: the pass launched now
-                done_step, done_end_s = step, None
-            t = clock_step(step, c, NO_EVENT, done_step, done_end_s, po_s, po_objs)
+            po_s.append(c[PO_S])
+            po_objs.append(c[PO_OBJS])
+            if k >= nd:  # the pass launched nd iterations ago (nd = 0: the one launched now)
+                t = clock_step(
+                    step, c, NO_EVENT, step - nd, launches[k - nd][GPU_END] if nd else None,
+                    po_s[k], po_objs[k],
+                )  # fmt: skip
+            else:  # an old pass
+                t = clock_step(step, c, NO_EVENT, old_step[k], old_end[k], po_s[k], po_objs[k])
             launches.append(t)
             cpu = t[PO1]
             if cpu >= tick_at_s:
@@ -459,7 +463,8 @@ class FastForward:
             entries.extend(run.admitted.get(k, ()))
             shape = BatchShape(*shapes[k].tolist())
             batch = ScheduledBatch(first + k, entries, shape)
-            inflight.append(launched_pass(batch, s0 + k, run.launches[k], run.po_costs[nd + k]))
+            po = run.po_s[nd + k], run.po_objs[nd + k]
+            inflight.append(launched_pass(batch, s0 + k, run.launches[k], po))
         loop.inflight = inflight
         if loop.check:
             sched.check_invariants()

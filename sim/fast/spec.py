@@ -140,8 +140,9 @@ class _Run:
     # batch of launch k: steady members (k drafts each), then individual and admitted entries
     passes: list[tuple[list[_Member], list[Entry]]] = field(default_factory=list)
     launches: list[Times] = field(default_factory=list)  # StepClock.step of iteration k
-    # process_outputs (seconds, objects) of the pass completed in iteration i
-    po_costs: list[tuple[float, int]] = field(default_factory=list)
+    # process_outputs seconds and objects of the pass completed in iteration i
+    po_s: list[float] = field(default_factory=list)
+    po_objs: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)  # per iteration: drafts accepted
     emitted: list[int] = field(default_factory=list)  # per iteration: emissions recorded
     tok_rows: array[int] = field(default_factory=_ints)  # per emission
@@ -360,7 +361,7 @@ class _Segment:
         st, grow_next = self.steady, self.grow_next
         s0 = rec.num_steps
         rows, passes = run.rows, run.passes
-        launches, po_costs = run.launches, run.po_costs
+        launches, po_s, po_objs = run.launches, run.po_s, run.po_objs
         clock_step = clock.step
         acc_per_it, emitted_per_it = run.accepted, run.emitted
         tok_rows, tok_n, tok_acc = run.tok_rows, run.tok_n, run.tok_acc
@@ -375,7 +376,8 @@ class _Segment:
         c: list[Any] = []  # the step's costs (sim.clock.COSTS)
         varying: list[Any] = []  # how to get those that vary: StepCosts.varying
         # the passes completed in iterations 0 .. nd - 1: the old ones
-        po_costs.extend((p.po_s, p.po_objs) for p in old)
+        po_s.extend(p.po_s for p in old)
+        po_objs.extend(p.po_objs for p in old)
         old_step = [p.step for p in old]
         old_end = [p.gpu_end_s for p in old]
         last_counts = old[-1].counts_s if old else 0.0
@@ -383,6 +385,7 @@ class _Segment:
             assert not p.batch.completed, "batch completed twice"
         no_members: list[_Member] = []
         next_arrival_s = loop.next_arrival_s()
+        cpu = clock.cpu_s
         no_entries: list[Entry] = []  # never appended to
         reload = True
         last_b = last_dec = last_drafts = -1
@@ -390,7 +393,7 @@ class _Segment:
         k = 0
         while k < MAX_SEGMENT_STEPS and not stop_after:
             # ---- top of the loop: arrivals up to the CPU clock are visible
-            if next_arrival_s <= clock.cpu_s:
+            if next_arrival_s <= cpu:
                 loop.take_arrivals()
                 next_arrival_s = loop.next_arrival_s()
             # ---- schedule(): the decodes (Scheduler.plan, allocation, launch)
@@ -528,15 +531,15 @@ class _Segment:
             counts_s = NO_EVENT
             if wait_counts:  # spec decoding before PR 32951: prep waits for the last counts
                 counts_s = launches[k - 1][GPU_COUNTS] if k else last_counts
-            po_costs.append((c[PO_S], c[PO_OBJS]))
-            po_s, po_objs = po_costs[k]
-            if k < nd:
-                done_step, done_end_s = old_step[k], old_end[k]
-            elif nd:
-                done_step, done_end_s = step - nd, launches[k - nd][GPU_END]
-            else:  # one batch in flight at most: the pass launched now
-                done_step, done_end_s = step, None
-            t = clock_step(step, c, counts_s, done_step, done_end_s, po_s, po_objs)
+            po_s.append(c[PO_S])
+            po_objs.append(c[PO_OBJS])
+            if k >= nd:  # the pass launched nd iterations ago (nd = 0: the one launched now)
+                t = clock_step(
+                    step, c, counts_s, step - nd, launches[k - nd][GPU_END] if nd else None,
+                    po_s[k], po_objs[k],
+                )  # fmt: skip
+            else:  # an old pass
+                t = clock_step(step, c, counts_s, old_step[k], old_end[k], po_s[k], po_objs[k])
             launches.append(t)
             cpu = t[PO1]
             if cpu >= tick_at_s:
@@ -664,7 +667,8 @@ class _Segment:
                 entries.sort(key=lambda e: members[e.req.index].key)
             w = len(SHAPE_FIELDS)
             batch = ScheduledBatch(first + k, entries, BatchShape(*run.rows[k * w : (k + 1) * w]))
-            inflight.append(launched_pass(batch, s0 + k, run.launches[k], run.po_costs[nd + k]))
+            po = run.po_s[nd + k], run.po_objs[nd + k]
+            inflight.append(launched_pass(batch, s0 + k, run.launches[k], po))
         loop.inflight = deque(sorted(inflight, key=lambda p: p.step))
         if loop.check:
             loop.sched.check_invariants()
