@@ -35,13 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from core import phases as P
 from core.policy import Entry, ScheduledBatch, Scheduler
 from core.request import Request
 from core.shape import SHAPE_FIELDS, BatchShape
 from sim.clock import (
     GPU_END,
-    GPU_START,
     NO_EVENT,
     PO1,
     PO_OBJS,
@@ -50,7 +48,7 @@ from sim.clock import (
     Times,
     launched_pass,
 )
-from sim.fast.bulk import column, launch_phases, times_matrix
+from sim.fast.bulk import last_completed, record_steps
 from sim.fast.host import Host
 from sim.stepcosts import StepShape
 
@@ -418,17 +416,7 @@ class FastForward:
         rec = loop.rec
         n, nd = run.n, len(old)
         shapes = _shape_rows(run)
-        t = times_matrix(run.launches)
-        s0 = rec.add_steps(shapes, launch_phases(t))
-        po0, po1 = column(t, PO1 - 1), column(t, PO1)
-        for k, p in enumerate(old[:n]):
-            rec.phase(p.step, P.PROCESS_OUTPUTS, po0[k], po1[k])
-            rec.gpu(p.step, p.gpu_start_s, p.gpu_end_s)
-        done = n - nd  # launched steps completed in the segment
-        if done > 0:
-            rec.phases(s0, P.PROCESS_OUTPUTS, po0[nd:n], po1[nd:n])
-            rec.gpus(s0, column(t[:done], GPU_START), column(t[:done], GPU_END))
-        loop.clock.flush(rec)
+        s0, po1 = record_steps(rec, loop.clock, old, shapes, run.launches)
         for k, p in enumerate(old[:n]):
             rec.tokens_each([e.req.index for e in p.batch.entries], po1[k : k + 1])
         rows, starts, stops = [], [], []
@@ -441,7 +429,7 @@ class FastForward:
                 stops.append(stop)
         rec.tokens_ranges(rows, starts, stops, po1)
         if loop.progress is not None:
-            loop.progress(s0 + done - 1 if done > 0 else old[n - 1].step)
+            loop.progress(last_completed(s0, old, n))
         return shapes
 
     def _write_back(self, old: list[Pass], run: _Run, shapes: np.ndarray) -> None:

@@ -37,14 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from core import phases as P
 from core.policy import Entry, ScheduledBatch, Scheduler
 from core.request import Request, Status
 from core.shape import SHAPE_FIELDS, BatchShape
 from sim.clock import (
     GPU_COUNTS,
     GPU_END,
-    GPU_START,
     NO_EVENT,
     PO1,
     PO_OBJS,
@@ -53,7 +51,7 @@ from sim.clock import (
     Times,
     launched_pass,
 )
-from sim.fast.bulk import column, launch_phases, times_matrix
+from sim.fast.bulk import last_completed, record_steps
 from sim.fast.decode import MAX_SEGMENT_STEPS
 from sim.fast.host import Host
 from sim.stepcosts import StepShape
@@ -613,30 +611,20 @@ class _Segment:
         loop, run, old = self.loop, self.run, self.old
         rec = loop.rec
         n, nd = run.n, self.nd
-        t = times_matrix(run.launches)
-        s0 = rec.add_steps(
-            np.fromiter(run.rows, np.int64, len(run.rows)).reshape(n, len(SHAPE_FIELDS)),
-            launch_phases(t),
-        )
-        po0, po1 = column(t, PO1 - 1), column(t, PO1)
+        shapes = np.fromiter(run.rows, np.int64, len(run.rows)).reshape(n, len(SHAPE_FIELDS))
+        s0, po1 = record_steps(rec, loop.clock, old, shapes, run.launches)
         for k, p in enumerate(old[:n]):
-            rec.phase(p.step, P.PROCESS_OUTPUTS, po0[k], po1[k])
-            rec.gpu(p.step, p.gpu_start_s, p.gpu_end_s)
             if run.accepted[k]:
                 rec.accepted(p.step, run.accepted[k])
-        done = n - nd  # launched steps completed in the segment
-        if done > 0:
-            rec.phases(s0, P.PROCESS_OUTPUTS, po0[nd:n], po1[nd:n])
-            rec.gpus(s0, column(t[:done], GPU_START), column(t[:done], GPU_END))
+        if n > nd:
             rec.accepted_many(s0, run.accepted[nd:n])
-        loop.clock.flush(rec)
         times = np.repeat(np.frombuffer(po1, np.float64)[:n], run.emitted)
         rec.tokens_many(
             np.frombuffer(run.tok_rows, np.int64), times,
             np.frombuffer(run.tok_n, np.int64), np.frombuffer(run.tok_acc, np.int64),
         )  # fmt: skip
         if loop.progress is not None:
-            loop.progress(s0 + done - 1 if done > 0 else old[n - 1].step)
+            loop.progress(last_completed(s0, old, n))
 
     def write_back(self) -> None:
         """Steady members' counters into their Requests, and the passes still in flight back
