@@ -105,8 +105,8 @@ class SimLoop:
         self.cpu_ngram = self.clock.cpu_ngram
         # Runs of decode steps in bulk (sim.fast), with own arrivals only: behind a router the
         # next submit is unknown. Drafts vary per step, so with spec decoding runs of verify
-        # steps are SpecForward's and single steps are fused (SpecSteps), whoever feeds the
-        # replica.
+        # steps are SpecForward's, and single steps are scheduled by SpecSteps in fewer
+        # operations whoever feeds the replica.
         self.ff: FastForward | SpecForward | None = None
         self.spec_steps: SpecSteps | None = None
         if fast_forward and not self.spec:
