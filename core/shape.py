@@ -3,7 +3,7 @@
 Built from a scheduled batch by `core.policy` (sim and engine alike) and recorded in every run's
 steps.parquet, so `replay calibrate` can fit costs against exactly the fields the sim reads.
 The field order is SHAPE_FIELDS, the steps.parquet column order and the positional order some
-hot paths build shapes in (sim/fastforward.py asserts it); a field added later is read as 0 from
+hot paths build shapes in (sim/fast/decode.py asserts it); a field added later is read as 0 from
 run folders written before it (core.runfmt.io.ADDED_STEP_COLUMNS).
 
 `shape_of` is the one statement of how a step's rows sum into its shape (`attn_pairs` the one of

@@ -13,53 +13,39 @@ The CPU thread keeps its own clock `self.cpu_s`. With its own arrivals (`run()`)
 shares the model, so it reads arrivals straight from the sorted request list and never yields
 inside a step; behind a router (`start(own_arrivals=False)` + `submit`) it yields to SimPy at
 each step's top so that requests submitted up to its clock are visible to `schedule()`.
-Runs of identical decode steps are computed in bulk by `sim.fastforward` (with speculative
-decoding: runs of verify steps by `sim.specforward`, single steps fused by `sim.specstep`) with
-the same arithmetic, so the result is the same bit for bit (tests/test_sim_fastforward.py).
+A step's timing (its CPU phases with their spread and GC pauses, its waits, its GPU pass) is
+sim.clock.StepClock, the one phase block the fast path (sim.fast) runs too: runs of decode steps
+in bulk (with speculative decoding: runs of verify steps, single steps scheduled in fewer
+operations), so the result is the same bit for bit (tests/test_sim_fastforward.py).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import simpy
 
 from core import phases as P
 from core.config import Config
-from core.policy import ScheduledBatch, Scheduler
-from core.request import Request
+from core.policy import Scheduler
+from core.request import Request, Status
 from core.runfmt import RunRecorder
 from core.shape import BatchShape
 from sim.acceptance import AcceptanceModel
+from sim.clock import NO_EVENT, PO1, PO_OBJS, PO_S, Pass, StepClock, launched_pass
 from sim.cost import CostModel
 from sim.cost.spread import PhaseSpread, phase_spread
+from sim.fast import FastForward, SpecForward, SpecSteps
 from sim.gcmodel import GCModel
-from sim.stream import gpu_pass
-
-if TYPE_CHECKING:
-    from sim.fastforward import FastForward
-    from sim.specforward import SpecForward
-    from sim.specstep import SpecSteps
+from sim.stepcosts import StepCosts
 
 Event = simpy.events.Event
 _EMPTY = BatchShape()
 _INF = float("inf")
-_PHASE_INDEX = {p: i for i, p in enumerate(P.CPU_PHASES)}
-
-
-@dataclass(slots=True)
-class Pass:
-    """A launched batch: what the GPU stream runs and the CPU later syncs on."""
-
-    batch: ScheduledBatch
-    step: int  # recorder row
-    ready_s: float  # launch done on the CPU: the earliest the GPU may start it
-    gpu_start_s: float  # max(ready_s, end of the previous pass)
-    counts_s: float  # accepted counts known (after sampling/rejection, before GPU drafting)
-    gpu_end_s: float  # forward + sampling + GPU drafting done
+FINISHED = Status.FINISHED
+__all__ = ["Pass", "SimLoop"]
 
 
 class SimLoop:
@@ -95,8 +81,14 @@ class SimLoop:
         # would see called after every step
         self.tick_at_s = _INF
         self.env = env or simpy.Environment()  # shared by replicas behind a router
-        self.cpu_s = 0.0  # the CPU thread's clock (>= env.now while it runs ahead)
-        self.gpu_free_s = 0.0  # end of the last pass launched on the GPU stream
+        # the CPU thread's clock (>= env.now while it runs ahead) and the GPU stream
+        self.clock = StepClock(
+            gc, phase_spread(cost.profile, cfg.seed, stream), cost.sync_wake_s,
+            cost.idle_start_scale, cost.idle_start_min_s, cfg.spec.method == "ngram-cpu",
+        )  # fmt: skip
+        # the profile's measured CPU spread: one multiplier per (step, phase), None without
+        self.spread: PhaseSpread | None = self.clock.spread
+        self.costs = StepCosts(cost, cfg.cuda_graphs)
         self.num_arrived = 0
         # most requests running at once (running grows only by admission): a run where it
         # stays below max_num_seqs never met that limit, and is the run of any limit above it
@@ -107,27 +99,31 @@ class SimLoop:
         self._wake: Event | None = None
         self.inflight: deque[Pass] = deque()
         self.depth = cfg.depth  # 1 with ngram-cpu (synchronous, as vLLM), else batches_in_flight
-        self._graphs = cfg.cuda_graphs
-        self._spec = cfg.spec.enabled
-        self._wait_for_counts = self._spec and not cfg.optimistic_spec_decode
-        self._cpu_ngram = cfg.spec.method == "ngram-cpu"
-        # the profile's measured CPU spread: one multiplier per (step, phase), None without
-        self.spread: PhaseSpread | None = phase_spread(cost.profile, cfg.seed, stream)
-        # Runs of decode steps in bulk (sim/fastforward.py), with own arrivals only: behind a
-        # router the next submit is unknown. Drafts vary per step, so none with spec decoding:
-        # its steps are fused instead (sim/specstep.py), whoever feeds the replica.
+        self.spec = cfg.spec.enabled
+        # spec decoding before PR 32951: prepare_inputs waits for the last step's counts
+        self.wait_for_counts = self.spec and not cfg.optimistic_spec_decode
+        self.cpu_ngram = self.clock.cpu_ngram
+        # Runs of decode steps in bulk (sim.fast), with own arrivals only: behind a router the
+        # next submit is unknown. Drafts vary per step, so with spec decoding runs of verify
+        # steps are SpecForward's, and single steps are scheduled by SpecSteps in fewer
+        # operations whoever feeds the replica.
         self.ff: FastForward | SpecForward | None = None
         self.spec_steps: SpecSteps | None = None
-        if fast_forward and not self._spec:
-            from sim.fastforward import FastForward
-
+        if fast_forward and not self.spec:
             self.ff = FastForward(self)
         elif fast_forward:
-            from sim.specforward import SpecForward
-            from sim.specstep import SpecSteps
-
             self.ff = SpecForward(self)
             self.spec_steps = SpecSteps(self)
+
+    @property
+    def cpu_s(self) -> float:
+        """The CPU thread's clock."""
+        return self.clock.cpu_s
+
+    @property
+    def gpu_free_s(self) -> float:
+        """The end of the last pass launched on the GPU stream."""
+        return self.clock.gpu_free_s
 
     # ---- processes --------------------------------------------------------------------------
     def run(self) -> None:
@@ -151,7 +147,7 @@ class SimLoop:
         sched = self.sched
         while self.num_arrived < total or sched.has_unfinished or self.inflight:
             if self.own_arrivals:
-                self._take_arrivals()  # arrivals up to the CPU clock are visible
+                self.take_arrivals()  # arrivals up to the CPU clock are visible
             elif self.cpu_s > self.env.now:
                 yield self.env.timeout(self.cpu_s - self.env.now)
             if self.ff is not None and self.own_arrivals and self.ff.run_segment():
@@ -168,73 +164,85 @@ class SimLoop:
 
     # ---- one step ---------------------------------------------------------------------------
     def launch_step(self) -> bool:
-        t0 = self.cpu_s
         batch = None if self.spec_steps is None else self.spec_steps.schedule()
         if batch is None:
             batch = self.sched.schedule()
         if len(self.sched.running) > self.peak_running:
             self.peak_running = len(self.sched.running)
-        shape = batch.shape if batch is not None else _EMPTY
-        t = self._phase_time(P.SCHEDULE, shape, self.rec.num_steps)
+        clock, rec = self.clock, self.rec
         if batch is None:
-            return False  # an empty schedule still costs the scan
-        rec = self.rec
+            clock.step(rec.num_steps, self.costs.empty(_EMPTY))  # the scan still costs
+            clock.flush(rec)
+            return False
+        shape = batch.shape
+        c = self.costs.all(shape)
+        counts_s = NO_EVENT
+        if self.wait_for_counts and self.inflight:
+            counts_s = self.inflight[-1].counts_s
         step = rec.add_step(shape)
-        rec.phase(step, P.SCHEDULE, t0, t)
+        t = clock.step(step, c, counts_s)
+        sched0, sched1, prep0, prep1, launch1, _, _, _, sample1, draft0, draft1, _, _ = t
+        rec.phase(step, P.SCHEDULE, sched0, sched1)
+        rec.phase(step, P.PREPARE_INPUTS, prep0, prep1)
+        rec.phase(step, P.LAUNCH, prep1, launch1)
+        rec.phase(step, P.SAMPLE, launch1, sample1)
+        rec.phase(step, P.DRAFT, draft0, draft1)
+        clock.flush(rec)
         for r in batch.preempted:
             rec.preempt(r.index)
-        if self._wait_for_counts and self.inflight:
-            # spec decoding before PR 32951: prep waits for the previous step's accepted counts
-            self._sync(step, self.inflight[-1].counts_s)
-        launch_s = self._run_phase(step, P.PREPARE_INPUTS, shape)
-        ready = self._run_phase(step, P.LAUNCH, shape)
-        cost = self.cost
-        start, counts = gpu_pass(
-            launch_s, ready, self.gpu_free_s, cost.gpu_pass_ms(shape) / 1e3,
-            cost.graphed(shape, self._graphs), cost.idle_start_scale, cost.idle_start_min_s,
-        )  # fmt: skip
-        draft_s = self.cost.draft_gpu_ms(shape) / 1e3
-        end = counts + draft_s if draft_s > 0 else counts
-        self.gpu_free_s = end
-        p = Pass(batch, step, ready, start, counts, end)
-        self._run_phase(step, P.SAMPLE, shape)
-        if self._cpu_ngram:
-            self._sync(step, end)  # the CPU proposer needs the sampled tokens
-        self._run_phase(step, P.DRAFT, shape)
-        self.inflight.append(p)
+        self.inflight.append(launched_pass(batch, step, t, (c[PO_S], c[PO_OBJS])))
         if self.check:
             self.sched.check_invariants()
         return True
 
     def complete_step(self, p: Pass) -> None:
-        if self.spec_steps is not None:
-            self.spec_steps.complete(p)  # the same, fused
-            return
-        self._sync(p.step, p.gpu_end_s)
+        t = self.process_outputs(p)
         batch = p.batch
-        entries = batch.entries
-        emitted = self.accept.emitted(batch) if self._spec else [1] * len(entries)
-        taken = self.sched.emitted_tokens(batch, emitted)
-        t = self._run_phase(p.step, P.PROCESS_OUTPUTS, batch.shape)
-        rec = self.rec
-        rec.gpu(p.step, p.gpu_start_s, p.gpu_end_s)
-        if self._spec:
-            self._record_spec_tokens(p.step, entries, emitted, taken, t)
-        else:
-            tokens = rec.tokens
-            for e, n in zip(entries, taken):
-                if n:
-                    tokens(e.req.index, t, n, 0)
-        for r in self.sched.complete(batch, emitted):
+        assert not batch.completed, "batch completed twice"
+        batch.completed = True
+        sched, rec, accept = self.sched, self.rec, self.accept
+        tokens = rec.tokens
+        accepted = 0
+        finished = []
+        # per entry, in entry order: its accepted drafts, then Scheduler.complete's update
+        # (a request appears once per batch, so drawing first reads its confirmed outputs)
+        for e in batch.entries:
+            r = e.req
+            a = accept.accepted(r, e.num_drafts) if e.num_drafts and e.generates else 0
+            was_finished = r.status == FINISHED
+            kept = sched.complete_entry(e, 1 + a)
+            accepted += a
+            if kept:
+                tokens(r.index, t, kept, a if a < kept else kept)
+            if r.status == FINISHED:
+                if not was_finished:
+                    finished.append(r)
+                sched.release_finished(r)
+        if accepted:
+            rec.accepted(p.step, accepted)
+        for r in finished:
             rec.finish(r.index, t)
-        if self._cpu_ngram:
-            self._draft_hints(entries)
+        if self.cpu_ngram:
+            self.draft_hints(batch.entries)
         if self.check:
-            self.sched.check_invariants()
+            sched.check_invariants()
         if self.progress is not None:
             self.progress(p.step)
 
-    def _draft_hints(self, entries: list[Any]) -> None:
+    def process_outputs(self, p: Pass) -> float:
+        """The CPU waits for pass `p` and runs its process_outputs phase (recorded, with the
+        pass's GPU interval); returns the phase's end, when its tokens are out."""
+        rec = self.rec
+        t = self.clock.step(
+            rec.num_steps - 1, None, NO_EVENT, p.step, p.gpu_end_s, p.po_s, p.po_objs
+        )
+        po0, po1 = t[PO1 - 1], t[PO1]
+        self.clock.flush(rec)
+        rec.phase(p.step, P.PROCESS_OUTPUTS, po0, po1)
+        rec.gpu(p.step, p.gpu_start_s, p.gpu_end_s)
+        return po1
+
+    def draft_hints(self, entries: list[Any]) -> None:
         """The synchronous CPU proposer schedules only the drafts it found (the engine sets the
         same hint), so verify passes carry as many draft tokens as in the real run."""
         accept = self.accept
@@ -243,53 +251,8 @@ class SimLoop:
             if e.generates and not r.is_finished and accept.has_ids(r):
                 r.draft_hint = len(accept.drafts_at(r, r.prompt_len + r.num_output_tokens))
 
-    def _record_spec_tokens(
-        self, step: int, entries: list[Any], emitted: list[int], taken: list[int], t: float
-    ) -> None:
-        accepted = 0
-        for e, n_emit, n in zip(entries, emitted, taken):
-            if n:
-                accepted += n_emit - 1
-                self.rec.tokens(e.req.index, t, n, min(n_emit - 1, n))
-            elif e.generates:
-                accepted += n_emit - 1
-        if accepted:
-            self.rec.accepted(step, accepted)
-
-    # ---- CPU time ---------------------------------------------------------------------------
-    def _phase_time(self, phase: str, shape: BatchShape, step: int) -> float:
-        """Advance the CPU clock by one phase of `step` (and any GC pause it triggers); returns
-        the end. With a CPU spread the phase's seconds are scaled by the step's multiplier."""
-        ms = self.cost.cpu_phase_ms(phase, shape)
-        if phase == P.LAUNCH:
-            ms += self.cost.launch_ms(shape, self._graphs)
-        if self.spread is None:
-            self.cpu_s += ms / 1e3
-        else:
-            self.cpu_s += ms / 1e3 * self.spread.at(_PHASE_INDEX[phase], step)
-        pause_s = self.gc.allocate(self.cost.alloc_objects(phase, shape))
-        if pause_s:
-            self.rec.gc_pause(self.cpu_s, pause_s, self.gc.last_generation, phase)
-            self.cpu_s += pause_s
-        return self.cpu_s
-
-    def _run_phase(self, step: int, phase: str, shape: BatchShape) -> float:
-        t0 = self.cpu_s
-        t = self._phase_time(phase, shape, step)
-        self.rec.phase(step, phase, t0, t)
-        return t
-
     # ---- waiting ----------------------------------------------------------------------------
-    def _sync(self, step: int, event_s: float) -> None:
-        """The CPU blocks until the GPU reaches `event_s` (a recorded wait if it is early); a
-        waiting host resumes `sync_wake_s` after the event (the result's copy and the wake-up:
-        ~0.5 ms measured on an H100 host, cost.sync_wake_s, default 0)."""
-        if event_s > self.cpu_s:
-            end = event_s + self.cost.sync_wake_s
-            self.rec.sync(step, self.cpu_s, end)
-            self.cpu_s = end
-
-    def _take_arrivals(self) -> None:
+    def take_arrivals(self) -> None:
         reqs, i, n, now = self.requests, self.next_arrival, len(self.requests), self.cpu_s
         while i < n and reqs[i].arrival_s <= now:
             self.submit(reqs[i])
@@ -307,9 +270,9 @@ class SimLoop:
         if self.num_arrived >= len(self.requests):
             return
         if self.own_arrivals:
-            self.cpu_s = max(self.cpu_s, self.next_arrival_s())
+            self.clock.cpu_s = max(self.cpu_s, self.next_arrival_s())
             return
         self._wake = self.env.event()
         yield self._wake
         self._wake = None
-        self.cpu_s = max(self.cpu_s, self.env.now)
+        self.clock.cpu_s = max(self.cpu_s, self.env.now)

@@ -170,7 +170,7 @@ def test_same_input_gives_byte_identical_steps(tmp_path: Path) -> None:
 
 def test_importing_sim_does_not_import_torch() -> None:
     code = (
-        "import sys, sim, sim.run, sim.loop, sim.fastforward, sim.cli, sim.__main__\n"
+        "import sys, sim, sim.run, sim.loop, sim.fast, sim.cli, sim.__main__\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

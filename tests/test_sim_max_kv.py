@@ -49,11 +49,11 @@ def test_scheduler_shape_takes_the_longest_context() -> None:
         Entry(reqs[2], 3999, 1, 0, True, False),  # the longest: 4000
         Entry(reqs[3], 100, 20, 0, True, True),  # the rest of a prompt: 120
     ]
-    s = Scheduler._shape(entries)
+    s = Scheduler.shape(entries)
     assert s.max_kv_tokens == 4000
     assert s.kv_read_tokens == 512 + 43 + 4000 + 120
-    assert Scheduler._shape(entries[:2]).max_kv_tokens == 512
-    assert Scheduler._shape([]).max_kv_tokens == 0
+    assert Scheduler.shape(entries[:2]).max_kv_tokens == 512
+    assert Scheduler.shape([]).max_kv_tokens == 0
 
 
 def test_linear_models_and_profiles_take_the_term(tmp_path: Path) -> None:

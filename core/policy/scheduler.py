@@ -112,7 +112,7 @@ class Scheduler:
                 break
             if req.status != running:
                 continue  # preempted earlier in this loop
-            # Inlined `_plan` for the common case, a decode without drafts (hot path).
+            # `plan` inlined for the common case, a decode without drafts (hot path).
             out = req.num_output_tokens
             ph = req.num_placeholders
             start = req.num_computed_tokens
@@ -121,7 +121,7 @@ class Scheduler:
                     continue  # batches in flight will finish it
                 e = Entry(req, start, 1, 0, True, False)
             else:
-                plan = self._plan(req, budget)
+                plan = self.plan(req, budget)
                 if plan is None:
                     continue
                 e = plan
@@ -134,27 +134,25 @@ class Scheduler:
             scheduled.add(req.index)
             budget -= e.num_tokens
         if not preempted:
-            budget = self._admit(entries, budget)
+            budget = self.admit(entries, budget)
         if not entries:
             return None
-        batch = ScheduledBatch(self.num_steps, entries, self._shape(entries), preempted)
+        batch = ScheduledBatch(self.num_steps, entries, self.shape(entries), preempted)
         for e in entries:
-            self._launch(e)
+            self.launch(e)
         self.num_steps += 1
         return batch
 
-    def _plan(self, req: Request, budget: int) -> Entry | None:
+    # ---- the policy's primitives (the simulator's fast path runs them too) -------------------
+    def plan(self, req: Request, budget: int) -> Entry | None:
+        """The request's share of the next step within `budget` tokens (no blocks allocated,
+        no state changed), or None when it takes none."""
         if req.outputs_guaranteed >= req.output_len:
             return None  # batches in flight will finish it
         known = req.num_tokens - req.num_computed_tokens
         start = req.num_computed_tokens
         if req.in_decode:
-            drafts = 0
-            if self.cfg.spec_k > 0:
-                want = self.cfg.spec_k if req.draft_hint is None else req.draft_hint
-                room_out = req.output_len - req.outputs_guaranteed - 1
-                room_ctx = self.cfg.max_model_len - req.num_tokens
-                drafts = max(0, min(want, room_out, room_ctx, budget - 1))
+            drafts = self.num_drafts(req, budget) if self.cfg.spec_k > 0 else 0
             return Entry(req, start, 1 + drafts, drafts, True, False)
         n = known
         if n > budget:
@@ -162,6 +160,14 @@ class Scheduler:
                 return None
             n = budget
         return Entry(req, start, n, 0, n == known, True)
+
+    def num_drafts(self, req: Request, budget: int) -> int:
+        """Draft tokens a decode of `req` verifies: spec_k (or the CPU proposer's hint),
+        capped so it never needs more than output_len or max_model_len, and by the budget."""
+        want = self.cfg.spec_k if req.draft_hint is None else req.draft_hint
+        room_out = req.output_len - req.outputs_guaranteed - 1
+        room_ctx = self.cfg.max_model_len - req.num_tokens
+        return max(0, min(want, room_out, room_ctx, budget - 1))
 
     def _allocate_or_preempt(
         self, req: Request, e: Entry, scheduled: set[int], preempted: list[Request]
@@ -191,13 +197,15 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def _admit(self, entries: list[Entry], budget: int) -> int:
+    def admit(self, entries: list[Entry], budget: int) -> int:
+        """Admit waiting requests FCFS into `entries` while budget, seats and blocks last
+        (blocks allocated; nothing launched); returns the budget left."""
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
             if not req.block_ids:
                 req.num_cached_tokens = self.blocks.match_prefix(req)
                 req.num_computed_tokens = req.num_cached_tokens
-            e = self._plan(req, budget)
+            e = self.plan(req, budget)
             if e is None or not self.blocks.allocate(req, e.start_pos + e.num_tokens):
                 self.blocks.release(req)  # waiting requests hold no blocks (no deadlock)
                 req.num_computed_tokens = 0
@@ -209,7 +217,9 @@ class Scheduler:
             budget -= e.num_tokens
         return budget
 
-    def _launch(self, e: Entry) -> None:
+    def launch(self, e: Entry) -> None:
+        """Advance the entry's request as if its step were launched now (placeholders for
+        the tokens it will emit; prompt blocks cached once computed)."""
         req = e.req
         req.num_computed_tokens += e.num_tokens
         req.num_inflight_batches += 1
@@ -220,7 +230,8 @@ class Scheduler:
             self.blocks.cache_blocks(req, req.num_computed_tokens)
 
     @staticmethod
-    def _shape(entries: Sequence[Entry]) -> BatchShape:
+    def shape(entries: Sequence[Entry]) -> BatchShape:
+        """The batch's shape, from its requests' counters before `launch`."""
         n_pf = pf_tok = dec_tok = drafts = kv = pairs = longest = hist = ctx = new = 0
         for e in entries:
             n, s = e.num_tokens, e.start_pos
@@ -265,29 +276,49 @@ class Scheduler:
         finished: list[Request] = []
         for e, n_emit in zip(batch.entries, emitted):
             req = e.req
-            req.num_inflight_batches -= 1
-            if e.generates:
-                drafts = e.num_drafts
-                assert 1 <= n_emit <= 1 + drafts, f"{req.request_id}: emitted {n_emit}"
-                req.num_placeholders -= 1 + drafts
-                req.num_inflight_gen -= 1
-                if drafts:
-                    req.num_computed_tokens -= 1 + drafts - n_emit  # rejected drafts' KV
-                    req.num_accepted_drafts += n_emit - 1
-                if req.status != FINISHED:
-                    left = req.output_len - req.num_output_tokens
-                    req.num_output_tokens += n_emit if n_emit < left else left
-                    if n_emit >= left:
-                        self._finish(req)
-                        finished.append(req)
-            if req.status == FINISHED and req.block_ids:
-                if req.num_inflight_batches == 0:
-                    self.blocks.release(req)
-                    if req in self._pending_free:
-                        self._pending_free.remove(req)
-                elif req not in self._pending_free:
-                    self._pending_free.append(req)
+            was_finished = req.status == FINISHED
+            self.complete_entry(e, n_emit)
+            if req.status == FINISHED:
+                if not was_finished:
+                    finished.append(req)
+                self.release_finished(req)
         return finished
+
+    def complete_entry(self, e: Entry, n_emit: int) -> int:
+        """`complete`'s counter updates for one entry of a finished batch (the caller marks
+        the batch completed, and calls `release_finished` for a finished request, in entry
+        order). Returns the tokens it adds to its request's output (0 for a prompt chunk or a
+        request already finished)."""
+        req = e.req
+        req.num_inflight_batches -= 1
+        kept = 0
+        if e.generates:
+            drafts = e.num_drafts
+            assert 1 <= n_emit <= 1 + drafts, f"{req.request_id}: emitted {n_emit}"
+            req.num_placeholders -= 1 + drafts
+            req.num_inflight_gen -= 1
+            if drafts:
+                req.num_computed_tokens -= 1 + drafts - n_emit  # rejected drafts' KV
+                req.num_accepted_drafts += n_emit - 1
+            if req.status != FINISHED:
+                left = req.output_len - req.num_output_tokens
+                kept = n_emit if n_emit < left else left
+                req.num_output_tokens += kept
+                if n_emit >= left:
+                    self.finish(req)
+        return kept
+
+    def release_finished(self, req: Request) -> None:
+        """A finished request's blocks go back once no batch in flight holds it; until then
+        it is kept (and its blocks counted) as pending. Nothing for one without blocks."""
+        if not req.block_ids:
+            return
+        if req.num_inflight_batches == 0:
+            self.blocks.release(req)
+            if req in self._pending_free:
+                self._pending_free.remove(req)
+        elif req not in self._pending_free:
+            self._pending_free.append(req)
 
     def emitted_tokens(self, batch: ScheduledBatch, emitted: Sequence[int]) -> list[int]:
         """Tokens each entry adds to its request's output after truncation (call before
@@ -302,7 +333,8 @@ class Scheduler:
                 out.append(0)
         return out
 
-    def _finish(self, req: Request) -> None:
+    def finish(self, req: Request) -> None:
+        """The request has all its outputs: out of the running list."""
         req.status = Status.FINISHED
         self.running.remove(req)
 

@@ -72,7 +72,7 @@ class Bubbles:
         return out
 
 
-def _gpu_intervals(rec: Recording, tol_s: float) -> tuple[IntArray, FloatArray, FloatArray]:
+def gpu_intervals(rec: Recording, tol_s: float) -> tuple[IntArray, FloatArray, FloatArray]:
     """(step ids, starts, ends) of GPU intervals in time order; overlaps <= tol_s are clipped."""
     sid = np.flatnonzero(~np.isnan(rec.gpu_start))
     sid = sid[np.argsort(rec.gpu_start[sid], kind="stable")]
@@ -108,10 +108,10 @@ def account_bubbles(
     chunk_gaps: int = 1 << 15,
 ) -> Bubbles:
     n = rec.num_steps
-    sid, s, e = _gpu_intervals(rec, overlap_tol_s)
+    sid, s, e = gpu_intervals(rec, overlap_tol_s)
     finite = [t[np.isfinite(t)] for t in (rec.arrival, s, e, rec.finish, rec.last_token)]
     if not any(t.size for t in finite):
-        return _empty(n)
+        return empty_bubbles(n)
     start_s = float(min(t.min() for t in finite if t.size))
     end_s = float(max(t.max() for t in finite if t.size))
     ds, de = union(rec.arrival, np.where(np.isnan(rec.finish), end_s, rec.finish))
@@ -210,7 +210,7 @@ def _main_cause(gap: IntArray, cause: IntArray, length: FloatArray) -> tuple[Int
     return k_gap[winners], k_cause[winners]
 
 
-def _empty(n: int) -> Bubbles:
+def empty_bubbles(n: int) -> Bubbles:
     none = np.zeros(0)
     return Bubbles(
         start_s=0.0,

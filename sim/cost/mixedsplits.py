@@ -19,7 +19,7 @@ num_prefill_reqs (exact for one chunk or equal chunks) and its context is solved
 attn_pairs and kv_read_tokens (a chunk of q tokens after context C adds q x C - q (q - 1) / 2
 pairs and C keys; a decode row adds its context to both), clamped to [q, max_kv_tokens].
 Both functions read every field they use on every call (the fast-forward's probe,
-sim/fastforward.py, sees which fields a cost reads). Pure Python, no torch.
+sim/stepcosts.py, sees which fields a cost reads). Pure Python, no torch.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ class CostModel:
         self._broadcast = compile_linear(
             prof["terms"][BROADCAST_TERM] if BROADCAST_TERM in terms else {}
         )
-        # a host that waits for a GPU event resumes this long after it (sim.loop._sync)
+        # a host that waits for a GPU event resumes this long after it (sim.clock.StepClock)
         self.sync_wake_s = float(prof["sync_wait"]["wake_ms"]) / 1e3
         self._gc_a = tuple(float(x) for x in prof["gc"]["pause_ms"])
         self._gc_b = tuple(float(x) for x in prof["gc"]["pause_ms_per_object"])

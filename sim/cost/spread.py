@@ -16,7 +16,7 @@ normalised to mean 1 (`mean_ratio`), so the phase's mean stays the linear model'
 The multipliers of a phase come in blocks of BLOCK_STEPS steps, block b drawn from its own
 `numpy.random.Generator` seeded with (config seed, stream, phase index, b): the multiplier of
 (step, phase) is a function of those alone, never of the order in which the step loop and the
-fast-forwards (sim.fastforward, sim.specforward) ask for it, so both see the same value and
+fast path (sim.fast) asks for it, so both see the same value and
 stay bit-identical. `stream` tells replicas behind a router apart. No `cpu_spread` (the
 default): no multiplier, the simulator's arithmetic is unchanged.
 """

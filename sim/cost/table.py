@@ -23,7 +23,7 @@ template and the validated axis names: a few float operations and two `bisect` c
 reports); `table_weights` / `spline_weights` are the rule's weights, which a least-squares fit
 uses as its design matrix, so fit and evaluation cannot disagree.
 A function reads every shape field it depends on each call, unconditionally (the fast-forward's
-probe, sim/fastforward.py `_Probe`, sees which fields a cost reads).
+probe, sim/stepcosts.py `Probe`, sees which fields a cost reads).
 """
 
 from __future__ import annotations

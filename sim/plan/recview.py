@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.runfmt import CAUSES, Bubbles, RunRecorder
-from core.runfmt.bubbles import _empty, _gpu_intervals
+from core.runfmt.bubbles import empty_bubbles, gpu_intervals
 from core.runfmt.intervals import measure_upto, union
 from core.runfmt.recording import Recording
 from core.runfmt.sketch import LogHistogram
@@ -70,10 +70,10 @@ def merged_itl_quantiles(recs: list[RunRecorder]) -> dict[str, float | None]:
 def bubble_totals(rec: Recording, overlap_tol_s: float = 1e-6) -> Bubbles:
     """`account_bubbles(rec)` with the same window, busy, bubble and idle seconds, but
     `by_cause` all zero and no per-step or per-piece arrays."""
-    _, s, e = _gpu_intervals(rec, overlap_tol_s)
+    _, s, e = gpu_intervals(rec, overlap_tol_s)
     finite = [t[np.isfinite(t)] for t in (rec.arrival, s, e, rec.finish, rec.last_token)]
     if not any(t.size for t in finite):
-        return _empty(0)
+        return empty_bubbles(0)
     start_s = float(min(t.min() for t in finite if t.size))
     end_s = float(max(t.max() for t in finite if t.size))
     ds, de = union(rec.arrival, np.where(np.isnan(rec.finish), end_s, rec.finish))

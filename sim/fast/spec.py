@@ -2,7 +2,7 @@
 loop would run them.
 
 With drafts, each entry's accepted count is its own draw (or n-gram match), so steps are not
-alike and the lazy affine members of `sim.fastforward` do not apply. What this keeps from it
+alike and the lazy affine members of `sim.fast.decode` do not apply. What this keeps from it
 is the shape of the loop: no per-step objects, no recorder or cost-model dispatch per phase,
 the CPU clock with its GC pauses and sync waits and the GPU stream as a scalar loop with the
 same float operations in the same order as `SimLoop.launch_step` and `SimLoop.complete_step`,
@@ -10,16 +10,16 @@ and the recorder fed in bulk at the end. Per entry, the work is done on the real
 
 - launch k: every running request that the passes in flight do not surely finish is decoding
   (checked at the start; only a partial prompt chunk breaks it, and the segment stops after
-  the step that admits one). It is planned exactly as `Scheduler._plan` plans a decode
+  the step that admits one). It is planned exactly as `Scheduler.plan` plans a decode
   (drafts capped by output room and context room; the budget cannot cap them: the segment
   runs only while len(running) * (k + 1) <= max_num_batched_tokens), its KV blocks are
   allocated in running order (the segment runs only while every request can take its most,
-  so nothing is preempted) and `Scheduler._launch`'s counters advance; the real
-  `Scheduler._admit` then fills the budget left, as `Scheduler.schedule` does.
+  so nothing is preempted) and `Scheduler.launch` advances its counters; the real
+  `Scheduler.admit` then fills the budget left, as `Scheduler.schedule` does.
 - the completion of the oldest pass: per entry, in entry order, its accepted drafts (the
   request's own stream, or `AcceptanceModel.accepted` with token ids), the tokens it keeps,
   and `Scheduler.complete`'s counter updates, finishes and block releases (see
-  sim/specstep.py: fusing the general path's loops over one batch changes no value).
+  `SimLoop.complete_step`, which does the same per entry).
 The segment ends before a step the normal path must run (nothing to decode, a budget or
 block shortage) or after one that admitted a partial prompt chunk; at the end the passes
 still in flight are handed back as `Pass` objects. tests/test_sim_fastforward.py checks that
@@ -33,18 +33,28 @@ from bisect import insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from core import phases as P
 from core.policy import Entry, ScheduledBatch, Scheduler
 from core.request import Request, Status
 from core.shape import SHAPE_FIELDS, BatchShape
-from sim.fastforward import MAX_SEGMENT_STEPS, _Costs, _Shape, quick_costs
-
-if TYPE_CHECKING:
-    from sim.loop import Pass, SimLoop
+from sim.clock import (
+    GPU_COUNTS,
+    GPU_END,
+    NO_EVENT,
+    PO1,
+    PO_OBJS,
+    PO_S,
+    Pass,
+    Times,
+    launched_pass,
+)
+from sim.fast.bulk import last_completed, record_steps
+from sim.fast.decode import MAX_SEGMENT_STEPS
+from sim.fast.host import Host
+from sim.stepcosts import StepShape
 
 _FINISHED = Status.FINISHED
 
@@ -115,10 +125,6 @@ class _Steady:
             self.top = max([x.prompt + x.out for x in self.members], default=0)
 
 
-def _times() -> array[float]:
-    return array("d")
-
-
 def _ints() -> array[int]:
     return array("q")
 
@@ -131,32 +137,19 @@ class _Run:
     rows: list[int] = field(default_factory=list)  # shape of launch k: SHAPE_FIELDS values
     # batch of launch k: steady members (k drafts each), then individual and admitted entries
     passes: list[tuple[list[_Member], list[Entry]]] = field(default_factory=list)
-    sched0: array[float] = field(default_factory=_times)
-    sched1: array[float] = field(default_factory=_times)
-    prep0: array[float] = field(default_factory=_times)  # after a wait for accepted counts
-    prep1: array[float] = field(default_factory=_times)
-    launch1: array[float] = field(default_factory=_times)
-    sample1: array[float] = field(default_factory=_times)
-    draft0: array[float] = field(default_factory=_times)  # after the CPU proposer's sync
-    draft1: array[float] = field(default_factory=_times)
-    gpu_start: array[float] = field(default_factory=_times)
-    gpu_counts: array[float] = field(default_factory=_times)
-    gpu_end: array[float] = field(default_factory=_times)
-    po0: array[float] = field(default_factory=_times)  # per iteration
-    po1: array[float] = field(default_factory=_times)
+    launches: list[Times] = field(default_factory=list)  # StepClock.step of iteration k
+    # process_outputs seconds and objects of the pass completed in iteration i
+    po_s: list[float] = field(default_factory=list)
+    po_objs: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)  # per iteration: drafts accepted
     emitted: list[int] = field(default_factory=list)  # per iteration: emissions recorded
-    sync_step: array[int] = field(default_factory=_ints)
-    sync0: array[float] = field(default_factory=_times)
-    sync1: array[float] = field(default_factory=_times)
-    pauses: list[tuple[float, float, int, str, int]] = field(default_factory=list)
     tok_rows: array[int] = field(default_factory=_ints)  # per emission
     tok_n: array[int] = field(default_factory=_ints)
     tok_acc: array[int] = field(default_factory=_ints)
 
 
 class SpecForward:
-    def __init__(self, loop: SimLoop) -> None:
+    def __init__(self, loop: Host) -> None:
         self.loop = loop
         cfg = loop.sched.cfg
         self.k = cfg.spec_k
@@ -166,7 +159,6 @@ class SpecForward:
         self.block_size = cfg.block_size
         # a decode of at most k + 1 tokens from a position its blocks cover needs at most this
         self.blocks_per_decode = -(-(self.k + 1) // cfg.block_size)
-        self.costs = _Costs(loop)
         self.num_segments = 0
         self.num_steps = 0
 
@@ -179,11 +171,10 @@ class SpecForward:
             return False
         bs = self.block_size
         for r in running:
-            out, ph = r.num_output_tokens, r.num_placeholders
-            if r.output_len - out - r.num_inflight_gen <= 0:
+            if r.outputs_guaranteed >= r.output_len:
                 continue  # the passes in flight finish it: never scheduled again
-            if r.prompt_len + out + ph - r.num_computed_tokens != 1 or out + ph == 0:
-                return False  # not decoding
+            if not r.in_decode:
+                return False  # a prompt chunk to continue
             if len(r.block_ids) * bs < r.num_computed_tokens:
                 return False  # fewer blocks than computed tokens: not ours to model
         seg = _Segment(self, list(loop.inflight))
@@ -211,7 +202,7 @@ class _Segment:
         accept = loop.accept
         self.ids = accept.token_ids
         self.steady_ok = self.ids is None  # with token ids, acceptance reads the Request
-        self.wait_counts = loop._wait_for_counts and nd > 0  # prep waits for the last counts
+        self.wait_counts = loop.wait_for_counts and nd > 0  # prep waits for the last counts
         self.steady = _Steady()
         self.members: dict[int, _Member] = {}  # by request row
         self.individual: list[_Member] = []  # key order
@@ -264,7 +255,7 @@ class _Segment:
             m.out = m.output_len
             self._write_steady(m, m.output_len, o)
             loop = self.loop
-            loop.sched._finish(r)
+            loop.sched.finish(r)
             loop.rec.finish(m.row, t)
             if r.block_ids:
                 self.fin.append((m.key, r))
@@ -312,46 +303,30 @@ class _Segment:
             else:
                 self.steady_event(m, a, t)
             return a, 1
-        return self.complete_general(e.req, e.num_drafts, e.generates, t)
+        return self.complete_general(e, t)
 
-    def complete_general(self, r: Request, d: int, gen: bool, t: float) -> tuple[int, int]:
-        """Scheduler.complete for one entry of an individual request (+ its accepted drafts
-        and recorded tokens), exactly as the step loop does it."""
-        r.num_inflight_batches -= 1
-        a = emitted = 0
-        if gen:
-            if d:
-                ids = self.ids
-                if ids is not None and ids[r.index] is not None:
-                    a = self.loop.accept.accepted(r, d)
-                else:
-                    draw, rate = self.loop.accept.stream(r.index)
-                    while a < d and draw() < rate:
-                        a += 1
-                r.num_placeholders -= 1 + d
-                r.num_computed_tokens -= d - a  # rejected drafts' KV
-                r.num_accepted_drafts += a
-            else:
-                r.num_placeholders -= 1
-            r.num_inflight_gen -= 1
-            if r.status != _FINISHED:
-                run = self.run
-                left = r.output_len - r.num_output_tokens
-                run.tok_rows.append(r.index)
-                emitted = 1
-                if a < left - 1:  # emits a + 1 < left tokens
-                    r.num_output_tokens += a + 1
-                    run.tok_n.append(a + 1)
-                    run.tok_acc.append(a)
-                else:
-                    r.num_output_tokens += left
-                    run.tok_n.append(left)
-                    run.tok_acc.append(a if a < left else left)
-                    self.loop.sched._finish(r)
-                    self.loop.rec.finish(r.index, t)
-        if r.status == _FINISHED and r.block_ids:
-            m = self.members.get(r.index)
-            self.fin.append((m.key if m is not None else -1, r))
+    def complete_general(self, e: Entry, t: float) -> tuple[int, int]:
+        """One entry of an individual request, as the step loop completes it: its accepted
+        drafts, `Scheduler.complete_entry`, its recorded tokens (blocks: `settle`). Returns
+        (accepted drafts, emissions recorded)."""
+        r = e.req
+        loop = self.loop
+        a = loop.accept.accepted(r, e.num_drafts) if e.num_drafts and e.generates else 0
+        was_finished = r.status == _FINISHED
+        kept = loop.sched.complete_entry(e, 1 + a)
+        emitted = 0
+        if kept:
+            run = self.run
+            run.tok_rows.append(r.index)
+            run.tok_n.append(kept)
+            run.tok_acc.append(a if a < kept else kept)
+            emitted = 1
+        if r.status == _FINISHED:
+            if not was_finished:
+                loop.rec.finish(r.index, t)
+            if r.block_ids:
+                m = self.members.get(r.index)
+                self.fin.append((m.key if m is not None else -1, r))
         return a, emitted
 
     def settle(self) -> None:
@@ -360,30 +335,23 @@ class _Segment:
         fin = self.fin
         if len(fin) > 1:
             fin.sort(key=_first)
-        sched = self.loop.sched
-        pending = sched._pending_free
+        release = self.loop.sched.release_finished
         for _, r in fin:
-            if r.num_inflight_batches == 0:
-                sched.blocks.release(r)
-                if r in pending:
-                    pending.remove(r)
-            elif r not in pending:
-                pending.append(r)
+            release(r)
         fin.clear()
 
     # ---- the steps ----------------------------------------------------------------------------
     def simulate(self) -> _Run:
         """SimLoop.launch_step + complete_step, iteration after iteration (see the module
-        docstring). The phase blocks are unrolled as in sim/fastforward.py."""
+        docstring); each step's timing is sim.clock.StepClock's."""
         loop, ff, run, old = self.loop, self.ff, self.run, self.old
-        sched, gc, rec, costs = loop.sched, loop.gc, loop.rec, ff.costs
+        sched, rec, costs, clock = loop.sched, loop.rec, loop.costs, loop.clock
         blocks = sched.blocks
         allocate = blocks.allocate
+        num_drafts, launch_entry = sched.num_drafts, sched.launch
         running, waiting = sched.running, sched.waiting
-        gc_allocate = gc.allocate
-        gc_on, gc_t0 = gc.enabled, gc.t0
         tick_at_s = loop.tick_at_s
-        K, max_len, max_tokens = ff.k, ff.max_len, ff.max_tokens
+        K, max_tokens = ff.k, ff.max_tokens
         max_seqs, bs, bpd = ff.max_seqs, ff.block_size, ff.blocks_per_decode
         Kp = K + 1
         tri = Kp * (Kp + 1) // 2  # attention pairs of a k + 1 token decode, past its start
@@ -391,50 +359,31 @@ class _Segment:
         st, grow_next = self.steady, self.grow_next
         s0 = rec.num_steps
         rows, passes = run.rows, run.passes
-        sched0, sched1, prep0, prep1 = run.sched0, run.sched1, run.prep0, run.prep1
-        launch1, sample1, draft0, draft1 = run.launch1, run.sample1, run.draft0, run.draft1
-        g_start, g_counts, g_end = run.gpu_start, run.gpu_counts, run.gpu_end
-        po0, po1, pauses = run.po0, run.po1, run.pauses
-        sync_step, sync0, sync1 = run.sync_step, run.sync0, run.sync1
+        launches, po_s, po_objs = run.launches, run.po_s, run.po_objs
+        clock_step = clock.step
         acc_per_it, emitted_per_it = run.accepted, run.emitted
         tok_rows, tok_n, tok_acc = run.tok_rows, run.tok_n, run.tok_acc
-        pause_at = pauses.append
         steady_ok = self.steady_ok
-        hints = loop._cpu_ngram and self.ids is not None
+        hints = loop.cpu_ngram and self.ids is not None
         wait_counts = self.wait_counts
-        cpu_ngram = loop._cpu_ngram
         complete_entry, steady_event, settle = self.complete_entry, self.steady_event, self.settle
         join, set_ev = self._join, self._set_ev
 
-        sh, mx = _Shape(), _Shape()
+        sh, mx = StepShape(), StepShape()  # this verify step's shape; a step with prompts'
         sh.set_verify(1, 1, 0)
-        fns = costs.decode_fns  # any value they give is taken from `const` for other shapes
-        f_sched, f_prep, f_launch, f_sample, f_draft, f_po, f_gpu, f_dgpu = fns[:8]
-        fa_sched, fa_prep, fa_launch, fa_sample, fa_draft, fa_po, f_graph = fns[8:]
-        # process_outputs of the pass completed in iteration i: old passes, then launch i - nd
-        po_s = [loop.cost.cpu_phase_ms(P.PROCESS_OUTPUTS, p.batch.shape) / 1e3 for p in old]
-        po_a = [loop.cost.alloc_objects(P.PROCESS_OUTPUTS, p.batch.shape) for p in old]
+        c: list[Any] = []  # the step's costs (sim.clock.COSTS)
+        varying: list[Any] = []  # how to get those that vary: StepCosts.varying
+        # the passes completed in iterations 0 .. nd - 1: the old ones
+        po_s.extend(p.po_s for p in old)
+        po_objs.extend(p.po_objs for p in old)
         old_step = [p.step for p in old]
-        # the CPU spread (sim.cost.spread): per-step multipliers, read from its window; the
-        # quick block assumes constant phase times, so with a spread only the general one runs
-        spread = loop.spread
-        m_sched = m_prep = m_launch = m_sample = m_draft = m_po = 1.0
-        w_sched = w_prep = w_launch = w_sample = w_draft = w_po = [1.0]
-        jlo = 0
-        if spread is not None:
-            spread.ensure(min([s0, *old_step]), s0 + MAX_SEGMENT_STEPS)
-            w_sched, w_prep, w_launch, w_sample, w_draft, w_po = spread.window
-            jlo = spread.lo
-            po_s = [x * w_po[st - jlo] for x, st in zip(po_s, old_step)]
         old_end = [p.gpu_end_s for p in old]
         last_counts = old[-1].counts_s if old else 0.0
         for p in old:
             assert not p.batch.completed, "batch completed twice"
         no_members: list[_Member] = []
         next_arrival_s = loop.next_arrival_s()
-        cpu, gpu_free = loop.cpu_s, loop.gpu_free_s
-        idle_scale, idle_min_s = loop.cost.idle_start_scale, loop.cost.idle_start_min_s
-        wake = loop.cost.sync_wake_s  # a host wait ends this long after its event
+        cpu = clock.cpu_s
         no_entries: list[Entry] = []  # never appended to
         reload = True
         last_b = last_dec = last_drafts = -1
@@ -443,10 +392,9 @@ class _Segment:
         while k < MAX_SEGMENT_STEPS and not stop_after:
             # ---- top of the loop: arrivals up to the CPU clock are visible
             if next_arrival_s <= cpu:
-                loop.cpu_s = cpu
-                loop._take_arrivals()
+                loop.take_arrivals()
                 next_arrival_s = loop.next_arrival_s()
-            # ---- schedule(): the decodes (Scheduler._plan, allocation, _launch), inlined
+            # ---- schedule(): the decodes (Scheduler.plan, allocation, launch)
             nr = len(running)
             if nr * Kp > max_tokens or blocks.num_free < nr * bpd:
                 break  # the budget could cap drafts, or a request could need preemption
@@ -462,10 +410,10 @@ class _Segment:
                     out = r.num_output_tokens
                     g = r.num_inflight_gen
                     left = m.output_len - out - g
-                    if left <= 0:
+                    if left <= 0:  # Scheduler.plan: outputs_guaranteed >= output_len
                         continue  # batches in flight will finish it: never scheduled again
                     ph = r.num_placeholders
-                    c = r.num_computed_tokens
+                    computed = r.num_computed_tokens
                     if (
                         steady_ok and g == nd and ph == ph_s and out <= m.tail
                         and r.num_inflight_batches == nd and r.draft_hint is None
@@ -473,40 +421,27 @@ class _Segment:
                         m.steady = True  # in rhythm, and k drafts at this launch: steady
                         m.out = out
                         st.add(m)
-                        if c + Kp > len(r.block_ids) * bs:
-                            needs.append((m.key, r, c + Kp, m))
+                        if computed + Kp > len(r.block_ids) * bs:
+                            needs.append((m.key, r, computed + Kp, m))
                         else:
                             set_ev(m)
                         continue
                     keep.append(m)
-                    num_tokens = m.prompt + out + ph
-                    hint = r.draft_hint
-                    d = K if hint is None else hint
-                    if d >= left:
-                        d = left - 1
-                    if d > max_len - num_tokens:
-                        d = max_len - num_tokens
-                    if d < 0:
-                        d = 0
-                    n = d + 1
-                    total = c + n
+                    # Scheduler.plan of a decode; the budget cannot cap its drafts here (the
+                    # segment runs only while len(running) * (k + 1) <= max_num_batched_tokens)
+                    d = num_drafts(r, max_tokens)
+                    total = computed + d + 1
                     if total > len(r.block_ids) * bs:
                         needs.append((m.key, r, total, None))
-                    ents.append(Entry(r, c, n, d, True, False))
-                    dec += n
-                    drafts += d
-                    kv += total
-                    if total > longest:
-                        longest = total
-                    pairs += n * c + n * (n + 1) // 2
-                    if m.hist:
-                        hist += out + ph
-                    ctx += m.prompt + out
-                    r.num_computed_tokens = total
-                    r.num_inflight_batches += 1
-                    r.num_placeholders = ph + n
-                    r.num_inflight_gen = g + 1
+                    ents.append(Entry(r, computed, d + 1, d, True, False))
                 self.individual = keep
+                if ents:
+                    ps = Scheduler.shape(ents)  # before their launch, as schedule() takes it
+                    dec, drafts, kv = ps.decode_tokens, ps.draft_tokens, ps.kv_read_tokens
+                    pairs, longest = ps.attn_pairs, ps.max_kv_tokens
+                    hist, ctx = ps.history_tokens, ps.context_tokens
+                    for e in ents:
+                        launch_entry(e)
             b_s = len(st.members)
             if not b_s and not ents:
                 break  # nothing to decode (nothing changed): the normal path
@@ -548,13 +483,13 @@ class _Segment:
             admitted = no_entries
             if waiting and budget > 0 and len(running) < max_seqs:
                 admitted = []
-                sched._admit(admitted, budget)
+                sched.admit(admitted, budget)
                 if len(running) > loop.peak_running:
                     loop.peak_running = len(running)
             if admitted:
-                pf = Scheduler._shape(admitted)  # before their launch, as schedule() takes it
+                pf = Scheduler.shape(admitted)  # before their launch, as schedule() takes it
                 for e in admitted:
-                    sched._launch(e)
+                    launch_entry(e)
                     join(e.req)
                     if not e.generates:
                         stop_after = True  # a partial prompt chunk: the normal path goes on
@@ -566,12 +501,7 @@ class _Segment:
                     hist + pf.history_tokens, ctx + pf.context_tokens, pf.new_reqs, 0,
                 )  # fmt: skip
                 mx.set_row(row)
-                (
-                    c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
-                    a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
-                ) = vals = costs.all(mx)  # fmt: skip
-                quick = quick_costs(vals) and spread is None
-                cur = mx
+                c = costs.all(mx)
                 reload = True  # the next verify step takes its constants again
             else:
                 row = (b, 0, 0, dec, drafts, kv, pairs, longest, hist, ctx, 0, 0)
@@ -581,11 +511,8 @@ class _Segment:
                     sh.decode_tokens = sh.num_tokens = dec
                     sh.draft_tokens = drafts
                     key = (b, dec, drafts)
-                    (
-                        c_sched, c_prep, c_launch, c_sample, c_draft, c_po, c_gpu, c_dgpu,
-                        a_sched, a_prep, a_launch, a_sample, a_draft, a_po, c_graph,
-                    ) = costs.const(sh, key)  # fmt: skip
-                    quick = costs.quick(key)
+                    c = list(costs.const(sh, key))
+                    varying = costs.varying(key)
                     last_b, last_dec, last_drafts = b, dec, drafts
                     reload = False
                 sh.kv_read_tokens = kv
@@ -593,163 +520,26 @@ class _Segment:
                 sh.max_kv_tokens = longest
                 sh.history_tokens = hist
                 sh.context_tokens = ctx
-                cur = sh
+                for i, fn, ms in varying:  # StepCosts.varying
+                    c[i] = fn(sh) / 1e3 if ms else fn(sh)
             rows += row
             passes.append((snap, ents))
             step = s0 + k
-            # ---- launch_step: CPU phases, the GPU pass
-            if quick:  # the common case: only prep and the GPU pass vary, no GC in between
-                sched0.append(cpu)
-                cpu += c_sched
-                sched1.append(cpu)
-                if wait_counts:  # spec decoding before PR 32951: prep waits for the last counts
-                    t = g_counts[k - 1] if k else last_counts
-                    if t > cpu:
-                        sync_step.append(step)
-                        sync0.append(cpu)
-                        cpu = t + wake
-                        sync1.append(cpu)
-                    prep0.append(cpu)
-                cpu += c_prep if c_prep is not None else f_prep(cur) / 1e3
-                prep1.append(cpu)
-                launch0 = cpu
-                cpu += c_launch
-                launch1.append(cpu)
-                gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
-                if c_graph:
-                    if cpu > gpu_free:
-                        start = cpu
-                        if cpu - gpu_free > idle_min_s:
-                            gs *= idle_scale
-                    else:
-                        start = gpu_free
-                    counts = start + gs
-                else:
-                    start = launch0 if launch0 > gpu_free else gpu_free
-                    counts = start + gs
-                    if cpu > counts:
-                        counts = cpu
-                gpu_free = counts + c_dgpu if c_dgpu > 0 else counts
-                g_start.append(start)
-                g_counts.append(counts)
-                g_end.append(gpu_free)
-                cpu += c_sample
-                sample1.append(cpu)
-                if cpu_ngram:
-                    if gpu_free > cpu:  # the CPU proposer needs the sampled tokens
-                        sync_step.append(step)
-                        sync0.append(cpu)
-                        cpu = gpu_free + wake
-                        sync1.append(cpu)
-                    draft0.append(cpu)
-                cpu += c_draft
-                draft1.append(cpu)
-                po_s.append(c_po)
-                po_a.append(a_po)
-            else:  # the same, for any cost profile (and the CPU spread's multipliers)
-                if spread is not None:  # x 1.0 leaves a time unchanged, bit for bit
-                    j = step - jlo
-                    m_sched, m_prep, m_launch = w_sched[j], w_prep[j], w_launch[j]
-                    m_sample, m_draft, m_po = w_sample[j], w_draft[j], w_po[j]
-                sched0.append(cpu)
-                cpu += (c_sched if c_sched is not None else f_sched(cur) / 1e3) * m_sched
-                a = a_sched if a_sched is not None else fa_sched(cur)
-                if a > 0:
-                    pause = gc_allocate(a)
-                    if pause:  # before add_step: the pause counts on the previous step
-                        pause_at((cpu, pause, gc.last_generation, P.SCHEDULE, step - 1))
-                        cpu += pause
-                sched1.append(cpu)
-                if wait_counts:  # spec decoding before PR 32951: prep waits for the last counts
-                    t = g_counts[k - 1] if k else last_counts
-                    if t > cpu:
-                        sync_step.append(step)
-                        sync0.append(cpu)
-                        cpu = t + wake
-                        sync1.append(cpu)
-                if wait_counts:
-                    prep0.append(cpu)
-                cpu += (c_prep if c_prep is not None else f_prep(cur) / 1e3) * m_prep
-                a = a_prep if a_prep is not None else fa_prep(cur)
-                if a > 0:
-                    pause = gc_allocate(a)
-                    if pause:
-                        pause_at((cpu, pause, gc.last_generation, P.PREPARE_INPUTS, step))
-                        cpu += pause
-                prep1.append(cpu)
-                launch0 = cpu
-                cpu += (c_launch if c_launch is not None else f_launch(cur) / 1e3) * m_launch
-                a = a_launch if a_launch is not None else fa_launch(cur)
-                if a > 0:
-                    pause = gc_allocate(a)
-                    if pause:
-                        pause_at((cpu, pause, gc.last_generation, P.LAUNCH, step))
-                        cpu += pause
-                launch1.append(cpu)
-                # sim.stream.gpu_pass, inlined
-                gs = c_gpu if c_gpu is not None else f_gpu(cur) / 1e3
-                if c_graph if c_graph is not None else f_graph(cur):
-                    if cpu > gpu_free:
-                        start = cpu
-                        if cpu - gpu_free > idle_min_s:
-                            gs *= idle_scale
-                    else:
-                        start = gpu_free
-                    counts = start + gs
-                else:
-                    start = launch0 if launch0 > gpu_free else gpu_free
-                    counts = start + gs
-                    if cpu > counts:
-                        counts = cpu
-                dg = c_dgpu if c_dgpu is not None else f_dgpu(cur) / 1e3
-                gpu_free = counts + dg if dg > 0 else counts
-                g_start.append(start)
-                g_counts.append(counts)
-                g_end.append(gpu_free)
-                cpu += (c_sample if c_sample is not None else f_sample(cur) / 1e3) * m_sample
-                a = a_sample if a_sample is not None else fa_sample(cur)
-                if a > 0:
-                    pause = gc_allocate(a)
-                    if pause:
-                        pause_at((cpu, pause, gc.last_generation, P.SAMPLE, step))
-                        cpu += pause
-                sample1.append(cpu)
-                if cpu_ngram and gpu_free > cpu:  # the CPU proposer needs the sampled tokens
-                    sync_step.append(step)
-                    sync0.append(cpu)
-                    cpu = gpu_free + wake
-                    sync1.append(cpu)
-                if cpu_ngram:
-                    draft0.append(cpu)
-                cpu += (c_draft if c_draft is not None else f_draft(cur) / 1e3) * m_draft
-                a = a_draft if a_draft is not None else fa_draft(cur)
-                if a > 0:
-                    pause = gc_allocate(a)
-                    if pause:
-                        pause_at((cpu, pause, gc.last_generation, P.DRAFT, step))
-                        cpu += pause
-                draft1.append(cpu)
-                po_s.append((c_po if c_po is not None else f_po(cur) / 1e3) * m_po)
-                po_a.append(a_po if a_po is not None else fa_po(cur))
-            # ---- complete_step of the oldest pass in flight
-            t = old_end[k] if k < nd else g_end[k - nd]
-            if t > cpu:
-                sync_step.append(old_step[k] if k < nd else step - nd)
-                sync0.append(cpu)
-                cpu = t + wake
-                sync1.append(cpu)
-            po0.append(cpu)
-            cpu += po_s[k]
-            a = po_a[k]
-            if a > 0 and gc_on:
-                if gc.count0 + a <= gc_t0:  # GCModel.allocate without a collection, inlined
-                    gc.count0 += a
-                else:
-                    pause = gc_allocate(a)
-                    if pause:
-                        pause_at((cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step))
-                        cpu += pause
-            po1.append(cpu)
+            # ---- launch_step, then complete_step of the oldest pass in flight
+            counts_s = NO_EVENT
+            if wait_counts:  # spec decoding before PR 32951: prep waits for the last counts
+                counts_s = launches[k - 1][GPU_COUNTS] if k else last_counts
+            po_s.append(c[PO_S])
+            po_objs.append(c[PO_OBJS])
+            if k >= nd:  # the pass launched nd iterations ago (nd = 0: the one launched now)
+                t = clock_step(
+                    step, c, counts_s, step - nd, launches[k - nd][GPU_END] if nd else None,
+                    po_s[k], po_objs[k],
+                )  # fmt: skip
+            else:  # an old pass
+                t = clock_step(step, c, counts_s, old_step[k], old_end[k], po_s[k], po_objs[k])
+            launches.append(t)
+            cpu = t[PO1]
             if cpu >= tick_at_s:
                 stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
             # accept.emitted + sched.emitted_tokens + sched.complete + tokens, per entry
@@ -763,7 +553,7 @@ class _Segment:
                     emitted += y
                     settle()
                 if hints:
-                    loop._draft_hints(batch.entries)
+                    loop.draft_hints(batch.entries)
             else:
                 snap, ents = passes[k - nd]
                 passes[k - nd] = (no_members, ents)  # completed: its members are not needed
@@ -794,7 +584,7 @@ class _Segment:
                         else:
                             steady_event(m, a, cpu)
                     else:  # left the fast path after this launch
-                        x, y = self.complete_general(m.req, K, True, cpu)
+                        x, y = self.complete_general(Entry(m.req, 0, Kp, K, True, False), cpu)
                         accepted += x
                         emitted += y - 1
                 st.out += d_out
@@ -808,13 +598,12 @@ class _Segment:
                 if self.fin:
                     settle()
                 if hints:
-                    loop._draft_hints(ents)
+                    loop.draft_hints(ents)
             acc_per_it.append(accepted)
             emitted_per_it.append(emitted)
             k += 1
         run.n = k
         sched.num_steps += k
-        loop.cpu_s, loop.gpu_free_s = cpu, gpu_free
         return run
 
     # ---- bulk bookkeeping ---------------------------------------------------------------------
@@ -822,44 +611,24 @@ class _Segment:
         loop, run, old = self.loop, self.run, self.old
         rec = loop.rec
         n, nd = run.n, self.nd
-        s0 = rec.add_steps(
-            np.fromiter(run.rows, np.int64, len(run.rows)).reshape(n, len(SHAPE_FIELDS)),
-            {
-                P.SCHEDULE: (run.sched0, run.sched1),
-                P.PREPARE_INPUTS: (run.prep0 if self.wait_counts else run.sched1, run.prep1),
-                P.LAUNCH: (run.prep1, run.launch1),
-                P.SAMPLE: (run.launch1, run.sample1),
-                P.DRAFT: (run.draft0 if loop._cpu_ngram else run.sample1, run.draft1),
-            },
-        )
-        po0, po1 = run.po0, run.po1
+        shapes = np.fromiter(run.rows, np.int64, len(run.rows)).reshape(n, len(SHAPE_FIELDS))
+        s0, po1 = record_steps(rec, loop.clock, old, shapes, run.launches)
         for k, p in enumerate(old[:n]):
-            rec.phase(p.step, P.PROCESS_OUTPUTS, po0[k], po1[k])
-            rec.gpu(p.step, p.gpu_start_s, p.gpu_end_s)
             if run.accepted[k]:
                 rec.accepted(p.step, run.accepted[k])
-        done = n - nd  # launched steps completed in the segment
-        if done > 0:
-            rec.phases(s0, P.PROCESS_OUTPUTS, po0[nd:n], po1[nd:n])
-            rec.gpus(s0, run.gpu_start[:done], run.gpu_end[:done])
+        if n > nd:
             rec.accepted_many(s0, run.accepted[nd:n])
-        if run.sync_step:
-            rec.syncs(run.sync_step, run.sync0, run.sync1)
-        for start_s, dur_s, gen, phase, step in run.pauses:
-            rec.gc_pause(start_s, dur_s, gen, phase, step)
         times = np.repeat(np.frombuffer(po1, np.float64)[:n], run.emitted)
         rec.tokens_many(
             np.frombuffer(run.tok_rows, np.int64), times,
             np.frombuffer(run.tok_n, np.int64), np.frombuffer(run.tok_acc, np.int64),
         )  # fmt: skip
         if loop.progress is not None:
-            loop.progress(s0 + done - 1 if done > 0 else old[n - 1].step)
+            loop.progress(last_completed(s0, old, n))
 
     def write_back(self) -> None:
         """Steady members' counters into their Requests, and the passes still in flight back
         to the loop as the step-by-step path has them."""
-        from sim.loop import Pass
-
         loop, run, old = self.loop, self.run, self.old
         n, nd, K = run.n, self.nd, self.k
         for m in self.steady.members:
@@ -886,8 +655,8 @@ class _Segment:
                 entries.sort(key=lambda e: members[e.req.index].key)
             w = len(SHAPE_FIELDS)
             batch = ScheduledBatch(first + k, entries, BatchShape(*run.rows[k * w : (k + 1) * w]))
-            g0, gc_, g1 = run.gpu_start[k], run.gpu_counts[k], run.gpu_end[k]
-            inflight.append(Pass(batch, s0 + k, run.launch1[k], g0, gc_, g1))
+            po = run.po_s[nd + k], run.po_objs[nd + k]
+            inflight.append(launched_pass(batch, s0 + k, run.launches[k], po))
         loop.inflight = deque(sorted(inflight, key=lambda p: p.step))
         if loop.check:
             loop.sched.check_invariants()

@@ -1,0 +1,148 @@
+"""A step's costs as one list (sim.clock.COSTS order), from its batch shape.
+
+`StepCosts.all(shape)` is what the step loop takes for every step; the fast path (sim.fast)
+takes the same functions for runs of decode steps, caching every value that cannot change
+between two steps with the same cache key. Which those are is found out, not listed: a cost
+function is called once on a `Probe` of the step's shape, which notes whether it read a field
+other than KEY_FIELDS (the fields the cache key fixes: set by `StepShape.set_decode` /
+`set_verify`). A cost that reads any other field, including one added to BatchShape later,
+is called again at every step; nothing is cached on a field the key does not fix. The probe
+is sound because a cost is a function of the shape alone: what it reads on the way to its
+value decides the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from core import phases as P
+from core.shape import SHAPE_FIELDS, BatchShape
+from sim.clock import COSTS, NUM_SECONDS
+from sim.cost import CostModel
+
+CostFn = Callable[[Any], Any]
+_GPU = COSTS.index("gpu_s")
+# the fields a fast-path cache key (batch size; with drafts also query and draft tokens)
+# fixes for a step with no prefill, and what follows from them; every other field varies
+KEY_FIELDS = frozenset(
+    ("num_reqs", "num_prefill_reqs", "prefill_tokens", "decode_tokens", "draft_tokens",
+     "new_reqs", "finished_reqs", "num_tokens", "is_pure_decode")
+)  # fmt: skip
+
+
+class StepShape:
+    """A mutable BatchShape stand-in: the shape of a fast-path step, set field by field."""
+
+    __slots__ = (*SHAPE_FIELDS, "num_tokens", "is_pure_decode")
+
+    def __init__(self) -> None:
+        self.set_decode(0)
+        self.kv_read_tokens = 0
+        self.attn_pairs = 0
+        self.max_kv_tokens = 0
+        self.history_tokens = 0
+        self.context_tokens = 0
+
+    def set_decode(self, b: int) -> None:
+        """KEY_FIELDS of a decode of b requests."""
+        self.num_reqs = b
+        self.num_prefill_reqs = 0
+        self.prefill_tokens = 0
+        self.decode_tokens = b
+        self.draft_tokens = 0
+        self.new_reqs = 0
+        self.finished_reqs = 0
+        self.num_tokens = b
+        self.is_pure_decode = b > 0
+
+    def set_verify(self, b: int, tokens: int, drafts: int) -> None:
+        """KEY_FIELDS of a speculative verify step: b decodes, `drafts` of whose `tokens`
+        query tokens are drafts."""
+        self.set_decode(b)
+        self.decode_tokens = self.num_tokens = tokens
+        self.draft_tokens = drafts
+
+    def set_row(self, row: tuple[int, ...]) -> None:
+        """Every field, from values in SHAPE_FIELDS order."""
+        for name, value in zip(SHAPE_FIELDS, row, strict=True):
+            setattr(self, name, value)
+        self.num_tokens = self.prefill_tokens + self.decode_tokens
+        self.is_pure_decode = self.num_prefill_reqs == 0 and self.num_reqs > 0
+
+
+class Probe:
+    """Reads through to a shape and notes whether a field outside KEY_FIELDS was read."""
+
+    def __init__(self, shape: StepShape) -> None:
+        self._shape = shape
+        self.varying = False
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in KEY_FIELDS:
+            self.varying = True
+        return getattr(self._shape, name)
+
+
+class StepCosts:
+    """The cost model's answers for one step, in sim.clock.COSTS order: the CPU phases'
+    seconds (launch: cpu_phase_ms + launch_ms), the GPU pass's and drafter's seconds, each
+    phase's net tracked objects, and whether the forward is one CUDA graph."""
+
+    def __init__(self, cost: CostModel, cuda_graphs: bool) -> None:
+        def launch_ms(s: Any) -> float:
+            return cost.cpu_phase_ms(P.LAUNCH, s) + cost.launch_ms(s, cuda_graphs)
+
+        def alloc(p: str) -> CostFn:
+            return lambda s: cost.alloc_objects(p, s)
+
+        def graphed(s: Any) -> bool:
+            return cost.graphed(s, cuda_graphs)
+
+        phases: list[CostFn] = [
+            launch_ms if p == P.LAUNCH else cost.phase_ms_fn(p) for p in P.CPU_PHASES
+        ]
+        rest: list[CostFn] = [cost.draft_gpu_ms_fn(), *(alloc(p) for p in P.CPU_PHASES), graphed]
+        self.fns = [*phases, cost.gpu_pass_ms, *rest]  # any shape
+        self.decode_fns = [*phases, cost.gpu_decode_ms_fn(), *rest]  # shapes without a prefill
+        self._sched_ms, self._sched_objs = phases[0], rest[1]
+        self._const: dict[Hashable, list[Any]] = {}
+        self._varying: dict[Hashable, list[tuple[int, CostFn, bool]]] = {}
+
+    def all(self, shape: BatchShape | StepShape) -> list[Any]:
+        """Every cost of a step that runs a pass."""
+        n = NUM_SECONDS
+        return [fn(shape) / 1e3 if i < n else fn(shape) for i, fn in enumerate(self.fns)]
+
+    def empty(self, shape: BatchShape) -> list[Any]:
+        """The costs of a schedule that found nothing to run: its scan, no pass (gpu_s None)."""
+        c: list[Any] = [0.0] * NUM_SECONDS + [0] * (len(self.fns) - NUM_SECONDS)
+        c[0] = self._sched_ms(shape) / 1e3
+        c[NUM_SECONDS] = self._sched_objs(shape)
+        c[_GPU] = None
+        return c
+
+    def const(self, shape: StepShape, key: Hashable) -> list[Any]:
+        """For the steps without a prefill whose KEY_FIELDS are `shape`'s (`key` must
+        determine them: the batch size for plain decodes), per cost: its value (the same at
+        every such step), or None where it reads a varying field (`varying(key)` says how to
+        get it at a step)."""
+        out = self._const.get(key)
+        if out is None:
+            out, varying = [], []
+            for i, fn in enumerate(self.decode_fns):
+                probe = Probe(shape)
+                fn(probe)
+                if probe.varying:
+                    out.append(None)
+                    varying.append((i, fn, i < NUM_SECONDS))
+                else:
+                    out.append(fn(shape) / 1e3 if i < NUM_SECONDS else fn(shape))
+            self._const[key] = out
+            self._varying[key] = varying
+        return out
+
+    def varying(self, key: Hashable) -> list[tuple[int, CostFn, bool]]:
+        """(index, function, in ms) of the costs `const(shape, key)` left None: at a step,
+        c[index] = function(shape) / 1e3 if in ms else function(shape), as `all` takes it."""
+        return self._varying[key]
