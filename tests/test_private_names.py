@@ -26,19 +26,9 @@ PUBLIC_UNDERSCORE = {"_replace", "_fields", "_asdict", "_make", "_field_defaults
 # (file, private name): reach-ins that the owners of these files remove (issue 15); the
 # coordinator empties this list once their branches are merged.
 ALLOWED: set[tuple[str, str]] = {
-    # the fast paths (helper `fastpath`) use SimLoop's, Scheduler's and fastforward's privates
-    # (fastforward.py also calls Scheduler._finish and _shape: it defines names of its own so
-    # spelled, which hides them from this check)
-    *{("sim/fastforward.py", n) for n in ("_launch", "_admit", "_take_arrivals", "_graphs")},
-    *{("sim/specforward.py", n) for n in ("_Costs", "_Shape", "_launch", "_finish", "_admit")},
-    *{("sim/specforward.py", n) for n in ("_shape", "_pending_free", "_cpu_ngram")},
-    *{("sim/specforward.py", n) for n in ("_draft_hints", "_wait_for_counts", "_take_arrivals")},
-    *{("sim/specstep.py", n) for n in ("_launch", "_finish", "_admit", "_shape", "_pending_free")},
-    *{("sim/specstep.py", n) for n in ("_sync", "_run_phase", "_draft_hints", "_cpu_ngram")},
-    ("sim/specstep.py", "_streams"),
-    # capacity planning (tensor-parallelism helpers) reads RunRecorder's request columns, its
-    # ITL samples and LogHistogram's counts, and two helpers of core/runfmt/bubbles.py
-    *{("sim/plan/recview.py", n) for n in ("_empty", "_gpu_intervals", "_arrival", "_first")},
+    # capacity planning reads RunRecorder's request columns, its ITL samples and LogHistogram's
+    # counts
+    *{("sim/plan/recview.py", n) for n in ("_arrival", "_first")},
     *{("sim/plan/recview.py", n) for n in ("_last", "_finish", "_out", "_itl_hist", "_itl_v")},
     *{("sim/plan/recview.py", n) for n in ("_itl_w", "_counts")},
     # engine/ (tensor-parallelism helpers) has no public name for these: StepHooks' GC callback
