@@ -93,7 +93,8 @@ def _gpus(c: dict[str, Any]) -> str:
     tp = c.get("gpus_per_replica", 1)
     if c["replicas"] is None:
         return f"- ({tp}/replica)" if tp > 1 else "-"
-    return f"{c['gpus']} ({c['replicas']} x {tp})" if tp > 1 else str(c["gpus"])
+    gpus = c.get("gpus", c["replicas"] * tp)  # plan.json written before tensor parallelism
+    return f"{gpus} ({c['replicas']} x {tp})" if tp > 1 else str(gpus)
 
 
 def short_name(c: dict[str, Any]) -> str:
