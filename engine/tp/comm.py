@@ -16,6 +16,8 @@ rank 0.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from datetime import timedelta
 
 import numpy as np
@@ -46,6 +48,10 @@ class Comm:
         self.ring = ring
         self.header_np = np.zeros(HEADER_LEN, dtype=np.int64)
         self.workers = None  # rank 0: engine.tp.workers.Workers (the processes it started)
+        # rank 0: the engines built on this group; their CUDA graphs go before the group does
+        self.engines: weakref.WeakSet = weakref.WeakSet()
+        # a step past its deadline (engine.tp.watchdog): rank 0 kills the workers, a worker exits
+        self.on_expiry: Callable[[], None] | None = None
 
     @property
     def is_driver(self) -> bool:
@@ -111,9 +117,16 @@ class Comm:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Rank 0: stop the workers and leave the group (idempotent). Workers leave on their own
-        when they read the shutdown command."""
-        if self.workers is not None:
-            self.workers.stop(self)
-            self.workers = None
+        """Rank 0: destroy the CUDA graphs of every engine built on this group (an engine not
+        closed yet still holds them, and NCCL's destroy waits for them), stop the workers and
+        leave the group together with them (engine.tp.workers: Workers.stop). Idempotent.
+        Raises engine.tp.watchdog.StepTimeout naming the step when a teardown step hangs."""
+        if self.workers is None:
+            return
+        workers, self.workers = self.workers, None
+        for engine in list(self.engines):
+            engine.release_graphs()
+        try:
+            workers.stop(self)
+        finally:
             self.ring.close()

@@ -1,0 +1,75 @@
+"""Deadlines for the tensor-parallel start-up and shutdown steps: a step that hangs (a peer
+that never joins the store, an NCCL communicator whose init or destroy never returns, a barrier
+a rank never reaches) becomes one error naming the step, instead of a process that never
+returns.
+
+`deadline(step, seconds, on_expiry)` watches the step from a daemon thread. When the step is
+late, the watcher prints one line naming the step and runs `on_expiry` (rank 0: kill the
+workers, so that a call waiting for them fails; a worker: exit, so that rank 0's next call
+fails). A step that then returns or raises raises `StepTimeout` with that line. A step still
+blocked GRACE_S later (native code waiting for nothing that will come) cannot be reached from
+Python: the process exits with EXIT_CODE after a second line, so a test or a replay fails fast
+instead of hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+# step deadlines (seconds): generous against slow hosts, short against a hang
+START_S = 180.0  # spawn a worker, join the store, init the process groups (NCCL: eager)
+BUILD_S = 1200.0  # every rank builds its shard (a large checkpoint read from disk)
+ENGINE_S = 900.0  # an Engine on every rank: profiling forward, KV agreement, graph capture
+SHUTDOWN_S = 60.0  # the barrier before teardown, and destroying the process groups
+GRACE_S = 10.0  # after the deadline: a step still blocked then ends the process
+EXIT_CODE = 124
+
+
+class StepTimeout(RuntimeError):
+    """A tensor-parallel start-up or shutdown step did not finish within its deadline."""
+
+
+def message(step: str, seconds: float) -> str:
+    return f"tensor-parallel step '{step}' (pid {os.getpid()}) did not finish within {seconds:g} s"
+
+
+@contextlib.contextmanager
+def deadline(
+    step: str, seconds: float, on_expiry: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Run the body of the `with` as step `step` (module docstring)."""
+    done = threading.Event()
+    fired = threading.Event()
+
+    def watch() -> None:
+        if done.wait(seconds):
+            return
+        fired.set()
+        print(message(step, seconds), file=sys.stderr, flush=True)
+        if on_expiry is not None:
+            with contextlib.suppress(Exception):
+                on_expiry()
+        if not done.wait(GRACE_S):
+            print(
+                f"{message(step, seconds)}; still blocked {GRACE_S:g} s later: exiting the "
+                f"process with code {EXIT_CODE}",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(EXIT_CODE)
+
+    threading.Thread(target=watch, name=f"tp-deadline {step}", daemon=True).start()
+    try:
+        yield
+    except BaseException:
+        done.set()
+        if fired.is_set():  # it failed because it was late (e.g. its peers were killed)
+            raise StepTimeout(message(step, seconds)) from None
+        raise
+    done.set()
+    if fired.is_set():
+        raise StepTimeout(message(step, seconds))
