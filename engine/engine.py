@@ -70,7 +70,7 @@ from engine.sampler import Sampler, SampleRows
 from engine.spec.decoder import SpecDecoder
 from engine.spec.inputs import SpecInputBuffers
 from engine.tp.comm import OP_END_ENGINE, OP_ENGINE, OP_STEP, OP_WARM_FORWARDS, Comm
-from engine.tp.watchdog import ENGINE_S, deadline
+from engine.tp.watchdog import ENGINE_S, SHUTDOWN_S, deadline
 
 CPU_KV_BYTES = 64 << 20  # the KV budget on CPU, where free memory says little
 _now = time.perf_counter_ns
@@ -150,7 +150,7 @@ class Engine:
                 self._build(cfg)
             else:  # every rank's collectives must meet: a hang is one error naming the step
                 step = f"rank {self.tp.rank}: build the engine (every rank)"
-                with deadline(step, ENGINE_S, self.tp.on_expiry):
+                with deadline(step, ENGINE_S, self.tp.on_expiry, self.tp.peers_alive):
                     self._build(cfg)
         except BaseException:
             if self._owns_tp:  # the workers it started would outlive the failed engine
@@ -438,7 +438,8 @@ class Engine:
         if tp.workers is not None:
             with contextlib.suppress(Exception):  # workers gone: close() below reaps them
                 tp.send_header(OP_END_ENGINE)
-        self.release_graphs()
+        with deadline("rank 0: drop the engine's CUDA graphs", SHUTDOWN_S, tp.on_expiry):
+            self.release_graphs()
         if self._owns_tp:
             tp.close()
 

@@ -129,6 +129,16 @@ def test_on_expiry_unblocks_a_waiting_step_which_then_names_the_step():
     assert time.monotonic() - t0 < 5
 
 
+def test_a_worker_gone_during_a_step_ends_it_early_with_one_error():
+    t0 = time.monotonic()
+    with (
+        pytest.raises(StepTimeout, match="'engine build' .*: a worker rank exited"),
+        deadline("engine build", 60.0, alive=lambda: time.monotonic() - t0 < 0.3),
+    ):
+        time.sleep(2.5)  # the step returns, but its peer left during it
+    assert time.monotonic() - t0 < 10
+
+
 STUCK = """
 import sys, threading
 sys.path.insert(0, {root!r})

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from engine.tp.ring import HeaderRing
+from engine.tp.watchdog import SHUTDOWN_S, deadline
 
 HEADER_LEN = 16
 # the host group waits for rank 0's next message as long as the engine lives (idle engines,
@@ -52,6 +53,7 @@ class Comm:
         self.engines: weakref.WeakSet = weakref.WeakSet()
         # a step past its deadline (engine.tp.watchdog): rank 0 kills the workers, a worker exits
         self.on_expiry: Callable[[], None] | None = None
+        self.peers_alive: Callable[[], bool] | None = None  # rank 0: every worker still runs
 
     @property
     def is_driver(self) -> bool:
@@ -124,9 +126,10 @@ class Comm:
         if self.workers is None:
             return
         workers, self.workers = self.workers, None
-        for engine in list(self.engines):
-            engine.release_graphs()
         try:
+            with deadline("rank 0: drop the engines' CUDA graphs", SHUTDOWN_S, workers.kill):
+                for engine in list(self.engines):
+                    engine.release_graphs()
             workers.stop(self)
         finally:
             self.ring.close()

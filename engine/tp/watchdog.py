@@ -3,10 +3,11 @@ that never joins the store, an NCCL communicator whose init or destroy never ret
 a rank never reaches) becomes one error naming the step, instead of a process that never
 returns.
 
-`deadline(step, seconds, on_expiry)` watches the step from a daemon thread. When the step is
-late, the watcher prints one line naming the step and runs `on_expiry` (rank 0: kill the
-workers, so that a call waiting for them fails; a worker: exit, so that rank 0's next call
-fails). A step that then returns or raises raises `StepTimeout` with that line. A step still
+`deadline(step, seconds, on_expiry, alive)` watches the step from a daemon thread. When the
+step is late, or (rank 0, `alive`) a worker rank exited while it runs, the watcher prints one
+line naming the step and runs `on_expiry` (rank 0: kill the workers, so that a call waiting for
+them fails; a worker: exit, so that rank 0's next call fails). A step that then returns or
+raises raises `StepTimeout` with that line. A step still
 blocked GRACE_S later (native code waiting for nothing that will come) cannot be reached from
 Python: the process exits with EXIT_CODE after a second line, so a test or a replay fails fast
 instead of hanging.
@@ -18,6 +19,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 # step deadlines (seconds): generous against slow hosts, short against a hang
@@ -33,30 +35,55 @@ class StepTimeout(RuntimeError):
     """A tensor-parallel start-up or shutdown step did not finish within its deadline."""
 
 
+POLL_S = 1.0  # how often the watcher asks `alive`
+
+
 def message(step: str, seconds: float) -> str:
     return f"tensor-parallel step '{step}' (pid {os.getpid()}) did not finish within {seconds:g} s"
 
 
+def _late_or_orphaned(
+    done: threading.Event, seconds: float, alive: Callable[[], bool] | None
+) -> str | None:
+    """Wait until the step is done (None), late ("late") or its peers gone ("gone")."""
+    end = time.monotonic() + seconds
+    while True:
+        left = end - time.monotonic()
+        if done.wait(max(0.0, min(left, POLL_S if alive is not None else left))):
+            return None
+        if time.monotonic() >= end:
+            return "late"
+        if alive is not None and not alive():
+            return "gone"
+
+
 @contextlib.contextmanager
 def deadline(
-    step: str, seconds: float, on_expiry: Callable[[], None] | None = None
+    step: str,
+    seconds: float,
+    on_expiry: Callable[[], None] | None = None,
+    alive: Callable[[], bool] | None = None,
 ) -> Iterator[None]:
     """Run the body of the `with` as step `step` (module docstring)."""
     done = threading.Event()
     fired = threading.Event()
+    why = {"msg": message(step, seconds)}
 
     def watch() -> None:
-        if done.wait(seconds):
+        verdict = _late_or_orphaned(done, seconds, alive)
+        if verdict is None:
             return
+        if verdict == "gone":
+            why["msg"] = f"tensor-parallel step '{step}' (pid {os.getpid()}): a worker rank exited"
         fired.set()
-        print(message(step, seconds), file=sys.stderr, flush=True)
+        print(why["msg"], file=sys.stderr, flush=True)
         if on_expiry is not None:
             with contextlib.suppress(Exception):
                 on_expiry()
         if not done.wait(GRACE_S):
             print(
-                f"{message(step, seconds)}; still blocked {GRACE_S:g} s later: exiting the "
-                f"process with code {EXIT_CODE}",
+                f"{why['msg']}; still blocked {GRACE_S:g} s later: exiting the process with "
+                f"code {EXIT_CODE}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -68,8 +95,8 @@ def deadline(
     except BaseException:
         done.set()
         if fired.is_set():  # it failed because it was late (e.g. its peers were killed)
-            raise StepTimeout(message(step, seconds)) from None
+            raise StepTimeout(why["msg"]) from None
         raise
     done.set()
     if fired.is_set():
-        raise StepTimeout(message(step, seconds))
+        raise StepTimeout(why["msg"])

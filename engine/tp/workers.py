@@ -164,16 +164,17 @@ def start(cfg: Config, max_model_len: int):
     workers = Workers(procs, store)
     try:
         with deadline("rank 0: start the workers and join the process groups", START_S,
-                      workers.kill):  # fmt: skip
+                      workers.kill, workers.alive):  # fmt: skip
             comm = _join(0, tp, store, cfg.device, ring)
     except BaseException:
         workers.stop(None)
         ring.close()
         raise
-    comm.on_expiry = workers.kill
+    comm.on_expiry, comm.peers_alive = workers.kill, workers.alive
     model, error = None, None
     try:
-        with deadline("rank 0: build the model shards (every rank)", BUILD_S, workers.kill):
+        with deadline("rank 0: build the model shards (every rank)", BUILD_S, workers.kill,
+                      workers.alive):  # fmt: skip
             try:
                 model = build_shard(cfg, comm, max_model_len)
             except Exception as e:  # noqa: BLE001 - every rank must still vote, then it is raised
@@ -211,9 +212,9 @@ def stop_all() -> None:
 def teardown(comm: Comm, on_expiry) -> None:
     """Every rank, at the same time, once its engines' CUDA graphs are gone: a barrier (every
     rank dropped its graphs: NCCL's destroy waits for them), then leave every group."""
-    if comm.device.type == "cuda":
-        torch.cuda.synchronize(comm.device)
     with deadline(f"rank {comm.rank}: barrier before teardown", SHUTDOWN_S, on_expiry):
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize(comm.device)
         dist.barrier(group=comm.host_group)
     with deadline(f"rank {comm.rank}: destroy the process groups", SHUTDOWN_S, on_expiry):
         dist.destroy_process_group()
