@@ -142,8 +142,8 @@ class Engine:
                 self.tp.engines.add(self)  # its graphs go before the group (Comm.close)
         self._closed = False
         self._inits: list[tuple[int, tuple | None]] = []  # new slots' sampler state to send
-        # rank 0's broadcast in parts (header, new slots' payload, device broadcast), ns per
-        # step, when a bench sets it to a list; None: not recorded
+        # rank 0's broadcast in parts (new slots' payload built, header and payload sent, device
+        # broadcast enqueued), ns per step, when a bench sets it to a list; None: not recorded
         self.broadcast_parts: list[tuple[int, int, int]] | None = None
         try:
             if self.tp is None:
@@ -344,23 +344,22 @@ class Engine:
 
     # ---- tensor parallelism ------------------------------------------------------------------
     def _broadcast(self, step: StepInputs) -> None:
-        """Rank 0: the step to every worker rank (`serve_step`): its sizes in one header, the
-        sampler state of slots initialised since the last step, then the uploaded inputs."""
+        """Rank 0: the step to every worker rank (`serve_step`): its sizes in one header with
+        the sampler state of slots initialised since the last step (engine.tp.ring: both in
+        shared memory), then the uploaded inputs (a device broadcast)."""
         tp = self.tp
         assert tp is not None
         parts = self.broadcast_parts
         t0 = time.perf_counter_ns() if parts is not None else 0
         ids = self._init_payload()
+        t1 = time.perf_counter_ns() if parts is not None else 0
         a = step.attn
         tp.send_header(
             OP_STEP, step.ring, step.num_reqs, step.num_tokens, step.num_gen,
             step.rows.hist_rows.numel(), step.bucket, step.padded_tokens, a.max_query_len,
             a.max_seq_len, step.num_pairs, step.table_cols, step.mixed, len(self._inits),
-            0 if ids is None else len(ids) - 3 * len(self._inits),
+            0 if ids is None else len(ids) - 3 * len(self._inits), payload=ids,
         )  # fmt: skip
-        t1 = time.perf_counter_ns() if parts is not None else 0
-        if ids is not None:
-            tp.send_ints(ids)
         self._inits.clear()
         t2 = time.perf_counter_ns() if parts is not None else 0
         self.inputs.broadcast(step, tp)
