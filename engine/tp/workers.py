@@ -85,8 +85,8 @@ class Workers:
                 error = e
         self.join()
         if dist.is_initialized():  # no teardown (a dead worker) or a failed one
-            with deadline("rank 0: destroy the process groups (workers gone)", SHUTDOWN_S):
-                dist.destroy_process_group()
+            with deadline("rank 0: leave the process groups (workers gone)", SHUTDOWN_S):
+                _leave_alone()
         self.store = None
         if error is not None:
             raise error
@@ -180,8 +180,9 @@ def start(cfg: Config, max_model_len: int):
             except Exception as e:  # noqa: BLE001 - every rank must still vote, then it is raised
                 error = e
             ok = comm.agree_min(0 if model is None else 1) == 1
-    except BaseException:
-        workers.stop(comm, say=False)
+    except BaseException:  # late, or interrupted: the workers may be anywhere in the build
+        workers.kill()
+        workers.stop(None)
         ring.close()
         raise
     if not ok:
@@ -217,6 +218,16 @@ def teardown(comm: Comm, on_expiry) -> None:
             torch.cuda.synchronize(comm.device)
         dist.barrier(group=comm.host_group)
     with deadline(f"rank {comm.rank}: destroy the process groups", SHUTDOWN_S, on_expiry):
+        dist.destroy_process_group()
+
+
+def _leave_alone() -> None:
+    """Rank 0 leaves its groups with its peers gone: NCCL's abort (its in-flight kernels stop
+    waiting for the dead peers; a destroy would wait for them), else destroy."""
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None and dist.get_backend() == "nccl":
+        abort()
+    else:
         dist.destroy_process_group()
 
 
