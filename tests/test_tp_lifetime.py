@@ -114,6 +114,12 @@ def test_a_late_step_is_one_error_naming_it():
     assert "'slow step'" in msg and "0.1 s" in msg and "\n" not in msg
 
 
+def test_the_environment_caps_every_deadline(monkeypatch):
+    monkeypatch.setenv(watchdog.CAP_ENV, "0.1")
+    with pytest.raises(StepTimeout, match="within 0.1 s"), deadline("build", 900.0):
+        time.sleep(0.4)
+
+
 def test_on_expiry_unblocks_a_waiting_step_which_then_names_the_step():
     peer_gone = threading.Event()
 

@@ -29,6 +29,9 @@ ENGINE_S = 900.0  # an Engine on every rank: profiling forward, KV agreement, gr
 SHUTDOWN_S = 60.0  # the barrier before teardown, and destroying the process groups
 GRACE_S = 10.0  # after the deadline: a step still blocked then ends the process
 EXIT_CODE = 124
+# caps every deadline above (seconds), e.g. 60 on a GPU check run under an outer timeout;
+# the workers inherit it from rank 0's environment
+CAP_ENV = "BUBBLESIM_TP_DEADLINE_S"
 
 
 class StepTimeout(RuntimeError):
@@ -65,6 +68,9 @@ def deadline(
     alive: Callable[[], bool] | None = None,
 ) -> Iterator[None]:
     """Run the body of the `with` as step `step` (module docstring)."""
+    cap = os.environ.get(CAP_ENV)
+    if cap:
+        seconds = min(seconds, float(cap))
     done = threading.Event()
     fired = threading.Event()
     why = {"msg": message(step, seconds)}
