@@ -17,7 +17,11 @@ hooks: per step a GPU interval from CUDA events on the compute stream.
   kv_read_tokens x bytes per token and the bandwidth comes from a large device-to-device copy
   on GPU 0 in the same run (read + write bytes / time).
 - busy_fraction: GPU busy time / wall time over the steady steps (1.0 = no bubbles).
-- broadcast_us: median host time of rank 0's step broadcast (tensor parallelism, else 0).
+- broadcast_us: median host time of rank 0's step broadcast (tensor parallelism, else 0);
+  broadcast_parts_us: its medians in parts [new slots' payload built, header and payload
+  written to the shared-memory ring, device broadcasts enqueued].
+With --json the file is rewritten after every case (a later case that hangs or fails leaves
+the earlier rows written), and a case that fails is one row with its error.
 The KV cache is sized for the cases (config num_kv_blocks), not from free memory, so the run
 stays short; everything else is the engine as replay runs it.
 """
@@ -96,11 +100,16 @@ def make_engine(
         arrival="asap",
         tensor_parallel_size=tp,
     )
-    return Engine(cfg)
+    eng = Engine(cfg)
+    if tp > 1:
+        eng.broadcast_parts = []  # rank 0's broadcast in parts, per step
+    return eng
 
 
 def measure(eng: Engine, batch: int, bandwidth: float, context: int = CONTEXT) -> dict:
     reqs = [RequestInput(f"b{i}", context, DECODE) for i in range(batch)]
+    if eng.broadcast_parts is not None:
+        eng.broadcast_parts.clear()  # this run's steps only, as its trace
     eng.run(reqs)
     tr = eng.trace
     rows = [i for i, s in enumerate(tr.shapes) if s.is_pure_decode and s.num_reqs == batch]
@@ -131,11 +140,22 @@ def measure(eng: Engine, batch: int, bandwidth: float, context: int = CONTEXT) -
         "broadcast_us": round(float(np.median(np.diff(tr.broadcast_ns[lo:hi], axis=1))) / 1e3, 1)
         if tp > 1
         else 0.0,
+        "broadcast_parts_us": broadcast_parts_us(eng, lo, hi),
         "steps": len(rows),
         "kv_read_tokens": round(kv_tokens),
         "copy_gbps": round(bandwidth / 1e9, 1),
         "gpu": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu",
     }
+
+
+def broadcast_parts_us(eng: Engine, lo: int, hi: int) -> list[float] | None:
+    """Medians over steps lo..hi of rank 0's broadcast parts (Engine.broadcast_parts: one entry
+    per broadcast step; every step of a tensor-parallel run broadcasts), in microseconds."""
+    parts = eng.broadcast_parts
+    if not parts or len(parts) < hi:
+        return None
+    arr = np.asarray(parts[lo:hi], dtype=np.float64)
+    return [round(float(x) / 1e3, 1) for x in np.median(arr, axis=0)]
 
 
 def profile_steps(eng: Engine, batch: int, path: Path, context: int = CONTEXT) -> None:
@@ -163,6 +183,12 @@ def free_engine(eng: Engine | None) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def save(path: Path | None, results: list[dict]) -> None:
+    """Every row so far, atomically (after each case: a later hang keeps them)."""
+    if path is not None:
+        atomic_file(path, json.dumps(results, indent=1))
 
 
 def parse_cases(text: str) -> list[tuple[str, list[int]]]:
@@ -212,10 +238,12 @@ def main() -> int:
                 for batch in batches:
                     row = measure(eng, batch, bandwidth, args.context)
                     results.append(row)
+                    save(args.json, results)
                     print(
                         f"  batch {batch:3d}: step {row['step_ms']:.3f} ms, floor "
                         f"{row['floor_ms']:.3f} ms, busy {row['busy_fraction']:.3f}, "
-                        f"broadcast {row['broadcast_us']:.1f} us",
+                        f"broadcast {row['broadcast_us']:.1f} us "
+                        f"(parts {row['broadcast_parts_us']})",
                         flush=True,
                     )
                     if args.profile and batch <= 8 and device.type == "cuda":
@@ -225,13 +253,21 @@ def main() -> int:
             except Exception as e:  # keep going: the other cases still tell something
                 traceback.print_exc()
                 failed.append(f"{model} depth {depth}: {type(e).__name__}: {e}")
+                results.append({"model": model, "batches_in_flight": depth, "error": failed[-1]})
+                save(args.json, results)
             finally:
+                t0 = time.perf_counter()
                 free_engine(eng)
+                if args.tp > 1:
+                    print(f"{model} depth {depth}: engine closed in "
+                          f"{time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
     print()
     head = f"{'model':<14}{'tp':>3}{'batch':>6}{'depth':>6}{'step_ms':>10}{'wall_ms':>10}"
     head += f"{'floor_ms':>10}{'ratio':>8}{'busy':>8}"
     print(head)
     for r in results:
+        if "error" in r:
+            continue
         print(
             f"{r['model']:<14}{r['tensor_parallel_size']:>3}{r['batch']:>6}"
             f"{r['batches_in_flight']:>6}{r['step_ms']:>10.3f}"
@@ -239,8 +275,6 @@ def main() -> int:
             f"{r['busy_fraction']:>8.3f}"
         )
     print(f"\ntotal {time.perf_counter() - t_start:.0f} s")
-    if args.json:
-        atomic_file(args.json, json.dumps(results, indent=1))
     for f in failed:
         print("FAILED:", f)
     return 1 if failed else 0

@@ -70,6 +70,7 @@ from engine.sampler import Sampler, SampleRows
 from engine.spec.decoder import SpecDecoder
 from engine.spec.inputs import SpecInputBuffers
 from engine.tp.comm import OP_END_ENGINE, OP_ENGINE, OP_STEP, OP_WARM_FORWARDS, Comm
+from engine.tp.watchdog import ENGINE_S, SHUTDOWN_S, deadline
 
 CPU_KV_BYTES = 64 << 20  # the KV budget on CPU, where free memory says little
 _now = time.perf_counter_ns
@@ -138,10 +139,19 @@ class Engine:
             if self.tp.is_driver:  # the workers build the same engine, collective for collective
                 self.tp.send_header(OP_ENGINE)
                 self.tp.send_object(cfg)
+                self.tp.engines.add(self)  # its graphs go before the group (Comm.close)
         self._closed = False
         self._inits: list[tuple[int, tuple | None]] = []  # new slots' sampler state to send
+        # rank 0's broadcast in parts (new slots' payload built, header and payload sent, device
+        # broadcast enqueued), ns per step, when a bench sets it to a list; None: not recorded
+        self.broadcast_parts: list[tuple[int, int, int]] | None = None
         try:
-            self._build(cfg)
+            if self.tp is None:
+                self._build(cfg)
+            else:  # every rank's collectives must meet: a hang is one error naming the step
+                step = f"rank {self.tp.rank}: build the engine (every rank)"
+                with deadline(step, ENGINE_S, self.tp.on_expiry, self.tp.peers_alive):
+                    self._build(cfg)
         except BaseException:
             if self._owns_tp:  # the workers it started would outlive the failed engine
                 self.model.comm.close()
@@ -239,6 +249,8 @@ class Engine:
         sample -> draft. The step's GPU interval runs from hooks.gpu_begin in `_prepare` to
         hooks.gpu_end in `_sample` (or in `_draft`, ngram-gpu). The loop appends the returned
         batch to `inflight`; replay.gpu.shapes launches synthetic batches here and never does."""
+        if self._closed:
+            raise RuntimeError("this tensor-parallel engine was closed (Engine.close)")
         h = self.hooks
         shift = self._wait_for_accepted_counts(row)  # spec with seed 5 off only
         h.begin(P.PREPARE_INPUTS)
@@ -332,22 +344,27 @@ class Engine:
 
     # ---- tensor parallelism ------------------------------------------------------------------
     def _broadcast(self, step: StepInputs) -> None:
-        """Rank 0: the step to every worker rank (`serve_step`): its sizes in one header, the
-        sampler state of slots initialised since the last step, then the uploaded inputs."""
+        """Rank 0: the step to every worker rank (`serve_step`): its sizes in one header with
+        the sampler state of slots initialised since the last step (engine.tp.ring: both in
+        shared memory), then the uploaded inputs (a device broadcast)."""
         tp = self.tp
         assert tp is not None
+        parts = self.broadcast_parts
+        t0 = time.perf_counter_ns() if parts is not None else 0
         ids = self._init_payload()
+        t1 = time.perf_counter_ns() if parts is not None else 0
         a = step.attn
         tp.send_header(
             OP_STEP, step.ring, step.num_reqs, step.num_tokens, step.num_gen,
             step.rows.hist_rows.numel(), step.bucket, step.padded_tokens, a.max_query_len,
             a.max_seq_len, step.num_pairs, step.table_cols, step.mixed, len(self._inits),
-            0 if ids is None else len(ids) - 3 * len(self._inits),
+            0 if ids is None else len(ids) - 3 * len(self._inits), payload=ids,
         )  # fmt: skip
-        if ids is not None:
-            tp.send_ints(ids)
         self._inits.clear()
+        t2 = time.perf_counter_ns() if parts is not None else 0
         self.inputs.broadcast(step, tp)
+        if parts is not None:
+            parts.append((t1 - t0, t2 - t1, time.perf_counter_ns() - t2))
 
     def _init_payload(self) -> np.ndarray | None:
         """[slot, prompt length (-1: no history), output length] per initialised slot, then
@@ -409,8 +426,10 @@ class Engine:
         return len(plan), W.run_forward_plan(self, plan, compile_threads)
 
     def close(self) -> None:
-        """Tensor parallelism (rank 0): the workers drop their engine, and stop when this engine
-        started them. Idempotent; nothing to do at tensor_parallel_size 1."""
+        """Tensor parallelism (rank 0): the workers drop their engine, this engine destroys its
+        CUDA graphs (NCCL's destroy of the group waits for every graph that captured one of
+        its collectives), and the workers stop when this engine started them. Idempotent;
+        nothing to do at tensor_parallel_size 1. A closed engine runs no more steps."""
         tp = self.tp
         if tp is None or not tp.is_driver or self._closed:
             return
@@ -418,8 +437,23 @@ class Engine:
         if tp.workers is not None:
             with contextlib.suppress(Exception):  # workers gone: close() below reaps them
                 tp.send_header(OP_END_ENGINE)
+        with deadline("rank 0: drop the engine's CUDA graphs", SHUTDOWN_S, tp.on_expiry):
+            self.release_graphs()
         if self._owns_tp:
             tp.close()
+
+    def release_graphs(self) -> None:
+        """Destroy this engine's CUDA graphs now, whoever else holds the engine (tensor
+        parallelism: before the process group goes). The engine runs no more steps after it."""
+        self._closed = True
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # no replay in flight
+        for owner in (getattr(self, "graphs", None), getattr(self, "mixed", None)):
+            if owner is not None:
+                for graph in owner.graphs.values():
+                    graph.reset()
+                owner.graphs.clear()
+        self.graphs = self.mixed = None
 
     def __enter__(self) -> Engine:
         return self

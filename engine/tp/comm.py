@@ -3,8 +3,9 @@
 The default process group (NCCL on CUDA, gloo on CPU) carries device tensors (the model's
 all-reduces and logits gather, the step's input buffers). Host messages from rank 0: a
 fixed-size int64 header per step or command (`HEADER_LEN` values) through a shared-memory ring
-(engine.tp.ring), and now and then, when a header announces one, a variable-length int64
-payload or a pickled object over a gloo group. Every rank issues the same collectives in the
+(engine.tp.ring) with, when the header announces one, a variable-length int64 payload in the
+same ring slot (over a gloo group when larger than the slot's area), and now and then a pickled
+object over the gloo group. Every rank issues the same collectives in the
 same order (the worker loop mirrors rank 0's step), so NCCL kernels captured in CUDA graphs pair
 up on replay.
 
@@ -16,13 +17,16 @@ rank 0.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from engine.tp.ring import HeaderRing
+from engine.tp.ring import PAYLOAD_WORDS, HeaderRing
+from engine.tp.watchdog import SHUTDOWN_S, deadline
 
 HEADER_LEN = 16
 # the host group waits for rank 0's next message as long as the engine lives (idle engines,
@@ -44,8 +48,14 @@ class Comm:
         self.rank, self.size, self.device = rank, size, device
         self.host_group = dist.new_group(backend="gloo", timeout=HOST_TIMEOUT)
         self.ring = ring
+        self.payload_words = PAYLOAD_WORDS  # a larger payload goes over gloo (same on all ranks)
         self.header_np = np.zeros(HEADER_LEN, dtype=np.int64)
         self.workers = None  # rank 0: engine.tp.workers.Workers (the processes it started)
+        # rank 0: the engines built on this group; their CUDA graphs go before the group does
+        self.engines: weakref.WeakSet = weakref.WeakSet()
+        # a step past its deadline (engine.tp.watchdog): rank 0 kills the workers, a worker exits
+        self.on_expiry: Callable[[], None] | None = None
+        self.peers_alive: Callable[[], bool] | None = None  # rank 0: every worker still runs
 
     @property
     def is_driver(self) -> bool:
@@ -70,12 +80,18 @@ class Comm:
         dist.broadcast(x, src=0)
 
     # ---- host messages (gloo group) -----------------------------------------------------------
-    def send_header(self, *values: int) -> None:
-        """Rank 0: header = values (the rest zero), to every rank."""
+    def send_header(self, *values: int, payload: np.ndarray | None = None) -> None:
+        """Rank 0: header = values (the rest zero), to every rank, with an int64 `payload`
+        whose length the header announces (the workers' `recv_ints`): in the header's ring
+        slot when it fits (`payload_words`), else over gloo after the header."""
         h = self.header_np
         h[:] = 0
         h[: len(values)] = values
-        self.ring.send(h, self._workers_alive)
+        fits = payload is None or len(payload) <= self.payload_words
+        self.ring.send(h, self._workers_alive, payload if fits else None)
+        if not fits:
+            dist.broadcast(torch.from_numpy(np.ascontiguousarray(payload, np.int64)), src=0,
+                           group=self.host_group)  # fmt: skip
 
     def _workers_alive(self) -> bool:
         w = self.workers
@@ -85,12 +101,11 @@ class Comm:
         """Workers: wait for rank 0's next header; returns it (valid until the next)."""
         return self.ring.recv()
 
-    def send_ints(self, values: np.ndarray) -> None:
-        """Rank 0: an int64 array whose length the header announced."""
-        dist.broadcast(torch.from_numpy(np.ascontiguousarray(values, np.int64)), src=0,
-                       group=self.host_group)  # fmt: skip
-
     def recv_ints(self, n: int) -> np.ndarray:
+        """Workers: the last header's payload of `n` values (`send_header`), before the next
+        `recv_header`."""
+        if n <= self.payload_words:
+            return self.ring.payload(n)
         t = torch.empty(n, dtype=torch.int64)
         dist.broadcast(t, src=0, group=self.host_group)
         return t.numpy()
@@ -111,9 +126,17 @@ class Comm:
 
     # ---- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
-        """Rank 0: stop the workers and leave the group (idempotent). Workers leave on their own
-        when they read the shutdown command."""
-        if self.workers is not None:
-            self.workers.stop(self)
-            self.workers = None
+        """Rank 0: destroy the CUDA graphs of every engine built on this group (an engine not
+        closed yet still holds them, and NCCL's destroy waits for them), stop the workers and
+        leave the group together with them (engine.tp.workers: Workers.stop). Idempotent.
+        Raises engine.tp.watchdog.StepTimeout naming the step when a teardown step hangs."""
+        if self.workers is None:
+            return
+        workers, self.workers = self.workers, None
+        try:
+            with deadline("rank 0: drop the engines' CUDA graphs", SHUTDOWN_S, workers.kill):
+                for engine in list(self.engines):
+                    engine.release_graphs()
+            workers.stop(self)
+        finally:
             self.ring.close()

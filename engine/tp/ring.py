@@ -4,11 +4,14 @@ scheduler output to the workers through a shared-memory ring too; a gloo broadca
 16 values cost rank 0 0.3 ms p50 and several ms p90 on a loaded host).
 
 Layout (int64 words): one read counter per reader, each on its own 64-byte line, then SLOTS
-slots of [seq, HEADER_LEN values] padded to whole lines. Header number s (1, 2, ...) goes to
-slot s % SLOTS: rank 0 writes the values, then seq = s; a reader waiting for header s spins
-until the slot's seq is s, copies the values, then stores s in its read counter. Rank 0 writes
-header s only once every reader has read header s - SLOTS (readers are at most a few steps
-behind: each step's collectives make rank 0 wait for them on the device).
+slots of [seq, HEADER_LEN values] padded to whole lines, then SLOTS payload areas of
+PAYLOAD_WORDS int64 values (a step's new slots' sampler state: engine.Engine._broadcast; a
+larger payload goes over gloo, engine.tp.comm). Header number s (1, 2, ...) goes to slot
+s % SLOTS: rank 0 writes the payload, the values, then seq = s; a reader waiting for header s
+spins until the slot's seq is s and copies the values; it reads the payload (`payload`) before
+its next `recv`, which stores s in its read counter (the reader is done with slot s). Rank 0
+writes header s only once every reader is done with header s - SLOTS (readers are at most a
+few steps behind: each step's collectives make rank 0 wait for them on the device).
 
 The protocol relies on stores becoming visible in program order and loads not passing loads
 (x86's TSO, which the GPU hosts are); numpy stores an aligned int64 in one instruction.
@@ -31,6 +34,7 @@ import numpy as np
 
 SLOTS = 64
 LINE = 8  # int64 words per 64-byte line
+PAYLOAD_WORDS = 8192  # int64 values of payload per slot (64 KiB; 4 MiB for the ring)
 IDLE_S = 0.5  # a CUDA rank that saw no header for this long sleeps between looks
 SPIN_CPU_S = 0.0002
 SLEEP_S = 0.0005
@@ -53,12 +57,14 @@ class HeaderRing:
         self._slots = words[base : base + SLOTS * sw].reshape(SLOTS, sw)
         self._seq = self._slots[:, 0]
         self._values = self._slots[:, 1 : 1 + header_len]
+        base += SLOTS * sw
+        self._payload = words[base : base + SLOTS * PAYLOAD_WORDS].reshape(SLOTS, PAYLOAD_WORDS)
         self.last = 0  # headers written (rank 0) or read (a reader)
         self.out = np.zeros(header_len, dtype=np.int64)  # a reader's copy of the last header
 
     @staticmethod
     def size_bytes(readers: int, header_len: int) -> int:
-        return 8 * (readers * LINE + SLOTS * _slot_words(header_len))
+        return 8 * (readers * LINE + SLOTS * (_slot_words(header_len) + PAYLOAD_WORDS))
 
     @classmethod
     def create(cls, readers: int, header_len: int) -> HeaderRing:
@@ -78,13 +84,19 @@ class HeaderRing:
         return self.shm.name
 
     # ---- rank 0 --------------------------------------------------------------------------------
-    def send(self, values: np.ndarray, alive: Callable[[], bool]) -> None:
-        """Write the next header (HEADER_LEN int64 values); waits only while a reader is SLOTS
-        headers behind. Raises RuntimeError when `alive()` says a reader is gone."""
+    def send(
+        self, values: np.ndarray, alive: Callable[[], bool], payload: np.ndarray | None = None
+    ) -> None:
+        """Write the next header (HEADER_LEN int64 values) and its `payload` (at most
+        PAYLOAD_WORDS int64 values; the header tells the readers its length); waits only while
+        a reader is SLOTS headers behind. Raises RuntimeError when `alive()` says a reader is
+        gone."""
         s = self.last + 1
         if s > SLOTS and int(self._reads.min()) < s - SLOTS:
             self._wait_for_readers(s - SLOTS, alive)
         k = s % SLOTS
+        if payload is not None:
+            self._payload[k, : len(payload)] = payload
         self._values[k] = values
         self._seq[k] = s  # after the values: a reader that sees s sees them
         self.last = s
@@ -100,8 +112,10 @@ class HeaderRing:
 
     # ---- readers -------------------------------------------------------------------------------
     def recv(self) -> np.ndarray:
-        """Wait for the next header; returns `out` (valid until the next recv)."""
+        """Wait for the next header; returns `out` (valid until the next recv). Done with the
+        previous header (and its payload): rank 0 may write its slot again."""
         s = self.last + 1
+        self._reads[self.reader] = s - 1
         k = s % SLOTS
         seq = self._seq
         if seq[k] != s:
@@ -112,15 +126,19 @@ class HeaderRing:
                 else:
                     time.sleep(SLEEP_S)
         self.out[:] = self._values[k]
-        self._reads[self.reader] = s
         self.last = s
         return self.out
+
+    def payload(self, n: int) -> np.ndarray:
+        """A copy of the last header's first `n` payload values (n <= PAYLOAD_WORDS)."""
+        return self._payload[self.last % SLOTS, :n].copy()
 
     def close(self) -> None:
         """Detach (and, rank 0, remove the segment). Idempotent."""
         if self.shm is None:
             return
         self._reads = self._slots = self._seq = self._values = None  # type: ignore[assignment]
+        self._payload = None  # type: ignore[assignment]
         shm, self.shm = self.shm, None
         shm.close()
         if self.owner:

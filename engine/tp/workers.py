@@ -14,10 +14,19 @@ collectives: profiling forward, KV budget agreement, CUDA graph captures in the 
 OP_STEP runs one step (`Engine.serve_step`); OP_WARM_FORWARDS the warm-up forwards;
 OP_END_ENGINE drops the engine; OP_SHUTDOWN leaves.
 
-Ending: `Comm.close` (rank 0; also at interpreter exit) sends OP_SHUTDOWN and joins the workers,
-terminating any that do not leave in time. A worker whose step fails prints the error and exits
-at once, so rank 0's next host message fails instead of waiting; a worker whose parent process
-is gone exits within a second (a watchdog thread), so no worker outlives rank 0.
+Ending: `Comm.close` (rank 0; also at interpreter exit) drops the CUDA graphs of its engines,
+sends OP_SHUTDOWN, and then every rank tears down together (`teardown`): a barrier on the gloo
+group once every rank has dropped its graphs, then `destroy_process_group` on every rank at
+the same time; rank 0 joins the workers last, terminating any that do not leave in time. The
+order matters on NCCL: destroying (or aborting) a communicator waits until every CUDA graph
+that captured one of its collectives is destroyed, so a rank that destroys its group while an
+engine still holds its graphs never returns; and some NCCL versions' abort is collective, so
+rank 0 must not wait for the workers to exit before it destroys its own.
+
+Every start-up and shutdown step runs under a deadline (engine.tp.watchdog): a hang becomes
+one error line naming the step. A worker whose step fails prints the error and exits at once,
+so rank 0's next host message fails instead of waiting; a worker whose parent process is gone
+exits within a second (a watchdog thread), so no worker outlives rank 0.
 """
 
 from __future__ import annotations
@@ -49,9 +58,10 @@ from engine.tp.comm import (
 )
 from engine.tp.ring import IDLE_S, SPIN_CPU_S, HeaderRing
 from engine.tp.shard import check_divisible
+from engine.tp.watchdog import BUILD_S, SHUTDOWN_S, START_S, deadline
 
-START_TIMEOUT = timedelta(minutes=5)  # every rank joins the store within this
-JOIN_S = 10.0  # a worker's time to leave after OP_SHUTDOWN before it is terminated
+START_TIMEOUT = timedelta(seconds=START_S)  # every rank joins the store within this
+JOIN_S = 10.0  # a worker's time to leave after its teardown before it is terminated
 
 
 class Workers:
@@ -60,16 +70,35 @@ class Workers:
     def __init__(self, procs: list[Any], store: Any) -> None:
         self.procs, self.store = procs, store
 
-    def stop(self, comm: Comm | None) -> None:
-        """Tell the workers to leave (when the group still works), join or end them, then leave
-        the process group."""
-        if comm is not None:
-            with contextlib.suppress(Exception):  # a dead worker: the joins below end the rest
-                comm.send_header(OP_SHUTDOWN)
+    def stop(self, comm: Comm | None, say: bool = True) -> None:
+        """Rank 0: tell the workers to leave (`say`: OP_SHUTDOWN; else they leave on their own,
+        a failed start), tear down the groups together with them while they all live, join
+        them (ending those that do not leave in time), and leave the groups if the teardown
+        could not. A teardown error is raised after the joins (nothing is left running)."""
+        error: BaseException | None = None
+        if comm is not None and dist.is_initialized() and self.alive():
+            try:
+                if say:
+                    comm.send_header(OP_SHUTDOWN)
+                teardown(comm, self.kill)
+            except Exception as e:  # noqa: BLE001 - the joins below must still run
+                error = e
         self.join()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if dist.is_initialized():  # no teardown (a dead worker) or a failed one
+            with deadline("rank 0: leave the process groups (workers gone)", SHUTDOWN_S):
+                _leave_alone()
         self.store = None
+        if error is not None:
+            raise error
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def kill(self) -> None:
+        """End every worker now (a step of rank 0 is past its deadline)."""
+        for p in self.procs:
+            with contextlib.suppress(Exception):
+                p.kill()
 
     def join(self) -> None:
         deadline = time.monotonic() + JOIN_S
@@ -134,18 +163,30 @@ def start(cfg: Config, max_model_len: int):
         procs.append(p)
     workers = Workers(procs, store)
     try:
-        comm = _join(0, tp, store, cfg.device, ring)
+        with deadline("rank 0: start the workers and join the process groups", START_S,
+                      workers.kill, workers.alive):  # fmt: skip
+            comm = _join(0, tp, store, cfg.device, ring)
     except BaseException:
         workers.stop(None)
         ring.close()
         raise
+    comm.on_expiry, comm.peers_alive = workers.kill, workers.alive
     model, error = None, None
     try:
-        model = build_shard(cfg, comm, max_model_len)
-    except Exception as e:  # noqa: BLE001 - every rank must still vote, then it is raised
-        error = e
-    if comm.agree_min(0 if model is None else 1) == 0:
+        with deadline("rank 0: build the model shards (every rank)", BUILD_S, workers.kill,
+                      workers.alive):  # fmt: skip
+            try:
+                model = build_shard(cfg, comm, max_model_len)
+            except Exception as e:  # noqa: BLE001 - every rank must still vote, then it is raised
+                error = e
+            ok = comm.agree_min(0 if model is None else 1) == 1
+    except BaseException:  # late, or interrupted: the workers may be anywhere in the build
+        workers.kill()
         workers.stop(None)
+        ring.close()
+        raise
+    if not ok:
+        workers.stop(comm, say=False)  # the workers tear down after their vote too
         ring.close()
         if error is not None:
             raise error
@@ -167,6 +208,27 @@ def stop_all() -> None:
     share one model, so no single engine owns the workers). Idempotent."""
     while _ACTIVE:
         _ACTIVE.pop().close()
+
+
+def teardown(comm: Comm, on_expiry) -> None:
+    """Every rank, at the same time, once its engines' CUDA graphs are gone: a barrier (every
+    rank dropped its graphs: NCCL's destroy waits for them), then leave every group."""
+    with deadline(f"rank {comm.rank}: barrier before teardown", SHUTDOWN_S, on_expiry):
+        if comm.device.type == "cuda":
+            torch.cuda.synchronize(comm.device)
+        dist.barrier(group=comm.host_group)
+    with deadline(f"rank {comm.rank}: destroy the process groups", SHUTDOWN_S, on_expiry):
+        dist.destroy_process_group()
+
+
+def _leave_alone() -> None:
+    """Rank 0 leaves its groups with its peers gone: NCCL's abort (its in-flight kernels stop
+    waiting for the dead peers; a destroy would wait for them), else destroy."""
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None and dist.get_backend() == "nccl":
+        abort()
+    else:
+        dist.destroy_process_group()
 
 
 def _join(rank: int, size: int, store: Any, device: str, ring: HeaderRing) -> Comm:
@@ -208,32 +270,45 @@ def worker_main(
     max_model_len: int,
     parent_pid: int,
 ) -> None:
-    """A worker process: join, build the shard, serve until OP_SHUTDOWN."""
+    """A worker process: join, build the shard, serve until OP_SHUTDOWN, tear down. Any error
+    (a step past its deadline among them) is printed and ends the process at once: rank 0's
+    next message to it then fails."""
     _exit_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle: it stops us
+    try:
+        _worker(rank, size, port, ring_name, cfg, max_model_len)
+    except BaseException:  # noqa: BLE001 - say why, and go
+        traceback.print_exc()
+        os._exit(1)
+
+
+def _exit_now() -> None:
+    os._exit(1)
+
+
+def _worker(rank: int, size: int, port: int, ring_name: str, cfg: Config, max_model_len: int):
     if cfg.device == "cuda":
         torch.cuda.set_device(rank)
     else:
         torch.set_num_threads(1)  # the CPU ranks share the host's cores
-    store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=START_TIMEOUT)
-    spin_s = IDLE_S if cfg.device == "cuda" else SPIN_CPU_S  # CPU ranks share the cores
-    ring = HeaderRing.attach(ring_name, size - 1, HEADER_LEN, rank - 1, spin_s)
-    comm = _join(rank, size, store, cfg.device, ring)
+    with deadline(f"rank {rank}: join the store and the process groups", START_S, _exit_now):
+        store = dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=START_TIMEOUT)
+        spin_s = IDLE_S if cfg.device == "cuda" else SPIN_CPU_S  # CPU ranks share the cores
+        ring = HeaderRing.attach(ring_name, size - 1, HEADER_LEN, rank - 1, spin_s)
+        comm = _join(rank, size, store, cfg.device, ring)
+    comm.on_expiry = _exit_now
     model = None
-    try:
-        model = build_shard(cfg, comm, max_model_len)
-    except Exception:  # noqa: BLE001 - printed here; rank 0 raises for every rank
-        traceback.print_exc()
-    if comm.agree_min(0 if model is None else 1) == 0:
-        dist.destroy_process_group()
-        ring.close()
-        return
-    try:
+    with deadline(f"rank {rank}: build the model shards (every rank)", BUILD_S, _exit_now):
+        try:
+            model = build_shard(cfg, comm, max_model_len)
+        except Exception:  # noqa: BLE001 - printed here; rank 0 raises for every rank
+            traceback.print_exc()
+        ok = comm.agree_min(0 if model is None else 1) == 1
+    if ok:
         serve(comm, model)
-    except BaseException:  # noqa: BLE001 - say why, and go: rank 0's next message fails
-        traceback.print_exc()
-        os._exit(1)
-    dist.destroy_process_group()
+    model = None
+    _collect()
+    teardown(comm, _exit_now)
     ring.close()
 
 
@@ -250,6 +325,7 @@ def serve(comm: Comm, model: Any) -> None:
             engine.serve_step(h)
         elif op == OP_ENGINE:
             engine = _drop(engine)
+            _collect()
             cfg = comm.recv_object()
             engine = Engine(cfg, model=model)  # type: ignore[arg-type]
         elif op == OP_WARM_FORWARDS:
@@ -257,23 +333,29 @@ def serve(comm: Comm, model: Any) -> None:
             engine.warm_forwards(int(h[1]))
         elif op == OP_END_ENGINE:
             engine = _drop(engine)
+            _collect()
         elif op == OP_SHUTDOWN:
-            _drop(engine)  # unfrozen and freed: nothing left for the interpreter's exit
+            engine = _drop(engine)  # graphs gone before the teardown (which collects)
             return
         else:
             raise RuntimeError(f"tensor-parallel worker {comm.rank}: unknown command {op}")
 
 
 def _drop(engine: Any) -> None:
-    """Free a worker's engine (KV cache, graphs): its start-up heap may be frozen (gc_freeze)."""
-    if engine is None:
-        return None
-    del engine
+    """Destroy a worker's engine's CUDA graphs now (the communicator's destroy waits for them,
+    and a frozen or cyclic engine would keep them alive). Returns None: `engine =
+    _drop(engine)`, then `_collect()` frees the rest once no name holds it."""
+    if engine is not None:
+        engine.release_graphs()
+    return None
+
+
+def _collect() -> None:
+    """Free what was dropped: the engines' start-up heap may be frozen (gc_freeze)."""
     gc.unfreeze()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return None
 
 
 def _exit_with_parent(parent_pid: int) -> None:
