@@ -63,12 +63,18 @@ DEFAULTS: dict[str, Any] = {
         # Tensor parallelism (sim.cost.collective): each of a pass's 2 x num_layers activation
         # all-reduces and its logits all-gather costs latency_ms + latency_ms_per_peer x
         # (n - 1) + the ring's bytes per link / (core.gpus link_gb_per_s x bw_efficiency).
-        # nccl-tests on 8 x H100 SXM reach a busbw of 360-480 GB/s against NVLink 4's 450 GB/s
-        # each way (0.8 without NVLink SHARP); NCCL's small-message all-reduce on one NVLink
-        # host takes ~7-20 us from 2 to 8 GPUs (an estimate, launched from a CUDA graph).
-        # Added to roofline passes only: a fitted GPU model measured at the same degree holds
-        # them. `replay allreduce-fit` fits the three from `replay allreduce` (an NCCL sweep).
-        "allreduce": {"latency_ms": 6 * US, "latency_ms_per_peer": 1.5 * US, "bw_efficiency": 0.8},
+        # Measured (reports/tp/, 2 x H100 SXM, NCCL 2.2x from a CUDA graph, 2026-11-26):
+        # 11-12 us up to 128 KiB, busbw 113 GB/s at 4 MiB and 295 GB/s at 256 MiB; the fit
+        # over 1 KiB-256 MiB gives 12.3 us and 0.55 of the link (rms error 13 %). The per-peer
+        # latency is not identifiable from one degree: 1.5 us is nccl-tests' small-message
+        # growth from 2 to 8 GPUs (~7-20 us). Added to roofline passes only: a fitted GPU model
+        # measured at the same degree holds them. `replay allreduce-fit` fits the three from
+        # `replay allreduce` (an NCCL sweep) on the GPUs at hand.
+        "allreduce": {
+            "latency_ms": 10.8 * US,
+            "latency_ms_per_peer": 1.5 * US,
+            "bw_efficiency": 0.55,
+        },
         # Optional fitted linear models that replace the roofline (see linear.py), per kind:
         # "decode": pure-decode steps (no prefill request), "mixed": any step with a prefill.
     },
@@ -143,14 +149,14 @@ DEFAULTS: dict[str, Any] = {
         "draft.ngram_gpu_launch": {"intercept": 100 * US},
         # Tensor parallelism (tensor_parallel_size > 1): rank 0 sends each step's inputs to the
         # other ranks after prepare_inputs (core.phases.BROADCAST), charged to the `launch`
-        # phase, which it precedes (the sim records no phase of its own for it). vLLM sends its
-        # scheduler output through a shared-memory ring buffer (PR 5399: one write whatever the
-        # number of readers; +3.5 % throughput over torch.distributed broadcasts at TP 8 on
-        # H100, PR 9856 for V1): a pickle and memcpy of tens of us, growing with the requests
-        # and the new prompts' token ids. An estimate; `replay calibrate` fits it from TP runs.
+        # phase, which it precedes (the sim records no phase of its own for it). This engine
+        # writes a header through a shared-memory ring (as vLLM V1 does, PR 9856) and enqueues
+        # two NCCL broadcasts of the device inputs; measured on 2 x H100 (reports/tp/,
+        # bench/engine_decode.py --tp 2): 144-187 us at batch 1 and 240-280 us at batch 64 a
+        # step, 90 % of it the NCCL enqueue. `replay calibrate` fits it from TP runs.
         "launch.tp_broadcast": {
-            "intercept": 25 * US,
-            "num_reqs": 0.5 * US,
+            "intercept": 163 * US,
+            "num_reqs": 1.5 * US,
             "prefill_tokens": 5 * NS,
         },
         # Seed 5 (PR 32951): ~4 small correction kernels launched before the forward.
