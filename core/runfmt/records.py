@@ -457,11 +457,7 @@ class RunRecorder:
         """Numpy arrays of everything recorded, validated (one clear error on bad data)."""
         n = self.num_steps
         self._flush_shapes()
-        shape = (
-            np.concatenate(self._shape_chunks)
-            if self._shape_chunks
-            else np.zeros((0, len(SHAPE_FIELDS)), np.int64)
-        )
+        shape = _columns(self._shape_chunks, n, len(SHAPE_FIELDS))
         rec = Recording(
             shape=shape,
             phase_start=_stack([self._phase[p][0] for p in CPU_PHASES], n),
@@ -545,6 +541,20 @@ def _head(col: array[float] | array[int], dtype: type, n: int) -> np.ndarray:
 
 
 def _stack(cols: list[array[float]], n: int) -> np.ndarray:
-    if not cols:
-        return np.zeros((n, 0))
-    return np.stack([np.frombuffer(c, np.float64, count=n) for c in cols], axis=1)
+    """(n, len(cols)) in column-major order: each column contiguous, as the run folder's
+    tables take them (no copy there)."""
+    out = np.empty((n, len(cols)), np.float64, order="F")
+    for j, c in enumerate(cols):
+        out[:, j] = np.frombuffer(c, np.float64, count=n)
+    return out
+
+
+def _columns(chunks: list[np.ndarray], n: int, width: int) -> np.ndarray:
+    """The (rows, width) int64 chunks stacked into (n, width), column-major as `_stack`."""
+    out = np.empty((n, width), np.int64, order="F")
+    at = 0
+    for c in chunks:
+        out[at : at + len(c)] = c
+        at += len(c)
+    assert at == n, f"{at} shape rows for {n} steps"
+    return out

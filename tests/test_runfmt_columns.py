@@ -1,0 +1,50 @@
+"""The run folder's fast paths give what the general ones give: the longest sync wait per step
+without a sort when waits come in step order, and the recording's step columns column-major
+(contiguous, taken by the tables without a copy) with the values row-major ones had."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.runfmt.records import RunRecorder
+from core.runfmt.tables import _longest_per_step
+from core.shape import SHAPE_FIELDS, BatchShape
+
+
+def _by_sort(step: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    order = np.lexsort((-dur, step))
+    return np.sort(order[np.concatenate(([True], np.diff(step[order]) != 0))])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_longest_per_step_matches_the_sort(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    step = np.sort(rng.integers(0, max(1, n // 3), n))
+    dur = rng.choice([0.1, 0.2, 0.3], n) if seed % 2 else rng.random(n)  # ties, or none
+    if seed % 5 == 0:
+        step = rng.permutation(step)  # not in step order: the sort
+    if seed % 7 == 0:
+        dur[rng.integers(0, n)] = np.nan
+    assert np.array_equal(np.sort(_longest_per_step(step, dur)), _by_sort(step, dur))
+
+
+def test_frozen_step_columns_are_contiguous_and_exact() -> None:
+    rec = RunRecorder(chunk_steps=4)
+    rng = np.random.default_rng(1)
+    rows = rng.integers(0, 1000, (11, len(SHAPE_FIELDS)))
+    for i, row in enumerate(rows):
+        step = rec.add_step(BatchShape(*map(int, row)))
+        rec.phase(step, "schedule", i + 0.1, i + 0.2)
+        if i % 2:
+            rec.phase(step, "launch", i + 0.3, i + 0.4)
+    rec.add_steps(
+        rows[:5], {"schedule": ([20.0 + k for k in range(5)], [20.5 + k for k in range(5)])}
+    )
+    fr = rec.freeze()
+    assert np.array_equal(fr.shape, np.concatenate((rows, rows[:5])))
+    assert all(fr.shape[:, j].flags.c_contiguous for j in range(len(SHAPE_FIELDS)))
+    assert all(fr.phase_start[:, j].flags.c_contiguous for j in range(fr.phase_start.shape[1]))
+    assert fr.phase_start[3, 0] == 3.1 and np.isnan(fr.phase_start[2, 2])
+    assert fr.phase_end[13, 0] == 22.5
