@@ -48,3 +48,34 @@ def test_frozen_step_columns_are_contiguous_and_exact() -> None:
     assert all(fr.phase_start[:, j].flags.c_contiguous for j in range(fr.phase_start.shape[1]))
     assert fr.phase_start[3, 0] == 3.1 and np.isnan(fr.phase_start[2, 2])
     assert fr.phase_end[13, 0] == 22.5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_tokens_ranges_in_numpy_keeps_the_same_gaps(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over many emission times tokens_ranges works in numpy: the same ITL entries, in the
+    same order, and the same per-request columns as its per-time loop."""
+    import core.runfmt.records as records
+
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(0.01, 300)).tolist()
+    reqs = list(range(40))
+    starts = rng.integers(0, 300, 40)
+    stops = np.minimum(starts + rng.integers(0, 120, 40), 300)
+    recs = []
+    for limit in (1 << 30, 64):  # the loop, then numpy
+        monkeypatch.setattr(records, "_VECTOR_TIMES", limit)
+        rec = RunRecorder()
+        for r in reqs:
+            rec.add_request(r, 0.0)
+        rec.tokens(3, 0.0)  # a request with an earlier emission: one gap of its own
+        rec.tokens_ranges(reqs, starts.tolist(), stops.tolist(), times)
+        recs.append(rec)
+    a, b = recs
+    assert a._itl_v.tobytes() == b._itl_v.tobytes() and a._itl_w == b._itl_w
+    assert a._itl_entries == b._itl_entries
+    assert a._last.tobytes() == b._last.tobytes() and a._out == b._out
+    assert a._first.tobytes() == b._first.tobytes()
+    with pytest.raises(ValueError, match="ascending"):
+        b.tokens_ranges([5], [0], [2], [*times[:100], 0.0])
