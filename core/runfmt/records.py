@@ -355,14 +355,9 @@ class RunRecorder:
         if not len(reqs) == len(starts) == len(stops):
             raise ValueError("tokens_ranges: reqs, starts and stops differ in length")
         vector = n > _VECTOR_TIMES  # the per-time work in numpy (same values, same order)
-        gaps: Sequence[float]
-        if vector:
-            gaps = np.diff(np.asarray(times_s, np.float64))
-            negative = bool(gaps.min() < 0)
-        else:
-            gaps = [b - a for a, b in zip(times_s[:-1], times_s[1:])]
-            negative = bool(gaps) and min(gaps) < 0
-        if negative:
+        gap_arr = np.diff(np.asarray(times_s, np.float64)) if vector else np.zeros(0)
+        gaps = [] if vector else [b - a for a, b in zip(times_s[:-1], times_s[1:])]
+        if (gap_arr.size and gap_arr.min() < 0) or (gaps and min(gaps) < 0):
             raise ValueError("tokens_ranges: times_s must be ascending")
         last, out, first = self._last, self._out, self._first
         itl_v, itl_w = self._itl_v, self._itl_w
@@ -388,12 +383,12 @@ class RunRecorder:
             out[r] = count + i1 - i0
             diff[i0] += 1
             diff[i1 - 1] -= 1
-        if vector:  # w[i]: the requests emitting at both times i and i + 1
-            w = np.cumsum(np.array(diff[: n - 1], np.int64))
-            keep = w != 0
-            itl_v.extend(array("d", np.asarray(gaps)[keep].tobytes()))
-            itl_w.extend(array("q", w[keep].tobytes()))
-            entries += int(w.sum())
+        if vector:  # both[i]: the requests emitting at both times i and i + 1
+            both = np.cumsum(np.array(diff[: n - 1], np.int64))
+            keep = both != 0
+            itl_v.extend(array("d", gap_arr[keep].tobytes()))
+            itl_w.extend(array("q", both[keep].tobytes()))
+            entries += int(both.sum())
         else:
             w = 0
             for i, gap_s in enumerate(gaps):
