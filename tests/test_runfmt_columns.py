@@ -79,3 +79,23 @@ def test_tokens_ranges_in_numpy_keeps_the_same_gaps(
     assert a._first.tobytes() == b._first.tobytes()
     with pytest.raises(ValueError, match="ascending"):
         b.tokens_ranges([5], [0], [2], [*times[:100], 0.0])
+
+
+def test_add_requests_is_add_request_in_order() -> None:
+    a, b = RunRecorder(), RunRecorder()
+    ids: list[object] = [5, "x", 7, 8]
+    arrivals = [0.0, 0.25, 0.25, 1.5]
+    for i, t in zip(ids, arrivals):
+        a.add_request(i, t)
+    assert b.add_requests(ids[:1], arrivals[:1]) == 0
+    assert b.add_requests(ids[1:], arrivals[1:]) == 1
+    a.tokens(2, 1.0)
+    b.tokens(2, 1.0)
+    fa, fb = a.freeze(), b.freeze()
+    assert fa.request_id == fb.request_id == ids
+    for col in ("arrival", "first_token", "last_token", "finish"):
+        assert getattr(fa, col).tobytes() == getattr(fb, col).tobytes()
+    for col in ("output_tokens", "preemptions", "req_accepted"):
+        assert np.array_equal(getattr(fa, col), getattr(fb, col))
+    with pytest.raises(ValueError, match="differ in length"):
+        b.add_requests([1], [])

@@ -425,6 +425,20 @@ class RunRecorder:
         self._req_acc.append(0)
         return len(self._req_ids) - 1
 
+    def add_requests(self, request_ids: Sequence[Hashable], arrivals_s: Sequence[float]) -> int:
+        """`add_request` for each (id, arrival) in order; returns the first new row."""
+        if len(request_ids) != len(arrivals_s):
+            raise ValueError("add_requests: request_ids and arrivals_s differ in length")
+        first, n = len(self._req_ids), len(request_ids)
+        self._req_ids.extend(request_ids)
+        self._arrival.extend(_doubles(arrivals_s))
+        nans, zeros = array("d", [_NAN]) * n, array("q", [0]) * n
+        for col in (self._first, self._last, self._finish):
+            col.extend(nans)
+        for icol in (self._out, self._preempt, self._req_acc):
+            icol.extend(zeros)
+        return first
+
     def tokens(self, req: int, t_s: float, n: int = 1, accepted_draft: int = 0) -> None:
         """Request row `req` emitted `n` tokens at `t_s`, `accepted_draft` of them drafts."""
         if n < 1:

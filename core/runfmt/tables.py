@@ -53,6 +53,8 @@ GC_COLUMNS: tuple[str, ...] = ("start_s", "duration_s", "generation", "phase", "
 
 def request_id_array(ids: list[object]) -> pa.Array:
     """int64 when every id is an integer, else strings."""
+    if all(type(i) is int for i in ids):  # the common case, without the ABC check per id
+        return pa.array(ids, pa.int64())
     if all(isinstance(i, Integral) and not isinstance(i, bool) for i in ids):
         return pa.array([int(i) for i in ids], pa.int64())  # type: ignore[call-overload]
     return pa.array([str(i) for i in ids], pa.string())
