@@ -166,7 +166,8 @@ def simulate(
     }
     if scenario is not None:
         extra["scenario"] = {"trace": scenario.trace, "keys": scenario.flat()}
-    frozen = rec.freeze() if out_dir is not None or cost.envelope else None
+    # the recorder's own columns go once copied: the folder is written with one copy in memory
+    frozen = rec.freeze(release=True) if out_dir is not None or cost.envelope else None
     if frozen is not None and cost.envelope:
         extra["cost_envelope"] = envelope_share(cost.envelope, frozen)
     summary: dict[str, Any]

@@ -99,3 +99,23 @@ def test_add_requests_is_add_request_in_order() -> None:
         assert np.array_equal(getattr(fa, col), getattr(fb, col))
     with pytest.raises(ValueError, match="differ in length"):
         b.add_requests([1], [])
+
+
+def test_freeze_release_drops_the_columns_and_refuses_more() -> None:
+    rec = RunRecorder()
+    rec.add_requests([1, 2], [0.0, 0.5])
+    step = rec.add_step(BatchShape(*range(len(SHAPE_FIELDS))))
+    rec.phase(step, "schedule", 0.0, 0.1)
+    rec.tokens(0, 0.2)
+    fr = rec.freeze(release=True)
+    assert rec.freeze() is fr  # the same recording from then on
+    assert rec.num_requests == 2 and rec.num_steps == 1
+    assert fr.phase_end[0, 0] == 0.1 and fr.output_tokens.tolist() == [1, 0]
+    for record in (
+        lambda: rec.add_step(BatchShape(*range(len(SHAPE_FIELDS)))),
+        lambda: rec.phase(0, "launch", 0.1, 0.2),
+        lambda: rec.tokens(1, 1.0),
+        lambda: rec.add_request(3, 1.0),
+    ):
+        with pytest.raises(RuntimeError, match="release=True"):
+            record()

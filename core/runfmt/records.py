@@ -77,6 +77,7 @@ class RunRecorder:
         self._itl_limit = itl_exact_limit
         self._itl_entries = 0  # emissions (one gap each) since the last fold, kept or bulk
         self._itl_hist: LogHistogram | None = None
+        self._released: Recording | None = None  # freeze(release=True) gave this
 
     # ---- steps ----------------------------------------------------------------------------
     def add_step(self, shape: BatchShape) -> int:
@@ -477,8 +478,13 @@ class RunRecorder:
         return len(self._req_ids)
 
     # ---- freezing -------------------------------------------------------------------------
-    def freeze(self) -> Recording:
-        """Numpy arrays of everything recorded, validated (one clear error on bad data)."""
+    def freeze(self, release: bool = False) -> Recording:
+        """Numpy arrays of everything recorded, validated (one clear error on bad data).
+        `release`: the recorder's own columns are dropped once copied (a run folder is then
+        written with one copy of the steps in memory, not two); it records nothing more, and
+        `freeze()` returns this same Recording from then on."""
+        if self._released is not None:
+            return self._released
         n = self.num_steps
         self._flush_shapes()
         shape = _columns(self._shape_chunks, n, len(SHAPE_FIELDS))
@@ -509,7 +515,15 @@ class RunRecorder:
             itl_exact=self._itl_hist is None,
         )
         validate(rec)
+        if release:
+            self._release(rec)
         return rec
+
+    def _release(self, rec: Recording) -> None:
+        self._released = rec
+        gone = _Released(len(self._req_ids))
+        for name in _COLUMNS:
+            setattr(self, name, gone)
 
     def _itl_quantiles(self) -> dict[str, float | None]:
         qs = list(QUANTILES.values())
@@ -582,3 +596,38 @@ def _columns(chunks: list[np.ndarray], n: int, width: int) -> np.ndarray:
         at += len(c)
     assert at == n, f"{at} shape rows for {n} steps"
     return out
+
+
+# every column `freeze(release=True)` drops
+_COLUMNS: tuple[str, ...] = (
+    "_shape_buf", "_shape_chunks", "_phase", "_gpu_start", "_gpu_end", "_accepted",
+    "_sync_start", "_sync_end", "_sync_step", "_gc_start", "_gc_dur", "_gc_gen", "_gc_phase",
+    "_gc_step", "_req_ids", "_arrival", "_first", "_last", "_finish", "_out", "_preempt",
+    "_req_acc", "_itl_v", "_itl_w",
+)  # fmt: skip
+
+
+class _Released:
+    """Stands in for a column of a released recorder: any use is one clear error (its length,
+    the number of requests, still reads)."""
+
+    def __init__(self, num_requests: int) -> None:
+        self.num_requests = num_requests
+
+    def __len__(self) -> int:
+        return self.num_requests
+
+    def __getattr__(self, name: str) -> object:
+        raise RuntimeError(_RELEASED)
+
+    def __getitem__(self, key: object) -> object:
+        raise RuntimeError(_RELEASED)
+
+    def __setitem__(self, key: object, value: object) -> None:
+        raise RuntimeError(_RELEASED)
+
+    def __iter__(self) -> object:
+        raise RuntimeError(_RELEASED)
+
+
+_RELEASED = "this RunRecorder was frozen with release=True: it records nothing more"
