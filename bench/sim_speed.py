@@ -1,182 +1,287 @@
-"""Simulator speed: the Azure conversation hour and a 24-hour synthetic day; prints a table,
-writes JSON rows with --json PATH.
+"""Simulator speed against a bare SimPy pipeline stepping as many times (issue 15's targets).
 
-    python bench/sim_speed.py [--json PATH] [--cases azure,day] [--requests N] [--hours H]
+    python bench/sim_speed.py               # azure, azure-preempt, reasoning(-preempt)
+    python bench/sim_speed.py --repeat 2    # best of two of every measurement
+    python bench/sim_speed.py --day         # also the 1M-request day (minutes, GBs)
+    python bench/sim_speed.py --cases azure --write rows.json
+
+The machine may be shared, so every target is a ratio to a baseline measured in the same run:
+the bare pipeline is two SimPy processes, one putting an item into a `simpy.Store` after a
+timeout, the other getting it, for as many steps as the case simulated (`bare_pipeline`).
 
 Cases (model llama3-8b on h100 unless --set says otherwise):
-- azure: traces/azure_conv.parquet (19,366 requests over ~3,500 s); a look-alike is synthesized
-  when the file is missing (Poisson arrivals, lognormal prompts of mean ~1155 and outputs of
-  mean ~211 tokens);
-- day: the same look-alike, `--requests` requests (default 1M) over `--hours` hours (default 24),
-  generated here with numpy into a temporary parquet file.
-Each case runs in a fresh child process, so its peak RSS (resource.getrusage) is its own:
-- sim_s: wall time of the simulation loop (SimLoop.run); cpu_s its process CPU time;
-- total_s: read + validate the trace, build requests, simulate (no run folder);
-- write_s: with --write, the time `write_run` then takes (the CLI's run folder);
-- steps/s: simulated engine steps per second of sim_s; ff: share of steps fast-forwarded;
-- rss_mb: the child's peak resident memory.
+- azure: traces/azure_conv.parquet (19,366 requests, ~3,500 s); azure-preempt: the same with
+  num_kv_blocks=1000 (the least that holds its longest request: ~1,200 preemptions);
+- reasoning: traces/reasoning.parquet (743 long-output requests); reasoning-preempt: the same
+  with num_kv_blocks=3000 (most requests are preempted at least once);
+- day (--day): 1M requests over 24 h, Poisson arrivals with (prompt, output) pairs drawn from
+  the Azure hour (sim.workloads.synth, seed 0), generated into a temporary file.
+
+Per case, each in a fresh child process (peak memory is its own):
+- loop_s: SimLoop.run (the best of the child's and the CLI's, whose summary.json records
+  it); folder_s: from the loop's end until `simulate` returns with the run folder written
+  (freeze, bubbles, timeline, parquet); setup_s: before the loop (trace, requests, checks);
+  rss_mb: the child's peak RSS;
+- cli_s: `python -m sim run TRACE -o DIR` end to end (imports, trace, loop, run folder), and
+  cli_rss_mb its peak RSS;
+- bare_s: the bare pipeline for the case's step count.
+Targets (PASS/MISS): loop/bare <= 0.3, cli/bare <= 0.7; a *-preempt case's loop time per step
+<= 3x its plain case's; the day's CLI <= 60 s and <= 1.5 GB peak. `--write PATH` (or
+`--json PATH`) writes the rows as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-AZURE = ROOT / "traces" / "azure_conv.parquet"
-PROMPT_MEAN, OUTPUT_MEAN = 1155.0, 211.0
-PROMPT_SIGMA, OUTPUT_SIGMA = 1.0, 0.9
+BASE_SETS = ["model=llama3-8b", "gpu=h100"]
+CASES: dict[str, tuple[str, list[str]]] = {  # name -> (trace, config overrides)
+    "azure": ("traces/azure_conv.parquet", []),
+    "azure-preempt": ("traces/azure_conv.parquet", ["num_kv_blocks=1000"]),
+    "reasoning": ("traces/reasoning.parquet", []),
+    "reasoning-preempt": ("traces/reasoning.parquet", ["num_kv_blocks=3000"]),
+    "day": ("", []),  # generated
+}
+DEFAULT_CASES = "azure,azure-preempt,reasoning,reasoning-preempt"
+LOOP_TARGET, CLI_TARGET, PREEMPT_TARGET = 0.3, 0.7, 3.0
+DAY_REQUESTS, DAY_HOURS, DAY_TARGET_S, DAY_TARGET_MB = 1_000_000, 24.0, 60.0, 1536.0
 
 
-def lookalike(path: Path, num_requests: int, duration_s: float, seed: int = 0) -> Path:
-    """An Azure-conversation look-alike: Poisson arrivals, lognormal prompt/output lengths."""
-    from core.trace import make_trace, write_trace
+# ---- the baseline ----------------------------------------------------------------------------
+def bare_pipeline(num_steps: int) -> float:
+    """Seconds a two-process SimPy pipeline takes for `num_steps` items: the producer waits a
+    timeout and puts an item into a Store, the consumer gets it."""
+    import simpy
 
-    rng = np.random.default_rng(seed)
-    arrival = np.cumsum(rng.exponential(duration_s / num_requests, num_requests))
-    arrival -= arrival[0]
+    env = simpy.Environment()
+    store = simpy.Store(env)
 
-    def lognormal(mean: float, sigma: float, cap: int) -> np.ndarray:
-        mu = np.log(mean) - sigma**2 / 2
-        return np.clip(np.rint(rng.lognormal(mu, sigma, num_requests)), 1, cap).astype(np.int32)
+    def producer() -> Any:
+        for i in range(num_steps):
+            yield env.timeout(1e-3)
+            yield store.put(i)
 
-    prompt = lognormal(PROMPT_MEAN, PROMPT_SIGMA, 7000)
-    output = lognormal(OUTPUT_MEAN, OUTPUT_SIGMA, 1000)
-    return write_trace(make_trace(arrival, prompt, output), path)
+    def consumer() -> Any:
+        for _ in range(num_steps):
+            yield store.get()
+
+    env.process(producer())
+    done = env.process(consumer())
+    t0 = time.perf_counter()
+    env.run(done)
+    return time.perf_counter() - t0
 
 
-def child(case: str, trace: str, sets: list[str], fast_forward: bool, write: bool) -> None:
-    """Run one case in this process and print its measurements as one JSON line."""
+# ---- one case in a child process ---------------------------------------------------------------
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(trace: str, sets: list[str]) -> dict[str, Any]:
+    """Simulate `trace` with the run folder written, as the CLI does; times the loop and the
+    folder apart (SimLoop.run is wrapped to note when it starts and ends)."""
     import sim.run as run
     from core.config import load_config
     from sim.loop import SimLoop
 
+    marks: dict[str, float] = {}
     loops: list[SimLoop] = []
+    orig_run = SimLoop.run
 
-    def make(*args: object, **kw: object) -> SimLoop:
-        loop = SimLoop(*args, fast_forward=fast_forward, **kw)  # type: ignore[arg-type]
-        loops.append(loop)
-        return loop
+    def timed_run(self: SimLoop) -> None:
+        loops.append(self)
+        marks["loop0"] = time.perf_counter()
+        orig_run(self)
+        marks["loop1"] = time.perf_counter()
+        marks["loop_rss_mb"] = _rss_mb()
 
-    run.SimLoop = make  # type: ignore[assignment,misc]
-    cfg = load_config(None, ["model=llama3-8b", "gpu=h100", *sets])
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    res = run.simulate(cfg, trace)
-    total_s = time.perf_counter() - t0
-    cpu_s = time.process_time() - cpu0
-    write_s = None
-    if write:
-        from core.runfmt import trace_info, write_run
-
-        with tempfile.TemporaryDirectory() as tmp:
-            t1 = time.perf_counter()
-            write_run(
-                Path(tmp) / "run",
-                res.recorder,
-                config=cfg,
-                trace=trace_info(trace),
-                source={"kind": "sim"},
-            )
-            write_s = time.perf_counter() - t1
+    SimLoop.run = timed_run  # type: ignore[method-assign]
+    cfg = load_config(None, [*BASE_SETS, *sets])
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        res = run.simulate(cfg, trace, Path(tmp) / "run")
+        t1 = time.perf_counter()
     steps = res.recorder.num_steps
     ff = loops[0].ff
-    row = {
-        "case": case,
+    return {
         "requests": res.recorder.num_requests,
         "steps": steps,
-        "sim_s": res.wall_s,
-        "cpu_s": cpu_s,
-        "total_s": total_s,
-        "write_s": write_s,
-        "steps_per_s": steps / res.wall_s if res.wall_s > 0 else None,
+        "preemptions": res.summary["sim"]["preemptions"],
+        "setup_s": marks["loop0"] - t0,
+        "loop_s": marks["loop1"] - marks["loop0"],
+        "folder_s": t1 - marks["loop1"],
         "ff_share": ff.num_steps / steps if ff is not None and steps else 0.0,
-        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "fast_forward": fast_forward,
-        "config": sets,
+        "loop_rss_mb": marks["loop_rss_mb"],
+        "rss_mb": _rss_mb(),
     }
-    print(json.dumps(row))
 
 
-def run_case(case: str, trace: Path, args: argparse.Namespace, fast_forward: bool) -> dict:
-    cmd = [sys.executable, __file__, "--child", case, "--trace", str(trace)]
-    cmd += [a for s in args.set for a in ("--set", s)]
-    if not fast_forward:
-        cmd.append("--no-fast-forward")
-    if args.write:
-        cmd.append("--write")
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _python(args: list[str]) -> tuple[str, float, float]:
+    """Run `python ARGS` from the repository root: (stdout, wall s, peak RSS MB of that child)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        raise SystemExit(f"python {' '.join(args)} failed with exit status {p.returncode}")
+    return out, wall, usage.ru_maxrss / 1024
+
+
+def measure(name: str, trace: str, sets: list[str]) -> dict[str, Any]:
+    """One measurement of every column of case `name`."""
+    out, _, _ = _python([__file__, "--child", trace, *(a for s in sets for a in ("--set", s))])
+    row: dict[str, Any] = {"case": name, "trace": trace, "config": sets}
+    row.update(json.loads(out.strip().splitlines()[-1]))
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["-m", "sim", "run", trace, "-q", "--force", "-o", str(Path(tmp) / "run")]
+        cmd += [a for s in [*BASE_SETS, *sets] for a in ("--set", s)]
+        _, row["cli_s"], row["cli_rss_mb"] = _python(cmd)
+        summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
+    # the CLI's loop is a second sample of the loop (the machine may be shared: keep the best)
+    row["child_loop_s"], row["cli_loop_s"] = row["loop_s"], summary["sim"]["wall_s"]
+    row["loop_s"] = min(row["child_loop_s"], row["cli_loop_s"])
+    out, _, _ = _python([__file__, "--bare", str(row["steps"])])
+    row["bare_s"] = float(out.strip())
+    return row
+
+
+def best(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The best of repeated measurements of one case, column by column (times and memory)."""
+    out = dict(rows[0])
+    for k, v in out.items():
+        if k.endswith(("_s", "_mb")) and isinstance(v, float):
+            out[k] = min(r[k] for r in rows)
+    out["repeats"] = len(rows)
+    return out
+
+
+# ---- targets and the table ---------------------------------------------------------------------
+def judge(rows: list[dict[str, Any]]) -> None:
+    """Add the ratios and the PASS/MISS verdicts to each row."""
+    by_name = {r["case"]: r for r in rows}
+    for r in rows:
+        r["loop_per_bare"] = r["loop_s"] / r["bare_s"]
+        r["cli_per_bare"] = r["cli_s"] / r["bare_s"]
+        r["us_per_step"] = 1e6 * r["loop_s"] / max(r["steps"], 1)
+        checks = {
+            f"loop/bare<={LOOP_TARGET}": r["loop_per_bare"] <= LOOP_TARGET,
+            f"cli/bare<={CLI_TARGET}": r["cli_per_bare"] <= CLI_TARGET,
+        }
+        plain = by_name.get(r["case"].removesuffix("-preempt"))
+        if r["case"].endswith("-preempt") and plain is not None:
+            r["step_cost_vs_plain"] = r["us_per_step"] / plain["us_per_step"]
+            checks[f"step cost<={PREEMPT_TARGET}x plain"] = (
+                r["step_cost_vs_plain"] <= PREEMPT_TARGET
+            )
+        if r["case"] == "day":
+            checks[f"cli<={DAY_TARGET_S:.0f}s"] = r["cli_s"] <= DAY_TARGET_S
+            checks[f"peak<={DAY_TARGET_MB / 1024:.1f}GB"] = (
+                max(r["cli_rss_mb"], r["rss_mb"]) <= DAY_TARGET_MB
+            )
+        r["targets"] = checks
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        f"{'case':<18} {'steps':>10} {'preempt':>7} {'loop_s':>7} {'folder_s':>8} "
+        f"{'cli_s':>7} {'bare_s':>7} {'loop/bare':>9} {'cli/bare':>8} {'us/step':>7} "
+        f"{'rss_mb':>7} {'cli_mb':>7}"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r['case']:<18} {r['steps']:>10,} {r['preemptions']:>7,} {r['loop_s']:>7.2f} "
+            f"{r['folder_s']:>8.2f} {r['cli_s']:>7.2f} {r['bare_s']:>7.2f} "
+            f"{r['loop_per_bare']:>9.2f} {r['cli_per_bare']:>8.2f} {r['us_per_step']:>7.2f} "
+            f"{r['rss_mb']:>7.0f} {r['cli_rss_mb']:>7.0f}"
+        )
+        extra = (
+            f"  vs plain {r['step_cost_vs_plain']:.2f}x per step"
+            if "step_cost_vs_plain" in r
+            else ""
+        )
+        verdicts = ", ".join(f"{k} {'PASS' if ok else 'MISS'}" for k, ok in r["targets"].items())
+        lines.append(f"{'':<18} {verdicts}{extra}")
+    return "\n".join(lines)
+
+
+def day_trace(path: Path) -> Path:
+    """The 1M-request day (sim.workloads.synth, as `python -m sim trace synth` makes it)."""
+    from core.trace import write_trace
+    from sim.workloads.synth import SynthSpec, synthesize
+
+    spec = SynthSpec(
+        arrival="poisson",
+        rate=DAY_REQUESTS / (DAY_HOURS * 3600),
+        num_requests=DAY_REQUESTS,
+        lengths_from=str(ROOT / "traces" / "azure_conv.parquet"),
+        seed=0,
+    )
+    write_trace(synthesize(spec), path)
+    return path
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--json", help="write the rows as JSON here")
-    p.add_argument("--cases", default="azure,day", help="comma list of azure, day")
-    p.add_argument("--requests", type=int, default=1_000_000, help="day: requests")
-    p.add_argument("--hours", type=float, default=24.0, help="day: duration")
-    p.add_argument("--set", action="append", default=[], help="config override key=value")
-    p.add_argument("--write", action="store_true", help="also time writing the run folder")
-    p.add_argument("--compare", action="store_true", help="also run without fast-forward")
+    p.add_argument("--cases", default=DEFAULT_CASES, help=f"comma list of {', '.join(CASES)}")
+    p.add_argument("--day", action="store_true", help="add the 1M-request day case")
+    p.add_argument("--repeat", type=int, default=1, help="measure each case N times, keep best")
+    p.add_argument("--set", action="append", default=[], help="config override for every case")
+    p.add_argument("--write", "--json", dest="write", help="write the rows as JSON here")
     p.add_argument("--child", help=argparse.SUPPRESS)
-    p.add_argument("--trace", help=argparse.SUPPRESS)
-    p.add_argument("--no-fast-forward", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--bare", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.child:
-        child(args.child, args.trace, args.set, not args.no_fast_forward, args.write)
+    if args.bare is not None:
+        print(bare_pipeline(args.bare))
         return 0
-
+    if args.child:
+        print(json.dumps(child(args.child, args.set)))
+        return 0
+    names = [c for c in args.cases.split(",") if c]
+    if args.day and "day" not in names:
+        names.append("day")
+    unknown = [c for c in names if c not in CASES]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for case in args.cases.split(","):
-            if case == "azure":
-                trace = (
-                    AZURE if AZURE.exists() else lookalike(Path(tmp) / "az.parquet", 19_366, 3500)
-                )
-            elif case == "day":
+        for name in names:
+            trace, sets = CASES[name]
+            if name == "day":
                 t = time.perf_counter()
-                trace = lookalike(Path(tmp) / "day.parquet", args.requests, args.hours * 3600)
-                print(f"day trace: {args.requests:,} requests in {time.perf_counter() - t:.1f} s")
-            else:
-                p.error(f"unknown case {case!r}")
-            for ff in (True, False) if args.compare else (True,):
-                rows.append(run_case(case, trace, args, ff))
-                print(_line(rows[-1]), flush=True)
+                trace = str(day_trace(Path(tmp) / "day.parquet"))
+                print(f"day trace: {DAY_REQUESTS:,} requests in {time.perf_counter() - t:.1f} s")
+            runs = [measure(name, trace, [*sets, *args.set]) for _ in range(args.repeat)]
+            rows.append(best(runs))
+            r = rows[-1]
+            print(
+                f"{name}: {r['steps']:,} steps, loop {r['loop_s']:.2f} s, folder "
+                f"{r['folder_s']:.2f} s, cli {r['cli_s']:.2f} s, bare {r['bare_s']:.2f} s",
+                flush=True,
+            )
+    judge(rows)
     print()
-    print(_table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    print(table(rows))
+    if args.write:
+        Path(args.write).write_text(json.dumps(rows, indent=2) + "\n")
     return 0
-
-
-HEAD = ("case", "ff", "requests", "steps", "sim_s", "cpu_s", "total_s", "write_s", "steps/s",
-        "ff share", "rss_mb")  # fmt: skip
-
-
-def _line(r: dict) -> str:
-    w = "-" if r["write_s"] is None else f"{r['write_s']:.2f}"
-    return (
-        f"{r['case']:<6} {'on' if r['fast_forward'] else 'off':>3} {r['requests']:>9,} "
-        f"{r['steps']:>11,} {r['sim_s']:>8.2f} {r['cpu_s']:>8.2f} {r['total_s']:>8.2f} {w:>8} "
-        f"{r['steps_per_s'] or 0:>10,.0f} {100 * r['ff_share']:>8.1f}% {r['rss_mb']:>8.0f}"
-    )
-
-
-def _table(rows: list[dict]) -> str:
-    head = (
-        f"{'case':<6} {'ff':>3} {'requests':>9} {'steps':>11} {'sim_s':>8} {'cpu_s':>8} "
-        f"{'total_s':>8} {'write_s':>8} {'steps/s':>10} {'ff share':>9} {'rss_mb':>8}"
-    )
-    return "\n".join([head, *(_line(r) for r in rows)])
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ def build_requests(trace: Trace, arrival_mode: str = "realtime") -> list[Request
     hist = trace.needs_history[order].tolist() if trace.needs_history is not None else None
     pg, pk, pl = trace.prefix_group, trace.prefix_keys, trace.prefix_len
     ids = trace.prompt_ids
+    if hist is None and pg is None and ids is None:  # lengths only (big traces): positional
+        cols = zip(request_ids, arrival, prompt, output)
+        return [Request(i, rid, a, p, o) for i, (rid, a, p, o) in enumerate(cols)]
     out = []
     for i, row in enumerate(rows):
         prefix_id = None
@@ -136,8 +139,7 @@ def simulate(
         if why is not None:
             raise TraceError(f"trace '{trace_path}' request {r.request_id!r}: {why}")
     rec = RunRecorder()
-    for r in requests:
-        rec.add_request(r.request_id, r.arrival_s)
+    rec.add_requests([r.request_id for r in requests], [r.arrival_s for r in requests])
     gc = GCModel(cfg.gc, cfg.gc_freeze, cost.gc_pause_ms)
     accept = acceptance_for(cfg, trace)
     hook = None
@@ -164,7 +166,8 @@ def simulate(
     }
     if scenario is not None:
         extra["scenario"] = {"trace": scenario.trace, "keys": scenario.flat()}
-    frozen = rec.freeze() if out_dir is not None or cost.envelope else None
+    # the recorder's own columns go once copied: the folder is written with one copy in memory
+    frozen = rec.freeze(release=True) if out_dir is not None or cost.envelope else None
     if frozen is not None and cost.envelope:
         extra["cost_envelope"] = envelope_share(cost.envelope, frozen)
     summary: dict[str, Any]

@@ -6,6 +6,15 @@ Invariants (checked by `check_invariants`, used in tests):
 - `hash_to_block[h] == b` implies `block_hash[b] == h`.
 Free blocks keep their hash (a cached prefix may be reused) until they are handed out again;
 the free queue is ordered so the least recently freed block is reused first.
+
+Two representations of one state, handing out the same ids in the same order:
+- plain, while no block has a content hash: then every held block has refcount 1 and every
+  returned block refcount 0, so no per-block state is kept; the returned free blocks are the
+  list `_queue[_head:]` in reuse order, and allocate/release move whole runs of ids by slicing
+  (a request's blocks in one C call instead of a Python loop per block id);
+- linked: per-block refcounts and hashes and a `_FreeQueue` (O(1) removal of any free block, for
+  prefix-cache hits). The manager switches to it, once and for good, when the first content hash
+  is registered, or when `free`, `refcount` or `block_hash` is read (tests inspect those).
 """
 
 from __future__ import annotations
@@ -98,26 +107,73 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.prefix_caching = prefix_caching
-        # per block id below free.fresh (fresh blocks: refcount 0, no hash)
-        self.refcount: list[int] = []
-        self.block_hash: list[int | None] = []
         self.hash_to_block: dict[int, int] = {}
-        self.free = _FreeQueue(num_blocks)
+        # plain representation (while `_linked` is False): ids >= `_fresh` were never handed
+        # out; `_queue[_head:]` are the returned free blocks in reuse order; `_size` free blocks
+        self._linked = False
+        self._fresh = 0
+        self._queue: list[int] = []
+        self._head = 0
+        self._size = num_blocks
+        # linked representation: per block id below free.fresh (fresh blocks: refcount 0, no hash)
+        self._refcount: list[int] = []
+        self._block_hash: list[int | None] = []
+        self._free = _FreeQueue(num_blocks)
+
+    def _link(self) -> None:
+        """Switch to the linked representation (same free blocks, same reuse order)."""
+        if self._linked:
+            return
+        fresh, queue = self._fresh, self._queue[self._head :]
+        refcount = [1] * fresh  # plain: every handed-out block not on the queue is held once
+        for b in queue:
+            refcount[b] = 0
+        free = self._free
+        free.fresh = fresh
+        free.prev, free.next, free.on = [_NONE] * fresh, [_NONE] * fresh, [False] * fresh
+        free.size = self.num_blocks - fresh
+        for b in queue:
+            free.append(b)
+        self._refcount, self._block_hash = refcount, [None] * fresh
+        self._queue, self._head, self._linked = [], 0, True
+
+    @property
+    def free(self) -> _FreeQueue:
+        """The free queue (switches to the linked representation)."""
+        self._link()
+        return self._free
+
+    @property
+    def refcount(self) -> list[int]:
+        """Per block id below free.fresh (switches to the linked representation)."""
+        self._link()
+        return self._refcount
+
+    @property
+    def block_hash(self) -> list[int | None]:
+        """Per block id below free.fresh (switches to the linked representation)."""
+        self._link()
+        return self._block_hash
 
     def scatter_free(self, seed: int) -> None:
         """Hand out the free blocks in a seeded random order from now on. A cache that has
         served many requests gives a new request scattered block ids, not a run of consecutive
         ones; `replay shapes` times its synthetic batches over such a layout, as runs have.
         O(free blocks); the set of free blocks is unchanged."""
-        fresh = self.free.num_blocks - self.free.fresh  # become returned blocks: per-block state
-        self.refcount.extend([0] * fresh)
-        self.block_hash.extend([None] * fresh)
-        self.free.scatter(seed)
+        if not self._linked:  # as _FreeQueue.scatter: the fresh ids, then the queue, shuffled
+            ids = [*range(self._fresh, self.num_blocks), *self._queue[self._head :]]
+            random.Random(seed).shuffle(ids)
+            self._fresh, self._queue, self._head = self.num_blocks, ids, 0
+            return
+        fresh = self._free.num_blocks - self._free.fresh  # become returned blocks
+        self._refcount.extend([0] * fresh)
+        self._block_hash.extend([None] * fresh)
+        self._free.scatter(seed)
 
     # ---- queries ----------------------------------------------------------------------------
     @property
     def num_free(self) -> int:
-        return self.free.size
+        return self._free.size if self._linked else self._size
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -132,7 +188,39 @@ class BlockManager:
         need = -(-total_tokens // self.block_size) - len(ids)
         if need <= 0:
             return True
-        free = self.free
+        if self._linked:
+            return self._allocate_linked(ids, need)
+        if need > self._size:
+            return False
+        self._size -= need
+        fresh = self._fresh
+        take = self.num_blocks - fresh
+        if take:  # fresh blocks first, in id order
+            if need <= take:
+                if need == 1:
+                    ids.append(fresh)
+                else:
+                    ids.extend(range(fresh, fresh + need))
+                self._fresh = fresh + need
+                return True
+            ids.extend(range(fresh, self.num_blocks))
+            self._fresh = self.num_blocks
+            need -= take
+        h = self._head
+        queue = self._queue
+        if need == 1:
+            ids.append(queue[h])
+        else:
+            ids.extend(queue[h : h + need])
+        h += need
+        if h >= 4096 and 2 * h >= len(queue):  # drop the consumed front (amortized O(1))
+            del queue[:h]
+            h = 0
+        self._head = h
+        return True
+
+    def _allocate_linked(self, ids: list[int], need: int) -> bool:
+        free = self._free
         if need > free.size:
             return False
         if need == 1:  # a decode crossing into its next block: the common case
@@ -141,13 +229,13 @@ class BlockManager:
         take = min(need, free.num_blocks - free.fresh)
         if take:  # fresh blocks first, in id order
             ids.extend(free.take_fresh(take))
-            self.refcount.extend([1] * take)
-            self.block_hash.extend([None] * take)
+            self._refcount.extend([1] * take)
+            self._block_hash.extend([None] * take)
             need -= take
             if not need:
                 return True
         # then `need` x free.popleft(), inlined: unlink the first `need` returned blocks
-        nxt, on, refcount, block_hash = free.next, free.on, self.refcount, self.block_hash
+        nxt, on, refcount, block_hash = free.next, free.on, self._refcount, self._block_hash
         b = free.head
         for _ in range(need):
             on[b] = False
@@ -166,21 +254,21 @@ class BlockManager:
 
     def _allocate_one(self, ids: list[int]) -> None:
         """allocate() of a single block, inlined: a fresh one, else the queue's head."""
-        free = self.free
+        free = self._free
         b = free.fresh
         if b < free.num_blocks:
             free.fresh = b + 1
             free.prev.append(_NONE)
             free.next.append(_NONE)
             free.on.append(False)
-            self.refcount.append(1)
-            self.block_hash.append(None)
+            self._refcount.append(1)
+            self._block_hash.append(None)
         else:
             b = free.head
             free.on[b] = False
-            if self.block_hash[b] is not None:
+            if self._block_hash[b] is not None:
                 self._evict_hash(b)
-            self.refcount[b] = 1
+            self._refcount[b] = 1
             nb = free.next[b]
             free.head = nb
             if nb == _NONE:
@@ -193,8 +281,14 @@ class BlockManager:
     def release(self, req: Request) -> None:
         """Drop `req`'s references; blocks no longer used return to the free queue.
         Tail blocks are queued first so that shared prefix heads stay cached longest."""
-        refcount = self.refcount
-        free = self.free
+        if not self._linked:  # every block held once: all of them return, tail first
+            ids = req.block_ids
+            self._queue.extend(reversed(ids))
+            self._size += len(ids)
+            req.block_ids = []
+            return
+        refcount = self._refcount
+        free = self._free
         prev, nxt, on = free.prev, free.next, free.on
         tail = free.tail
         added = 0
@@ -215,11 +309,11 @@ class BlockManager:
         req.block_ids = []
 
     def _evict_hash(self, b: int) -> None:
-        h = self.block_hash[b]
+        h = self._block_hash[b]
         if h is not None:
             if self.hash_to_block.get(h) == b:
                 del self.hash_to_block[h]
-            self.block_hash[b] = None
+            self._block_hash[b] = None
 
     # ---- prefix caching ---------------------------------------------------------------------
     def hashes(self, req: Request) -> list[int]:
@@ -252,10 +346,12 @@ class BlockManager:
             if b is None:
                 break
             hit.append(b)
-        for b in hit:
-            if self.refcount[b] == 0:
-                self.free.remove(b)
-            self.refcount[b] += 1
+        if hit:  # a hash is registered, so the manager is linked
+            refcount = self._refcount
+            for b in hit:
+                if refcount[b] == 0:
+                    self._free.remove(b)
+                refcount[b] += 1
         req.block_ids = hit
         return min(len(hit) * self.block_size, req.prompt_len - 1)
 
@@ -266,35 +362,57 @@ class BlockManager:
             return
         hashes = self.hashes(req)
         upto = min(len(hashes), num_computed // self.block_size, len(req.block_ids))
+        if upto <= 0:
+            return
+        self._link()  # blocks with a hash can be shared: per-block refcounts from here on
+        block_hash = self._block_hash
         for i in range(upto):
             b = req.block_ids[i]
-            if self.block_hash[b] is not None:
+            if block_hash[b] is not None:
                 continue
             h = hashes[i]
             if h in self.hash_to_block:
                 continue  # another block already holds this content; keep the first
-            self.block_hash[b] = h
+            block_hash[b] = h
             self.hash_to_block[h] = b
 
     # ---- checks -----------------------------------------------------------------------------
     def check_invariants(self, requests: Sequence[Request]) -> None:
-        free = self.free
+        if not self._linked:
+            self._check_plain(requests)
+            return
+        free = self._free
         used = free.fresh  # blocks at or above it were never handed out
-        assert len(self.refcount) == len(self.block_hash) == len(free.on) == used
+        assert len(self._refcount) == len(self._block_hash) == len(free.on) == used
         refs = [0] * used
         for r in requests:
             for b in r.block_ids:
                 assert 0 <= b < used, f"block {b} held but never handed out"
                 refs[b] += 1
         for b in range(used):
-            assert refs[b] == self.refcount[b], (
-                f"block {b}: refcount {self.refcount[b]} != {refs[b]}"
+            assert refs[b] == self._refcount[b], (
+                f"block {b}: refcount {self._refcount[b]} != {refs[b]}"
             )
             assert (refs[b] == 0) == free.on[b], f"block {b}: free={free.on[b]} refs={refs[b]}"
             if refs[b] > 1:
-                assert self.block_hash[b] is not None, (
+                assert self._block_hash[b] is not None, (
                     f"block {b} shared by {refs[b]} without a hash"
                 )
         assert free.size == sum(free.on) + self.num_blocks - used
         for h, b in self.hash_to_block.items():
-            assert self.block_hash[b] == h
+            assert self._block_hash[b] == h
+
+    def _check_plain(self, requests: Sequence[Request]) -> None:
+        """The plain representation: no hashes, every handed-out block held by exactly one
+        request or on the queue, never both."""
+        assert not self.hash_to_block, "a registered hash while not linked"
+        used = self._fresh
+        held = [b for r in requests for b in r.block_ids]
+        queued = self._queue[self._head :]
+        assert all(0 <= b < used for b in held), "a block held but never handed out"
+        assert all(0 <= b < used for b in queued), "a queued block never handed out"
+        assert len(set(held)) == len(held), "a block held twice without a hash"
+        assert len(set(queued)) == len(queued), "a block queued twice"
+        assert not set(held) & set(queued), "a block both held and free"
+        assert len(held) + len(queued) == used, "a handed-out block neither held nor free"
+        assert self._size == self.num_blocks - used + len(queued)

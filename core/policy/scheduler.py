@@ -200,14 +200,19 @@ class Scheduler:
     def admit(self, entries: list[Entry], budget: int) -> int:
         """Admit waiting requests FCFS into `entries` while budget, seats and blocks last
         (blocks allocated; nothing launched); returns the budget left."""
+        blocks = self.blocks
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
             if not req.block_ids:
-                req.num_cached_tokens = self.blocks.match_prefix(req)
+                # nothing cached: match_prefix would attach no block and return 0. A full
+                # cache retries its head request every step (preemption): this keeps it cheap
+                cached = blocks.hash_to_block or req.prompt_len < 1
+                req.num_cached_tokens = blocks.match_prefix(req) if cached else 0
                 req.num_computed_tokens = req.num_cached_tokens
             e = self.plan(req, budget)
-            if e is None or not self.blocks.allocate(req, e.start_pos + e.num_tokens):
-                self.blocks.release(req)  # waiting requests hold no blocks (no deadlock)
+            if e is None or not blocks.allocate(req, e.start_pos + e.num_tokens):
+                if req.block_ids:
+                    blocks.release(req)  # waiting requests hold no blocks (no deadlock)
                 req.num_computed_tokens = 0
                 break
             self.waiting.popleft()

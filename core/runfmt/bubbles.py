@@ -174,10 +174,11 @@ def _pieces(
 ) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
     """The bubble inside the given gaps (ascending ids), cut at every demand and activity
     boundary: (start, end, cause, gap id) per piece, in time order."""
-    lo_s, hi_s = float(gap_s[gaps[0]]), float(gap_e[gaps[-1]])
+    gs, ge = gap_s[gaps], gap_e[gaps]
     labels = list(acts)
-    sets = [(gap_s[gaps], gap_e[gaps]), demand.window(lo_s, hi_s)]
-    sets += [acts[k].window(lo_s, hi_s) for k in labels]
+    # only intervals that overlap a gap put a boundary inside one or cover a piece of one
+    sets = [(gs, ge), demand.near(gs, ge)]
+    sets += [acts[k].near(gs, ge) for k in labels]
     pts, idx = cut(sets)
     nseg = max(pts.size - 1, 0)
     bubble = np.flatnonzero(covered(*idx[0], nseg) & covered(*idx[1], nseg))

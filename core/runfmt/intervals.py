@@ -41,6 +41,23 @@ class SortedIntervals:
         i1 = int(np.searchsorted(self.starts, hi_s, side="left"))
         return self.starts[i0:i1], self.ends[i0:i1]
 
+    def near(self, gap_s: FloatArray, gap_e: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """The intervals that may overlap some gap [gap_s[k], gap_e[k]) (gaps disjoint and
+        ascending), in their order: a subset of `window` over all the gaps that holds every
+        interval overlapping one of them, so that a run with a few short gaps reads only the
+        intervals around those."""
+        lo = np.searchsorted(self.reach, gap_s, side="right")  # before: ends <= gap start
+        hi = np.searchsorted(self.starts, gap_e, side="left")  # from here: start >= gap end
+        if lo.size > 1:  # both ascend; drop the part of a range its predecessor covered
+            lo[1:] = np.maximum(lo[1:], hi[:-1])
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        if lo.size == 1:
+            return self.starts[lo[0] : hi[0]], self.ends[lo[0] : hi[0]]
+        size = hi - lo
+        idx = np.arange(int(size.sum())) + np.repeat(lo - np.cumsum(size) + size, size)
+        return self.starts[idx], self.ends[idx]
+
 
 def _ascending(x: FloatArray) -> bool:
     return bool(np.all(x[1:] >= x[:-1]))

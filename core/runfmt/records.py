@@ -40,6 +40,7 @@ _shape_values = attrgetter(*SHAPE_FIELDS)
 GC_PHASE_NAMES: tuple[str, ...] = ("", *ALL_CPU_ACTIVITIES)
 _GC_PHASE_CODE = {name: i for i, name in enumerate(GC_PHASE_NAMES)}
 _NAN_BYTES = array("d", [_NAN]).tobytes()  # an unset time (what `_grow` fills in)
+_VECTOR_TIMES = 64  # tokens_ranges over more emission times than this works in numpy
 
 
 class RunRecorder:
@@ -76,6 +77,7 @@ class RunRecorder:
         self._itl_limit = itl_exact_limit
         self._itl_entries = 0  # emissions (one gap each) since the last fold, kept or bulk
         self._itl_hist: LogHistogram | None = None
+        self._released: Recording | None = None  # freeze(release=True) gave this
 
     # ---- steps ----------------------------------------------------------------------------
     def add_step(self, shape: BatchShape) -> int:
@@ -353,8 +355,10 @@ class RunRecorder:
         n = len(times_s)
         if not len(reqs) == len(starts) == len(stops):
             raise ValueError("tokens_ranges: reqs, starts and stops differ in length")
-        gaps = [b - a for a, b in zip(times_s[:-1], times_s[1:])]
-        if gaps and min(gaps) < 0:
+        vector = n > _VECTOR_TIMES  # the per-time work in numpy (same values, same order)
+        gap_arr = np.diff(np.asarray(times_s, np.float64)) if vector else np.zeros(0)
+        gaps = [] if vector else [b - a for a, b in zip(times_s[:-1], times_s[1:])]
+        if (gap_arr.size and gap_arr.min() < 0) or (gaps and min(gaps) < 0):
             raise ValueError("tokens_ranges: times_s must be ascending")
         last, out, first = self._last, self._out, self._first
         itl_v, itl_w = self._itl_v, self._itl_w
@@ -380,13 +384,20 @@ class RunRecorder:
             out[r] = count + i1 - i0
             diff[i0] += 1
             diff[i1 - 1] -= 1
-        w = 0
-        for i, gap_s in enumerate(gaps):
-            w += diff[i]
-            if w:
-                itl_v.append(gap_s)
-                itl_w.append(w)
-                entries += w
+        if vector:  # both[i]: the requests emitting at both times i and i + 1
+            both = np.cumsum(np.array(diff[: n - 1], np.int64))
+            keep = both != 0
+            itl_v.extend(array("d", gap_arr[keep].tobytes()))
+            itl_w.extend(array("q", both[keep].tobytes()))
+            entries += int(both.sum())
+        else:
+            w = 0
+            for i, gap_s in enumerate(gaps):
+                w += diff[i]
+                if w:
+                    itl_v.append(gap_s)
+                    itl_w.append(w)
+                    entries += w
         self._itl_entries += entries
         if self._itl_entries >= self._itl_limit:
             self._fold_itl()
@@ -414,6 +425,20 @@ class RunRecorder:
         self._preempt.append(0)
         self._req_acc.append(0)
         return len(self._req_ids) - 1
+
+    def add_requests(self, request_ids: Sequence[Hashable], arrivals_s: Sequence[float]) -> int:
+        """`add_request` for each (id, arrival) in order; returns the first new row."""
+        if len(request_ids) != len(arrivals_s):
+            raise ValueError("add_requests: request_ids and arrivals_s differ in length")
+        first, n = len(self._req_ids), len(request_ids)
+        self._req_ids.extend(request_ids)
+        self._arrival.extend(_doubles(arrivals_s))
+        nans, zeros = array("d", [_NAN]) * n, array("q", [0]) * n
+        for col in (self._first, self._last, self._finish):
+            col.extend(nans)
+        for icol in (self._out, self._preempt, self._req_acc):
+            icol.extend(zeros)
+        return first
 
     def tokens(self, req: int, t_s: float, n: int = 1, accepted_draft: int = 0) -> None:
         """Request row `req` emitted `n` tokens at `t_s`, `accepted_draft` of them drafts."""
@@ -453,15 +478,16 @@ class RunRecorder:
         return len(self._req_ids)
 
     # ---- freezing -------------------------------------------------------------------------
-    def freeze(self) -> Recording:
-        """Numpy arrays of everything recorded, validated (one clear error on bad data)."""
+    def freeze(self, release: bool = False) -> Recording:
+        """Numpy arrays of everything recorded, validated (one clear error on bad data).
+        `release`: the recorder's own columns are dropped once copied (a run folder is then
+        written with one copy of the steps in memory, not two); it records nothing more, and
+        `freeze()` returns this same Recording from then on."""
+        if self._released is not None:
+            return self._released
         n = self.num_steps
         self._flush_shapes()
-        shape = (
-            np.concatenate(self._shape_chunks)
-            if self._shape_chunks
-            else np.zeros((0, len(SHAPE_FIELDS)), np.int64)
-        )
+        shape = _columns(self._shape_chunks, n, len(SHAPE_FIELDS))
         rec = Recording(
             shape=shape,
             phase_start=_stack([self._phase[p][0] for p in CPU_PHASES], n),
@@ -489,7 +515,15 @@ class RunRecorder:
             itl_exact=self._itl_hist is None,
         )
         validate(rec)
+        if release:
+            self._release(rec)
         return rec
+
+    def _release(self, rec: Recording) -> None:
+        self._released = rec
+        gone = _Released(len(self._req_ids))
+        for name in _COLUMNS:
+            setattr(self, name, gone)
 
     def _itl_quantiles(self) -> dict[str, float | None]:
         qs = list(QUANTILES.values())
@@ -545,6 +579,55 @@ def _head(col: array[float] | array[int], dtype: type, n: int) -> np.ndarray:
 
 
 def _stack(cols: list[array[float]], n: int) -> np.ndarray:
-    if not cols:
-        return np.zeros((n, 0))
-    return np.stack([np.frombuffer(c, np.float64, count=n) for c in cols], axis=1)
+    """(n, len(cols)) in column-major order: each column contiguous, as the run folder's
+    tables take them (no copy there)."""
+    out = np.empty((n, len(cols)), np.float64, order="F")
+    for j, c in enumerate(cols):
+        out[:, j] = np.frombuffer(c, np.float64, count=n)
+    return out
+
+
+def _columns(chunks: list[np.ndarray], n: int, width: int) -> np.ndarray:
+    """The (rows, width) int64 chunks stacked into (n, width), column-major as `_stack`."""
+    out = np.empty((n, width), np.int64, order="F")
+    at = 0
+    for c in chunks:
+        out[at : at + len(c)] = c
+        at += len(c)
+    assert at == n, f"{at} shape rows for {n} steps"
+    return out
+
+
+# every column `freeze(release=True)` drops
+_COLUMNS: tuple[str, ...] = (
+    "_shape_buf", "_shape_chunks", "_phase", "_gpu_start", "_gpu_end", "_accepted",
+    "_sync_start", "_sync_end", "_sync_step", "_gc_start", "_gc_dur", "_gc_gen", "_gc_phase",
+    "_gc_step", "_req_ids", "_arrival", "_first", "_last", "_finish", "_out", "_preempt",
+    "_req_acc", "_itl_v", "_itl_w",
+)  # fmt: skip
+
+
+class _Released:
+    """Stands in for a column of a released recorder: any use is one clear error (its length,
+    the number of requests, still reads)."""
+
+    def __init__(self, num_requests: int) -> None:
+        self.num_requests = num_requests
+
+    def __len__(self) -> int:
+        return self.num_requests
+
+    def __getattr__(self, name: str) -> object:
+        raise RuntimeError(_RELEASED)
+
+    def __getitem__(self, key: object) -> object:
+        raise RuntimeError(_RELEASED)
+
+    def __setitem__(self, key: object, value: object) -> None:
+        raise RuntimeError(_RELEASED)
+
+    def __iter__(self) -> object:
+        raise RuntimeError(_RELEASED)
+
+
+_RELEASED = "this RunRecorder was frozen with release=True: it records nothing more"

@@ -53,6 +53,8 @@ GC_COLUMNS: tuple[str, ...] = ("start_s", "duration_s", "generation", "phase", "
 
 def request_id_array(ids: list[object]) -> pa.Array:
     """int64 when every id is an integer, else strings."""
+    if all(type(i) is int for i in ids):  # the common case, without the ABC check per id
+        return pa.array(ids, pa.int64())
     if all(isinstance(i, Integral) and not isinstance(i, bool) for i in ids):
         return pa.array([int(i) for i in ids], pa.int64())  # type: ignore[call-overload]
     return pa.array([str(i) for i in ids], pa.string())
@@ -110,8 +112,7 @@ def _sync_columns(rec: Recording) -> dict[str, np.ndarray]:
     dur = rec.sync_end - rec.sync_start
     start, end = np.full(n, np.nan), np.full(n, np.nan)
     if dur.size:
-        order = np.lexsort((-dur, rec.sync_step))  # by step, longest first
-        first = order[np.concatenate(([True], np.diff(rec.sync_step[order]) != 0))]
+        first = _longest_per_step(rec.sync_step, dur)
         start[rec.sync_step[first]] = rec.sync_start[first]
         end[rec.sync_step[first]] = rec.sync_end[first]
     return {
@@ -132,3 +133,15 @@ def gc_table(rec: Recording) -> pa.Table:
             "step": rec.gc_step,
         }
     )
+
+
+def _longest_per_step(step: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Per step with a sync wait, the index of its longest one (ties: the first recorded).
+    Waits recorded in step order (a step loop's) take no sort."""
+    if np.all(step[1:] >= step[:-1]) and not np.isnan(dur).any():
+        group = np.flatnonzero(np.concatenate(([True], step[1:] != step[:-1])))
+        longest = np.repeat(np.maximum.reduceat(dur, group), np.diff(np.append(group, dur.size)))
+        hit = np.flatnonzero(dur == longest)  # ascending: a group's first hit is its first
+        return hit[np.concatenate(([True], step[hit[1:]] != step[hit[:-1]]))]
+    order = np.lexsort((-dur, step))  # by step, longest first
+    return order[np.concatenate(([True], np.diff(step[order]) != 0))]
