@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.mixed_attention import mixed_metadata  # noqa: E402
-from core.models import get_model  # noqa: E402
+from bubblesim.core.models import get_model  # noqa: E402
 from engine.model import LlamaModel, allocate_kv_cache  # noqa: E402
 
 # (decodes, context, long, long_context, chunk, chunk_context), as bench/mixed_attention.py

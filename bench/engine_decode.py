@@ -42,9 +42,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.atomic import atomic_file  # noqa: E402
-from core.config import Config  # noqa: E402
-from core.models import get_model  # noqa: E402
+from bubblesim.core.atomic import atomic_file  # noqa: E402
+from bubblesim.core.config import Config  # noqa: E402
+from bubblesim.core.models import get_model  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.requests import RequestInput  # noqa: E402
 

@@ -35,8 +35,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core import phases as P  # noqa: E402
-from core.shape import BatchShape  # noqa: E402
+from bubblesim.core import phases as P  # noqa: E402
+from bubblesim.core.shape import BatchShape  # noqa: E402
 from engine.hooks import StepHooks  # noqa: E402
 from replay.gpu.measure import hook_overhead, step_hook_calls  # noqa: E402
 

@@ -4,7 +4,8 @@
 
 On CUDA every timing replays a CUDA graph (no launch overhead); the eager forward is shown too.
 Attention rows report the KV bytes read per call and the achieved bandwidth against the GPU's
-datasheet (core.gpus). `--device cpu --model tiny` (torch backend, or `--backend triton` under
+datasheet (bubblesim.core.gpus). `--device cpu --model tiny` (torch backend, or `--backend triton`
+under
 TRITON_INTERPRET=1) only checks that the script runs.
 """
 
@@ -23,8 +24,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.gpus import GPUS  # noqa: E402
-from core.models import get_model  # noqa: E402
+from bubblesim.core.gpus import GPUS  # noqa: E402
+from bubblesim.core.models import get_model  # noqa: E402
 from engine.attention import AttentionMetadata, PagedAttention  # noqa: E402
 from engine.model import LlamaModel, allocate_kv_cache  # noqa: E402
 

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.kernels import BLOCK_SIZE, time_ms  # noqa: E402
-from core.models import get_model  # noqa: E402
+from bubblesim.core.models import get_model  # noqa: E402
 from engine.attention import AttentionMetadata  # noqa: E402
 from engine.kernels import paged_attention  # noqa: E402
 

@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core import phases as P  # noqa: E402
-from core.config import Config  # noqa: E402
+from bubblesim.core import phases as P  # noqa: E402
+from bubblesim.core.config import Config  # noqa: E402
 from engine.engine import Engine, build_model  # noqa: E402
 from engine.requests import RequestInput  # noqa: E402
 

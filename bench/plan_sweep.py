@@ -9,7 +9,7 @@ stops once it surely misses one, as in a plan), run through the plan's driver an
 exactly as `python -m sim plan` runs them (fresh store: nothing from an earlier run). The
 configs are a seeded shuffle of a grid (gpu x batches_in_flight x max_num_seqs x
 max_num_batched_tokens x spec method), so any N is a fair sample. Points that differ only in a
-max_num_seqs their run never met share that run (sim/plan/sweep.py, exact; they count 0 s);
+max_num_seqs their run never met share that run (bubblesim/plan/sweep.py, exact; they count 0 s);
 `--no-reuse` runs every point. Prints per-point times (all, and with and without speculative
 decoding) and the wall time a sweep of 200 would take at the measured rate with these jobs.
 The target: 200 in <= 300 s on 2 cores.
@@ -31,12 +31,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.config import Config  # noqa: E402
-from core.runfmt import trace_info  # noqa: E402
-from core.trace import read_trace, write_trace  # noqa: E402
-from sim.plan.points import Point, PointStore  # noqa: E402
-from sim.plan.spec import parse_slos  # noqa: E402
-from sim.plan.sweep import Driver, make_executor  # noqa: E402
+from bubblesim.core.config import Config  # noqa: E402
+from bubblesim.core.runfmt import trace_info  # noqa: E402
+from bubblesim.core.trace import read_trace, write_trace  # noqa: E402
+from bubblesim.plan.points import Point, PointStore  # noqa: E402
+from bubblesim.plan.spec import parse_slos  # noqa: E402
+from bubblesim.plan.sweep import Driver, make_executor  # noqa: E402
 
 GRID: dict[str, list[Any]] = {
     "gpu": ["h100", "h200", "a100"],

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import decode_metadata, decode_step, time_ms  # noqa: E402
 
 import engine.model  # noqa: E402
-from core.models import get_model  # noqa: E402
+from bubblesim.core.models import get_model  # noqa: E402
 from engine.model import LlamaModel, allocate_kv_cache  # noqa: E402
 
 

@@ -15,7 +15,7 @@ Cases (model llama3-8b on h100 unless --set says otherwise):
 - reasoning: traces/reasoning.parquet (743 long-output requests); reasoning-preempt: the same
   with num_kv_blocks=3000 (most requests are preempted at least once);
 - day (--day): 1M requests over 24 h, Poisson arrivals with (prompt, output) pairs drawn from
-  the Azure hour (sim.workloads.synth, seed 0), generated into a temporary file.
+  the Azure hour (bubblesim.workloads.synth, seed 0), generated into a temporary file.
 
 Per case, each in a fresh child process (peak memory is its own):
 - loop_s: SimLoop.run (the best of the child's and the CLI's, whose summary.json records
@@ -93,7 +93,7 @@ def child(trace: str, sets: list[str]) -> dict[str, Any]:
     """Simulate `trace` with the run folder written, as the CLI does; times the loop and the
     folder apart (SimLoop.run is wrapped to note when it starts and ends)."""
     import sim.run as run
-    from core.config import load_config
+    from bubblesim.core.config import load_config
     from sim.loop import SimLoop
 
     marks: dict[str, float] = {}
@@ -221,9 +221,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def day_trace(path: Path) -> Path:
-    """The 1M-request day (sim.workloads.synth, as `python -m sim trace synth` makes it)."""
-    from core.trace import write_trace
-    from sim.workloads.synth import SynthSpec, synthesize
+    """The 1M-request day (bubblesim.workloads.synth, as `python -m sim trace synth` makes it)."""
+    from bubblesim.core.trace import write_trace
+    from bubblesim.workloads.synth import SynthSpec, synthesize
 
     spec = SynthSpec(
         arrival="poisson",

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.config import load_config  # noqa: E402
+from bubblesim.core.config import load_config  # noqa: E402
 from replay.gpu.run import check_trace, new_engine, warm_up  # noqa: E402
 
 

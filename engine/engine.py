@@ -42,15 +42,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core import phases as P
-from core.config import Config
-from core.graph_buckets import mixed_graph_tokens
-from core.models import PRESETS, ModelSpec, get_model
-from core.policy import ScheduledBatch, Scheduler
-from core.policy.sizing import kv_blocks_from_free_bytes, scheduler_config
-from core.request import Status
-from core.shape import BatchShape
-from core.trace import Trace
+from bubblesim.core import phases as P
+from bubblesim.core.config import Config
+from bubblesim.core.graph_buckets import mixed_graph_tokens
+from bubblesim.core.models import PRESETS, ModelSpec, get_model
+from bubblesim.core.policy import ScheduledBatch, Scheduler
+from bubblesim.core.policy.sizing import kv_blocks_from_free_bytes, scheduler_config
+from bubblesim.core.request import Status
+from bubblesim.core.shape import BatchShape
+from bubblesim.core.trace import Trace
 from engine.attention import AttentionMetadata
 from engine.graphs import DecodeGraphs
 from engine.hooks import DRAFT_BEGIN, FORWARD_BEGIN, FORWARD_END, StepHooks, StepTrace

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from core.graph_buckets import decode_buckets
+from bubblesim.core.graph_buckets import decode_buckets
 from engine.inputs import QSL, ROW_SLOT, SEQ_LENS, InputBuffers
 from engine.model import LlamaModel
 from engine.sampler import Sampler

@@ -11,7 +11,7 @@ One row per launched batch (in launch order; row == the batch's `ScheduledBatch.
   (`replay.gpu.measure.kernel_busy`). A CUDA graph runs without the host, so the forward's span is
   kernels only; the time between the start event and the forward is the input copies plus any
   wait for the host to issue the forward.
-- `broadcast_ns[row]` = (start, end) of the tensor-parallel step broadcast (`core.phases.
+- `broadcast_ns[row]` = (start, end) of the tensor-parallel step broadcast (`bubblesim.core.phases.
   BROADCAST`: rank 0 sends the step's header and inputs to the other ranks), -1 where absent
   (always at tensor_parallel_size 1). Its own column whether or not BROADCAST is one of
   CPU_PHASES; when it is, the same interval is also the phase's column of `phase_ns` (and GC
@@ -44,8 +44,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from core.phases import ALL_CPU_ACTIVITIES, BROADCAST, CPU_PHASES, SYNC
-from core.shape import BatchShape
+from bubblesim.core.phases import ALL_CPU_ACTIVITIES, BROADCAST, CPU_PHASES, SYNC
+from bubblesim.core.shape import BatchShape
 
 PHASE = {name: i for i, name in enumerate(CPU_PHASES)}  # CPU phase -> column of phase_ns
 ACTIVITY = {name: i for i, name in enumerate(ALL_CPU_ACTIVITIES)}  # gc_activity codes

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.policy import ScheduledBatch
+from bubblesim.core.policy import ScheduledBatch
 from engine.attention import AttentionMetadata
 from engine.requests import RequestState
 from engine.sampler import SampleRows

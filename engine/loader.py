@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from core.models import ModelSpec
+from bubblesim.core.models import ModelSpec
 from engine.model import LlamaModel
 from engine.tp.shard import Piece, hf_pieces
 

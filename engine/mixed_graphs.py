@@ -1,5 +1,6 @@
 """CUDA graphs for prefill and mixed steps (config key `cuda_graphs_mixed`): one whole-step graph
-per token bucket (core.graph_buckets: powers of two up to 512, then multiples of 256, up to the
+per token bucket (bubblesim.core.graph_buckets: powers of two up to 512, then multiples of 256, up
+to the
 step token limit), capturing what an eager step launches: input finishing, forward, logits and
 sampling. A step of T tokens replays the graph of bucket mixed_graph_tokens(T).
 
@@ -13,7 +14,8 @@ launch per step, where piecewise graphs would still issue two attention launches
 
 A bucket of T tokens has S = min(max_num_seqs, T) sequence rows (a step cannot hold more
 sequences than tokens) and R sampling rows, one graph per R in
-core.graph_buckets.mixed_graph_row_options: S, and 16 for steps that sample few tokens (the
+bubblesim.core.graph_buckets.mixed_graph_row_options: S, and 16 for steps that sample few tokens
+(the
 padded logits rows of a prefill chunk's step would otherwise cost an lm-head GEMM and sampling
 of S rows: ~0.45 ms a step for llama3.2-1b on an H100 at S = 256). Inputs are the
 fixed-address views of `InputBuffers`, as the decode graphs' are:
@@ -46,7 +48,7 @@ from collections.abc import Callable
 
 import torch
 
-from core.graph_buckets import (
+from bubblesim.core.graph_buckets import (
     mixed_graph_buckets,
     mixed_graph_row_options,
     mixed_graph_rows,

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core.models import ModelSpec
+from bubblesim.core.models import ModelSpec
 from engine.attention import AttentionMetadata, PagedAttention
 from engine.rope import rope_tables
 from engine.tp.shard import fill_shard, full_shape, local_spec, vocab_rows

@@ -1,6 +1,7 @@
 """Per-request token state of the engine, and what a caller gets back.
 
-The scheduling state of a request (counts, blocks, status) lives in `core.request.Request`, shared
+The scheduling state of a request (counts, blocks, status) lives in
+`bubblesim.core.request.Request`, shared
 with the simulator; this file adds what only the real engine needs: token ids, the CPU output list
 with -1 placeholders for tokens still on the GPU, the request's slot in the per-slot GPU buffers,
 and timestamps.
@@ -24,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.request import Request
-from core.trace import Trace
+from bubblesim.core.request import Request
+from bubblesim.core.trace import Trace
 
 IntIds = Sequence[int] | np.ndarray
 

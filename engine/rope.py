@@ -1,4 +1,5 @@
-"""RoPE cos/sin tables for each transformers `rope_type` (core.rope reads them from config.json),
+"""RoPE cos/sin tables for each transformers `rope_type` (bubblesim.core.rope reads them from
+config.json),
 computed once per model in float64: the hot path only indexes the tables (engine.kernels.rope,
 the fused KV-write and decode kernels, or `RotaryEmbedding.forward`).
 
@@ -21,7 +22,7 @@ import math
 
 import torch
 
-from core.models import ModelSpec
+from bubblesim.core.models import ModelSpec
 
 
 def _plain_inv_freq(theta: float | torch.Tensor, dim: int, device=None) -> torch.Tensor:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.config import SamplingConfig
+from bubblesim.core.config import SamplingConfig
 
 _M32 = 0xFFFFFFFF
 _MUL = 0x45D9F3B  # < 2**27: products of 32-bit values stay inside int64

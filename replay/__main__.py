@@ -10,10 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from core.cli import Terminated, UsageError, add_config_args, config_from_args, run_main
-from core.cli_timeline import add_timeline_args, timeline_line
-from core.config import ConfigError
-from core.outplace import RUN_FOLDER, OutKind, atomic_dir, check_place, output_place
+from bubblesim.core.cli import Terminated, UsageError, add_config_args, config_from_args, run_main
+from bubblesim.core.cli_timeline import add_timeline_args, timeline_line
+from bubblesim.core.config import ConfigError
+from bubblesim.core.outplace import RUN_FOLDER, OutKind, atomic_dir, check_place, output_place
 
 
 class _Progress:
@@ -43,7 +43,7 @@ def _partial(e: BaseException, out: Path) -> str:
 # ---- run ----------------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
     # lazy (as every command's imports here): `--help` and the other commands skip torch, numpy
-    from core.trace import TraceError
+    from bubblesim.core.trace import TraceError
     from replay.analysis.report import print_run_summary
     from replay.gpu.run import ReplayTimeout, replay
 
@@ -66,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         finally:
             bar.close()
     except (ConfigError, TraceError, UsageError, FileNotFoundError):
-        raise  # bad input: one line, exit 2 (core.cli.run_main)
+        raise  # bad input: one line, exit 2 (bubblesim.core.cli.run_main)
     except ReplayTimeout as e:
         print(
             f"out of time (--max-seconds {args.max_seconds:g}){_partial(e, out)}", file=sys.stderr
@@ -105,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 # ---- compare ------------------------------------------------------------------------------------
 def cmd_compare(args: argparse.Namespace) -> int:
     # lazy: compare needs numpy, never torch
-    from core.runfmt import RunFormatError, load_run
+    from bubblesim.core.runfmt import RunFormatError, load_run
     from replay.analysis.compare import CompareError, compare_runs
     from replay.analysis.outdir import FIDELITY_FOLDER
     from replay.analysis.report import print_targets, write_report
@@ -142,7 +142,7 @@ def _gpu_terms(items: list[str]) -> dict[str, tuple[str, ...]]:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     # lazy: calibrate needs numpy and pyarrow, never torch
-    from core.runfmt import RunFormatError, load_run
+    from bubblesim.core.runfmt import RunFormatError, load_run
     from replay.analysis.calibrate import (
         CalibrationError,
         calibrate,
@@ -534,7 +534,9 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     p.add_argument("--modes", default="graph,eager", help="graph and/or eager calls")
     p.add_argument("--dtype", default="bfloat16", help="element type (default bfloat16)")
     p.add_argument("--backend", default="nccl", choices=("nccl", "gloo"), help="gloo: CPU test")
-    p.add_argument("--gpu", help="core.gpus preset the file names (default: from the device)")
+    p.add_argument(
+        "--gpu", help="bubblesim.core.gpus preset the file names (default: from the device)"
+    )
     p.add_argument("-o", "--output", help="parquet file (default runs/allreduce.parquet)")
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.set_defaults(func=cmd_allreduce)
@@ -544,7 +546,7 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     )
     p.add_argument("sweep", help="a `replay allreduce` parquet file")
     p.add_argument("--mode", default="graph", choices=("graph", "eager"), help="rows to fit")
-    p.add_argument("--gpu", help="core.gpus preset (default: the sweep's)")
+    p.add_argument("--gpu", help="bubblesim.core.gpus preset (default: the sweep's)")
     p.add_argument("-o", "--output", help="profile JSON (default SWEEP.profile.json)")
     p.set_defaults(func=cmd_allreduce_fit)
     return parser

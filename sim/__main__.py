@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from core.cli import run_main
+from bubblesim.core.cli import run_main
 from sim import cli
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from core.config import SpecConfig
-from core.ngram import accepted_prefix, propose
-from core.policy import ScheduledBatch
-from core.request import Request
+from bubblesim.core.config import SpecConfig
+from bubblesim.core.ngram import accepted_prefix, propose
+from bubblesim.core.policy import ScheduledBatch
+from bubblesim.core.request import Request
 
 
 class AcceptanceModel:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from core.cli import add_config_args, check_names
-from core.cli_timeline import add_timeline_args
-from core.config import Config
-from core.scenario import Scenario, config_for_trace
+from bubblesim.core.cli import add_config_args, check_names
+from bubblesim.core.cli_timeline import add_timeline_args
+from bubblesim.core.config import Config
+from bubblesim.core.scenario import Scenario, config_for_trace
 from sim.cost.envelope import describe
 from sim.progress import Progress
 
@@ -29,9 +29,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     add_scenario_arg(p)
     p.set_defaults(func=cmd_run)
-    _optional(sub, "sim.tracecmd", "add_trace_parser")
+    _optional(sub, "bubblesim.workloads.tracecmd", "add_trace_parser")
     _optional(sub, "sim.whatif", "add_whatif_parser")
-    _optional(sub, "sim.plan", "add_plan_parser")
+    _optional(sub, "bubblesim.plan", "add_plan_parser")
 
 
 def _optional(sub: argparse._SubParsersAction, module: str, fn: str) -> None:
@@ -50,7 +50,7 @@ def add_scenario_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-scenario",
         action="store_true",
-        help="ignore the scenario config the trace carries (core.scenario)",
+        help="ignore the scenario config the trace carries (bubblesim.core.scenario)",
     )
 
 
@@ -65,7 +65,7 @@ def trace_config(args: argparse.Namespace) -> tuple[Config, Scenario | None]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from core.outplace import RUN_FOLDER, output_place
+    from bubblesim.core.outplace import RUN_FOLDER, output_place
     from sim.report import print_summary
     from sim.run import simulate
 

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core import phases as P
-from core.policy import ScheduledBatch
-from core.runfmt import RunRecorder
+from bubblesim.core import phases as P
+from bubblesim.core.policy import ScheduledBatch
+from bubblesim.core.runfmt import RunRecorder
 from sim.cost.spread import PhaseSpread
 from sim.gcmodel import GCModel
 from sim.stream import gpu_pass

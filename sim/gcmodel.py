@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.config import GCConfig
+from bubblesim.core.config import GCConfig
 
 
 class GCModel:

@@ -27,12 +27,12 @@ from typing import Any
 
 import simpy
 
-from core import phases as P
-from core.config import Config
-from core.policy import Scheduler
-from core.request import Request, Status
-from core.runfmt import RunRecorder
-from core.shape import BatchShape
+from bubblesim.core import phases as P
+from bubblesim.core.config import Config
+from bubblesim.core.policy import Scheduler
+from bubblesim.core.request import Request, Status
+from bubblesim.core.runfmt import RunRecorder
+from bubblesim.core.shape import BatchShape
 from sim.acceptance import AcceptanceModel
 from sim.clock import NO_EVENT, PO1, PO_OBJS, PO_S, Pass, StepClock, launched_pass
 from sim.cost import CostModel

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from core.cli_timeline import timeline_line
+from bubblesim.core.cli_timeline import timeline_line
 from sim.overload import overload_line
 
 

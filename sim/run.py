@@ -9,18 +9,18 @@ from typing import Any
 
 import numpy as np
 
-from core.config import Config
-from core.gpus import get_gpu
-from core.models import get_model, with_context
-from core.policy import Scheduler
-from core.policy.sizing import kv_blocks_for_gpu, scheduler_config
-from core.request import Request
-from core.runfmt import Recording, RunRecorder, trace_info, write_run
-from core.runfmt.timeline import DEFAULT_MAX_STEPS
-from core.scenario import Scenario
-from core.shape import SHAPE_FIELDS
-from core.tpfit import fit_error
-from core.trace import Trace, TraceError, read_trace
+from bubblesim.core.config import Config
+from bubblesim.core.gpus import get_gpu
+from bubblesim.core.models import get_model, with_context
+from bubblesim.core.policy import Scheduler
+from bubblesim.core.policy.sizing import kv_blocks_for_gpu, scheduler_config
+from bubblesim.core.request import Request
+from bubblesim.core.runfmt import Recording, RunRecorder, trace_info, write_run
+from bubblesim.core.runfmt.timeline import DEFAULT_MAX_STEPS
+from bubblesim.core.scenario import Scenario
+from bubblesim.core.shape import SHAPE_FIELDS
+from bubblesim.core.tpfit import fit_error
+from bubblesim.core.trace import Trace, TraceError, read_trace
 from sim.acceptance import AcceptanceModel
 from sim.cost import CostModel, load_cost_model
 from sim.cost.envelope import outside_share

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from core import phases as P
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core import phases as P
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from sim.clock import COSTS, NUM_SECONDS
 from sim.cost import CostModel
 

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.atomic import replacing
-from core.cli import UsageError, add_config_args, run_main
-from core.config import SPEC_METHODS, Config
-from core.outplace import OutKind, atomic_dir, output_place
-from core.runfmt import CAUSES, trace_info
-from core.scenario import Scenario
-from core.switches import SWITCHES, Switch, cannot_act, value_of
+from bubblesim.core.atomic import replacing
+from bubblesim.core.cli import UsageError, add_config_args, run_main
+from bubblesim.core.config import SPEC_METHODS, Config
+from bubblesim.core.outplace import OutKind, atomic_dir, output_place
+from bubblesim.core.runfmt import CAUSES, trace_info
+from bubblesim.core.scenario import Scenario
+from bubblesim.core.switches import SWITCHES, Switch, cannot_act, value_of
 from sim.cli import add_scenario_arg, trace_config
 
 BASELINE = "baseline"
@@ -55,7 +55,8 @@ def _set(key: str, value: Any) -> Callable[[Config], dict[str, Any]]:
 
 
 def _switch_variant(sw: Switch) -> Variant:
-    """A registry switch (core.switches) moved to its other side; a baseline on neither side (seed 4
+    """A registry switch (bubblesim.core.switches) moved to its other side; a baseline on neither
+    side (seed 4
     with spec.method=none) is left as it is, and the switch's note says why."""
 
     def overrides(c: Config) -> dict[str, Any]:
@@ -193,8 +194,8 @@ def preflight(cfg: Config, trace_path: str) -> bool:
     """Refuse a bad trace or config before any run starts (one line); True if the trace has
     needs_history requests. Whether the KV cache holds each request is left to the runs
     (`simulate` checks it first thing, and a refusal there stops the whole what-if)."""
-    from core.models import get_model, with_context
-    from core.trace import read_trace
+    from bubblesim.core.models import get_model, with_context
+    from bubblesim.core.trace import read_trace
 
     if not Path(trace_path).is_file():
         raise UsageError(f"trace '{trace_path}' does not exist")
@@ -205,8 +206,8 @@ def preflight(cfg: Config, trace_path: str) -> bool:
 
 def check_config(cfg: Config) -> None:
     """The model, GPU and cost profile a config names exist and load."""
-    from core.gpus import get_gpu
-    from core.models import get_model
+    from bubblesim.core.gpus import get_gpu
+    from bubblesim.core.models import get_model
     from sim.cost import load_cost_model
 
     try:
@@ -300,7 +301,7 @@ def info(plan: Plan, trace_path: str, scenario: Scenario | None = None) -> dict[
             for v in plan.variants
         },
     }
-    if scenario is not None:  # the trace's own keys under the baseline (core.scenario)
+    if scenario is not None:  # the trace's own keys under the baseline (bubblesim.core.scenario)
         out["scenario"] = scenario.flat()
     return out
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 import sim.run as simrun
-from core.config import load_config
-from core.runfmt import RunRecorder
+from bubblesim.core.config import load_config
+from bubblesim.core.runfmt import RunRecorder
 from sim.loop import SimLoop
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config import Config
-from core.policy import SchedulerConfig
+from bubblesim.core.config import Config
+from bubblesim.core.policy import SchedulerConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

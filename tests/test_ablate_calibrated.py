@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config
-from core.shape import BatchShape
+from bubblesim.core.config import Config
+from bubblesim.core.shape import BatchShape
 from replay.analysis.calibrate import ONE_SIDED_FIELDS, calibrate
 from sim.cost import CostModel, load_profile
 
@@ -67,7 +67,7 @@ def test_base_profile_terms_are_what_the_fit_holds(tmp_path: Path):
 # ---- the pipeline on CPU with the tiny model --------------------------------------------------
 @pytest.fixture(scope="module")
 def spec_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from core.trace import make_trace, write_trace
+    from bubblesim.core.trace import make_trace, write_trace
 
     t = make_trace([0.0] * 4, [24, 40, 16, 32], [12, 9, 14, 10])
     return write_trace(t, tmp_path_factory.mktemp("trace") / "spec.parquet")
@@ -113,7 +113,7 @@ def test_ablate_calibrated_on_the_before_side(spec_trace: Path, tmp_path: Path):
     assert a["size_ratio"] == pytest.approx(p / m)
     assert a["same_sign"] == (np.sign(p) == np.sign(m))
     # a measured folder of another trace, or of the other switch value, is refused
-    from core.trace import make_trace, write_trace
+    from bubblesim.core.trace import make_trace, write_trace
     from replay.gpu.ablate import _load_measured
 
     other = write_trace(make_trace([0.0], [5], [3]), tmp_path / "other.parquet")

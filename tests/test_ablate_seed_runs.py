@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config
-from core.phases import CPU_PHASES, LAUNCH
-from core.runfmt import codec
-from core.shape import BatchShape
+from bubblesim.core.config import Config
+from bubblesim.core.phases import CPU_PHASES, LAUNCH
+from bubblesim.core.runfmt import codec
+from bubblesim.core.shape import BatchShape
 from replay.analysis.calibrate import _fit_launch, calibrate
 from replay.analysis.steps import Steps
 from replay.gpu.ablate import _measured_side, agreement, noise

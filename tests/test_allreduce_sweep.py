@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config
-from core.gpus import get_gpu
+from bubblesim.core.config import Config
+from bubblesim.core.gpus import get_gpu
 from replay.__main__ import main as replay_main
 from replay.analysis.allreducefit import (
     SweepFileError,

@@ -1,5 +1,5 @@
-"""core.atomic.replacing_dir: a folder is replaced whole or not at all (the folder form of
-`replacing`, used by core.outplace.atomic_dir)."""
+"""bubblesim.core.atomic.replacing_dir: a folder is replaced whole or not at all (the folder form of
+`replacing`, used by bubblesim.core.outplace.atomic_dir)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core import atomic
+from bubblesim.core import atomic
 
 
 def test_replacing_dir_swaps_in_the_whole_folder(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""One way to write a file or folder whole: core.atomic. No module builds its own temp and
+"""One way to write a file or folder whole: bubblesim.core.atomic. No module builds its own temp and
 renames it into place (each did once, each slightly differently: temp names the sweep of dead
 processes' temps could not see, 0600 modes, temps left behind on failure)."""
 
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from core import atomic
+from bubblesim.core import atomic
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("core", "sim", "replay", "engine", "traces", "bench")
+SOURCE_DIRS = ("bubblesim", "sim", "replay", "engine", "traces", "bench")
 # a temp made or renamed into place by hand: a call, not a word in a docstring
 STRAY = re.compile(r"\b(mkstemp|mkdtemp|NamedTemporaryFile|os\.replace|os\.rename)\(")
 # path -> why it may keep such a call
 ALLOWED = {
-    "core/atomic.py": "the helpers themselves",
+    "bubblesim/core/atomic.py": "the helpers themselves",
     "bench/plan_sweep.py": "mkdtemp: a scratch folder for the benchmark's cut trace and points "
     "store, not an output written into place",
 }
@@ -38,7 +38,7 @@ def test_no_hand_made_temp_then_rename_outside_core_atomic() -> None:
             if STRAY.search(line):
                 stray.append(f"{rel}:{n}: {line.strip()}")
     assert not stray, (
-        "write through core.atomic (replacing, atomic_file, temp_dir + swap_in):\n"
+        "write through bubblesim.core.atomic (replacing, atomic_file, temp_dir + swap_in):\n"
         + ("\n".join(stray))
     )
 
@@ -90,8 +90,8 @@ def test_plan_worker_reads_trace_bytes_and_leaves_no_temp(
 
     import numpy as np
 
-    from core.trace import make_trace, trace_sha256, write_trace
-    from sim.plan import worker
+    from bubblesim.core.trace import make_trace, trace_sha256, write_trace
+    from bubblesim.plan import worker
 
     src = write_trace(make_trace([0.0, 0.5], [16, 32], [4, 8]), tmp_path / "t.parquet")
     sha = trace_sha256(src)

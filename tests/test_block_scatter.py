@@ -3,8 +3,8 @@ shapes` times its batches over), the same set of free blocks, the same accountin
 
 from __future__ import annotations
 
-from core.policy.blocks import BlockManager
-from core.request import Request
+from bubblesim.core.policy.blocks import BlockManager
+from bubblesim.core.request import Request
 
 
 def _req(i: int) -> Request:

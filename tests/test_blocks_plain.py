@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from core.policy.blocks import BlockManager
-from core.request import Request
+from bubblesim.core.policy.blocks import BlockManager
+from bubblesim.core.request import Request
 
 
 def _state(bm: BlockManager) -> tuple[object, ...]:

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config
-from core.models import get_model
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.config import Config
+from bubblesim.core.models import get_model
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from replay.analysis.calibrate import CalibrationError, calibrate, write_calibration
 from replay.analysis.shapes_grid import MIN_DECODE_CONTEXT
 from replay.analysis.sweepmeta import MEASURES_KEY, MEASURES_STEP

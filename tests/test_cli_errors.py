@@ -1,5 +1,6 @@
 """Bad input and interruptions on every command that writes: one line on stderr, exit code 2
-(143 for SIGTERM), nothing written, nothing left behind (core.outplace, core.atomic)."""
+(143 for SIGTERM), nothing written, nothing left behind (bubblesim.core.outplace,
+bubblesim.core.atomic)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import atomic
-from core.cli import run_main
-from core.outplace import RUN_FOLDER, TRACE_FILE, check_place, output_place
-from core.trace import make_trace, write_trace
+from bubblesim.core import atomic
+from bubblesim.core.cli import run_main
+from bubblesim.core.outplace import RUN_FOLDER, TRACE_FILE, check_place, output_place
+from bubblesim.core.trace import make_trace, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--set", "model=tiny"]
@@ -90,9 +91,9 @@ def test_unknown_model_or_gpu_is_one_line(
 
 
 def test_unknown_model_in_a_library_call_is_a_config_error() -> None:
-    from core.config import ConfigError
-    from core.gpus import get_gpu
-    from core.models import get_model
+    from bubblesim.core.config import ConfigError
+    from bubblesim.core.gpus import get_gpu
+    from bubblesim.core.models import get_model
 
     with pytest.raises(ConfigError, match="'model'"):
         get_model("nope")
@@ -320,8 +321,8 @@ def test_plan_ray_init_failure_is_one_line(
 # moment a signal leaves the most behind. The signal is real (os.kill of the process itself).
 STOP_SCRIPT = """
 import os, signal, sys, time
-import core.runfmt.io as io
-from core.cli import run_main
+import bubblesim.core.runfmt.io as io
+from bubblesim.core.cli import run_main
 from sim.__main__ import main
 
 def stop(tmp, target):
@@ -427,7 +428,7 @@ def test_output_place_puts_things_back_on_failure(tmp_path: Path) -> None:
 WORKER_SCRIPT = """
 import os, signal, sys, time
 import sim.whatif
-from core.cli import run_main
+from bubblesim.core.cli import run_main
 from sim.__main__ import main
 
 def busy(cfg, trace_path, run_dir, *_):
@@ -464,7 +465,7 @@ def test_disk_full_while_writing_is_one_line_naming_the_output(
 ) -> None:
     import errno
 
-    import core.runfmt.io as io
+    import bubblesim.core.runfmt.io as io
 
     real = io.pq.write_table
 

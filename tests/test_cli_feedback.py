@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import sim.__main__ as sim_main
-from core.cli import run_main
-from core.config import Config, load_config
-from core.trace import make_trace, write_trace
+from bubblesim.core.cli import run_main
+from bubblesim.core.config import Config, load_config
+from bubblesim.core.trace import make_trace, write_trace
 from sim.overload import overload_line, overload_of
 from sim.progress import LoopProgress, Progress
 from sim.run import simulate
@@ -115,7 +115,7 @@ def test_sim_progress_counts_simulated_time_then_draining_then_writing(tmp_path:
 def test_progress_hook_is_not_called_per_step_in_fast_forward(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Long decode runs go through sim.fastforward: the hook runs at segment ends only."""
+    """Long decode runs go through the fast path (sim.fast): the hook runs at segment ends only."""
     calls = []
     real = LoopProgress.__call__
 
@@ -254,11 +254,11 @@ def test_bad_timeline_option_exits_2(
 def test_capped_load_search_says_at_least(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sim.plan.cli import print_plan
-    from sim.plan.planner import run_plan
-    from sim.plan.report import render
-    from sim.plan.spec import load_plan_spec
-    from sim.plan.sweep import SerialExecutor
+    from bubblesim.plan.cli import print_plan
+    from bubblesim.plan.planner import run_plan
+    from bubblesim.plan.report import render
+    from bubblesim.plan.spec import load_plan_spec
+    from bubblesim.plan.sweep import SerialExecutor
 
     path = trace(tmp_path, "short", 6, 5.0, 64, 16)  # light and short: passes at any load
     spec = load_plan_spec(
@@ -294,8 +294,8 @@ def test_whatif_lines_say_percent_and_time_left() -> None:
 def test_plan_progress_logs_now_and_then_off_a_terminal(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import sim.plan.cli as plan_cli
-    from sim.plan.sweep import SweepStats
+    import bubblesim.plan.cli as plan_cli
+    from bubblesim.plan.sweep import SweepStats
 
     clock = Clock()
     monkeypatch.setattr(plan_cli.time, "monotonic", clock)

@@ -17,9 +17,11 @@ import replay.__main__ as replay_main
 import sim.__main__ as sim_main
 
 ROOT = Path(__file__).resolve().parents[1]
-# a pointer outside the help text: contracts.md, "Contract 3", "see sim/plan/spec.py", "see sim.x"
+# a pointer outside the help text: contracts.md, "Contract 3", "see bubblesim/plan/spec.py", "see
+# sim.x"
 POINTER = re.compile(
-    r"contracts\.md|Contract \d|\b[\w.]+/[\w/]+\.(py|md)\b|\bsee (sim|core|replay|engine)\b"
+    r"contracts\.md|Contract \d|\b[\w.]+/[\w/]+\.(py|md)\b"
+    r"|\bsee (sim|core|bubblesim|replay|engine)\b"
 )
 
 

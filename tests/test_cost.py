@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config, ConfigError, SpecConfig
-from core.gpus import GPUS
-from core.models import PRESETS
-from core.phases import CPU_PHASES
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.config import Config, ConfigError, SpecConfig
+from bubblesim.core.gpus import GPUS
+from bubblesim.core.models import PRESETS
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from sim.cost import (
     DEFAULTS,
     LINEAR_TERMS,
@@ -160,7 +160,7 @@ def test_mixed_graphs_what_if_launches_a_graph_and_pays_the_padding():
     )
     row = graphs.roofline.lm_ms_per_row + graphs.roofline.logits_ms_per_row
     assert 0 < row < 0.01
-    rows = 15  # a 16-row graph (core.graph_buckets.mixed_graph_rows), 1 generating
+    rows = 15  # a 16-row graph (bubblesim.core.graph_buckets.mixed_graph_rows), 1 generating
     want = eager.gpu_pass_ms(mixed) + 24 * 0.003 + rows * row
     assert graphs.gpu_pass_ms(mixed) == pytest.approx(want)
     p1024 = prefill_shape(1024)
@@ -390,7 +390,7 @@ def test_unreadable_profiles(tmp_path: Path):
 def test_import_does_not_load_torch():
     code = (
         "import sys, sim.cost\n"
-        "from core.config import Config\n"
+        "from bubblesim.core.config import Config\n"
         "sim.cost.load_cost_model(Config())\n"
         "print('torch' in sys.modules)"
     )

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.cli import run_main
-from core.config import Config, load_config
-from core.runfmt import load_run
-from core.shape import BatchShape
+from bubblesim.core.cli import run_main
+from bubblesim.core.config import Config, load_config
+from bubblesim.core.runfmt import load_run
+from bubblesim.core.shape import BatchShape
 from sim.__main__ import main as sim_main
 from sim.cost import CostModel, ProfileError, load_profile, save_profile, validate_profile
 from sim.cost.envelope import outside_share

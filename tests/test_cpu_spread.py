@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import load_config
-from core.phases import CPU_PHASES
-from core.shape import BatchShape
-from core.trace import make_trace, write_trace
+from bubblesim.core.config import load_config
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.shape import BatchShape
+from bubblesim.core.trace import make_trace, write_trace
 from sim.cost import PROFILE_VERSION, CostModel, ProfileError, validate_profile
 from sim.cost.spread import BLOCK_STEPS, PhaseSpread, mean_ratio
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config, load_config
-from core.shape import BatchShape
+from bubblesim.core.config import Config, load_config
+from bubblesim.core.shape import BatchShape
 from replay.analysis.calibrate import calibrate
 from sim.cost import CostModel, ProfileError, save_profile, validate_profile
 from sim.cost.splits import program_keys_fn

@@ -19,10 +19,10 @@ import pytest
 import torch
 from helpers import make_cfg, slow_cases
 
-from core.config import Config
-from core.phases import CPU_PHASES
-from core.request import Status
-from core.trace import read_trace
+from bubblesim.core.config import Config
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.request import Status
+from bubblesim.core.trace import read_trace
 from engine.attention import AttentionMetadata
 from engine.engine import Engine
 from engine.graphs import DecodeGraphs, decode_buckets
@@ -300,7 +300,7 @@ def test_graph_input_layout_with_padding_gives_the_same_logits_and_tokens(graph_
 _TRITON_RUN = """
 import torch
 torch.set_num_threads(1)
-from core.models import get_model
+from bubblesim.core.models import get_model
 from engine.engine import Engine
 from engine.model import LlamaModel
 from engine.requests import RequestInput

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.config import SamplingConfig
+from bubblesim.core.config import SamplingConfig
 from engine.outputs import first_placeholder, update_async_output_token_ids
 from engine.sampler import Sampler, SampleRows, gumbel_noise
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.config import Config
+from bubblesim.core.config import Config
 from replay.analysis.historyfit import fit_history
 from replay.analysis.shapes_file import read_sweeps
 from replay.analysis.shapes_grid import Batch, Entry

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from core.config import Config
-from core.graph_buckets import decode_buckets, decode_graph_rows
-from core.shape import BatchShape
-from core.trace import make_trace, write_trace
+from bubblesim.core.config import Config
+from bubblesim.core.graph_buckets import decode_buckets, decode_graph_rows
+from bubblesim.core.shape import BatchShape
+from bubblesim.core.trace import make_trace, write_trace
 from replay.analysis.historyfit import fit_history, history_pairs
 from replay.analysis.shapes_file import Sample, read_sweeps, shape_row, write_sweep
 from replay.analysis.shapes_grid import Batch, Entry, Limits, batch_shape, grid

@@ -12,8 +12,8 @@ import pytest
 def test_step_hooks_grow_and_freeze_the_record():
     import torch
 
-    from core import phases as P
-    from core.shape import BatchShape
+    from bubblesim.core import phases as P
+    from bubblesim.core.shape import BatchShape
     from engine.hooks import StepHooks
     from replay.gpu.measure import step_hook_calls
 

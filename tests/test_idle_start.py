@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import load_config
+from bubblesim.core.config import load_config
 from sim.cost import ProfileError, load_cost_model
 from sim.stream import gpu_pass
 from tests.ffcheck import assert_same_records, records_without_and_with_fast_forward
@@ -64,7 +64,7 @@ def test_calibrate_recovers_the_idle_scale(tmp_path: Path) -> None:
     """A run made with scale 0.6 (as a measured run: its summary says replay) gives back 0.6
     from the decode model it was made with."""
     import sim.run as simrun
-    from core.runfmt import load_run
+    from bubblesim.core.runfmt import load_run
     from replay.analysis.idle_start import fit_idle_start
 
     n = 40

@@ -1,4 +1,5 @@
-"""Imports sit at the top of each module of core/, replay/ and bench/, so what a module needs
+"""Imports sit at the top of each module of bubblesim/core/, replay/ and bench/, so what a module
+needs
 (torch, Triton, pyarrow) shows where a reader looks first. An import inside a function is
 allowed only when it is deliberately lazy (a GPU-only or optional dependency, or one that
 `--help` must not pay for) and says why: a comment on one of its lines or on the line just
@@ -12,7 +13,7 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "replay", "bench")
+PACKAGES = ("bubblesim/core", "replay", "bench")
 # files other work owns (issue 15): their function-level imports move when that work lands
 # (an entry whose file has none left fails: remove it)
 OWNED_ELSEWHERE = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.runfmt.intervals import SortedIntervals
+from bubblesim.core.runfmt.intervals import SortedIntervals
 
 
 def _gaps(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:

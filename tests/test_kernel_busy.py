@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.phases import CPU_PHASES, DRAFT, SAMPLE
+from bubblesim.core.phases import CPU_PHASES, DRAFT, SAMPLE
 from replay.gpu.measure import kernel_busy
 
 US = 1_000
@@ -97,8 +97,8 @@ def test_no_clean_reference_means_no_estimate_and_nothing_cut() -> None:
 
 
 def test_cpu_engine_records_forward_marks_inside_each_step() -> None:
-    from core.config import load_config
-    from core.trace import make_trace
+    from bubblesim.core.config import load_config
+    from bubblesim.core.trace import make_trace
     from engine.engine import Engine
 
     cfg = load_config(None, ["model=tiny", "device=cpu", "max_num_seqs=4"])

@@ -147,7 +147,7 @@ def test_torch_kv_write():
 
 
 def _rotary(head_dim: int, device: str = "cpu"):
-    from core.models import PRESETS
+    from bubblesim.core.models import PRESETS
     from engine.model import RotaryEmbedding
 
     spec = replace(PRESETS["tiny"], head_dim=head_dim, rope_type="llama3",
@@ -450,7 +450,7 @@ def test_interp_fused_rms_norm(dtype, tol):
 @interp_only
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.float16, 1e-3)])
 def test_interp_rope_in_place_on_strided_qk(dtype, tol):
-    from core.models import PRESETS
+    from bubblesim.core.models import PRESETS
     from engine.kernels import rope_inplace
     from engine.model import RotaryEmbedding
 
@@ -658,7 +658,7 @@ def test_gpu_kv_write_bf16():
 
 @pytest.mark.gpu
 def test_gpu_fused_norm_and_rope_bf16():
-    from core.models import PRESETS
+    from bubblesim.core.models import PRESETS
     from engine.kernels import rms_norm, rope_inplace
     from engine.model import RMSNorm, RotaryEmbedding
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import sim.run as simrun
-from core.config import load_config
-from core.runfmt import load_run
+from bubblesim.core.config import load_config
+from bubblesim.core.runfmt import load_run
 from replay.analysis.level import level_ratio, scaled
 from tests.test_sim import trace_file
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from core.models import ModelSpec
+from bubblesim.core.models import ModelSpec
 from engine.attention import AttentionMetadata
 from engine.loader import CheckpointError, load_checkpoint
 from engine.model import allocate_kv_cache

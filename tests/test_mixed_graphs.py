@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from core.config import Config
-from core.graph_buckets import mixed_graph_buckets, mixed_graph_tokens
+from bubblesim.core.config import Config
+from bubblesim.core.graph_buckets import mixed_graph_buckets, mixed_graph_tokens
 from engine.engine import Engine
 from engine.requests import RequestInput
 from sim.cost import model as cost_model
@@ -165,7 +165,7 @@ def test_spec_decoding_leaves_mixed_steps_eager_as_the_cost_model_says():
     cfg = make_cfg().replace(**{"spec.method": "ngram-gpu", "spec.k": 2})
     eng = Engine(cfg)
     assert eng.mixed is None
-    from core.shape import BatchShape
+    from bubblesim.core.shape import BatchShape
 
     cm = cost_model.CostModel(cfg.replace(model="llama3.2-1b", device="cuda"))
     mixed = BatchShape(num_reqs=2, num_prefill_reqs=1, prefill_tokens=100, decode_tokens=1)

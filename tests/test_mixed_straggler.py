@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from core.config import load_config
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.config import load_config
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from replay.analysis import heldback, mixedfit
 from replay.analysis.calibrate import GPU_TERMS
 from replay.analysis.shapes_file import read_sweeps

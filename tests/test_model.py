@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.models import PRESETS, ModelSpec
+from bubblesim.core.models import PRESETS, ModelSpec
 from engine.attention import AttentionMetadata
 from engine.model import LlamaModel, allocate_kv_cache
 from engine.rope import rope_inv_freq

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.config import Config
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from replay.analysis.calibrate import calibrate
 from replay.analysis.graphsteps import padded_segments, with_steps
 from replay.analysis.shapes_grid import Entry

@@ -1,4 +1,4 @@
-"""Routers and the multi-replica fleet simulation (sim.plan.router, sim.plan.fleet)."""
+"""Routers and the multi-replica fleet simulation (bubblesim.plan.router, bubblesim.plan.fleet)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config
-from core.request import Request, Status
-from core.trace import Trace, make_trace, read_trace, write_trace
-from sim.plan.fleet import FleetSpec, simulate_fleet
-from sim.plan.merge import CAUSES_MIN_FRACTION
-from sim.plan.router import LeastOutstanding, PrefixAware, RoundRobin, make_router
-from sim.plan.spec import parse_slos
-from sim.plan.watch import needed_violations
+from bubblesim.core.config import Config
+from bubblesim.core.request import Request, Status
+from bubblesim.core.trace import Trace, make_trace, read_trace, write_trace
+from bubblesim.plan.fleet import FleetSpec, simulate_fleet
+from bubblesim.plan.merge import CAUSES_MIN_FRACTION
+from bubblesim.plan.router import LeastOutstanding, PrefixAware, RoundRobin, make_router
+from bubblesim.plan.spec import parse_slos
+from bubblesim.plan.watch import needed_violations
 from sim.run import simulate
 
 CFG = Config()  # llama3-8b on an H100: realistic step times, ~30k KV blocks

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config
-from core.trace import make_trace, write_trace
-from sim.plan.planner import run_plan
-from sim.plan.report import write_report
-from sim.plan.spec import load_plan_spec
-from sim.plan.sweep import SerialExecutor
+from bubblesim.core.config import Config
+from bubblesim.core.trace import make_trace, write_trace
+from bubblesim.plan.planner import run_plan
+from bubblesim.plan.report import write_report
+from bubblesim.plan.spec import load_plan_spec
+from bubblesim.plan.sweep import SerialExecutor
 
 pytestmark = pytest.mark.slow  # the report fixture plans a small sweep (~3 s)
 

@@ -1,4 +1,4 @@
-"""The per-candidate search (sim.plan.search): load bisection and the smallest fleet."""
+"""The per-candidate search (bubblesim.plan.search): load bisection and the smallest fleet."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core.config import Config
-from core.trace import make_trace, read_trace, write_trace
-from sim.plan.fleet import FleetSpec, simulate_fleet
-from sim.plan.points import Point
-from sim.plan.search import CandidateSearch, Gen, parallel, verdict
-from sim.plan.spec import Candidate, SearchOptions, parse_slos
+from bubblesim.core.config import Config
+from bubblesim.core.trace import make_trace, read_trace, write_trace
+from bubblesim.plan.fleet import FleetSpec, simulate_fleet
+from bubblesim.plan.points import Point
+from bubblesim.plan.search import CandidateSearch, Gen, parallel, verdict
+from bubblesim.plan.spec import Candidate, SearchOptions, parse_slos
 
 SLOS = parse_slos(["ttft_p99_s=1"])
 

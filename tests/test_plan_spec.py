@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.cli import run_main
-from core.config import Config
-from core.trace import make_trace, write_trace
+from bubblesim.core.cli import run_main
+from bubblesim.core.config import Config
+from bubblesim.core.trace import make_trace, write_trace
+from bubblesim.plan import add_plan_parser
+from bubblesim.plan.spec import SLO_KEYS, PlanError, load_plan_spec, parse_slos
 from sim.__main__ import main
-from sim.plan import add_plan_parser
-from sim.plan.spec import SLO_KEYS, PlanError, load_plan_spec, parse_slos
 
 
 def test_package_exports_the_parser_hook() -> None:
@@ -89,7 +89,7 @@ loads = [2, 4]
     assert names[3].startswith("gpu=h200 batches_in_flight=1")
     assert names[6] == "model=llama3.2-1b gpu=a100"
     assert spec.candidates[0].price_per_hour == 2.0  # overridden
-    assert spec.candidates[3].price_per_hour == 3.5  # core/gpus.py
+    assert spec.candidates[3].price_per_hour == 3.5  # bubblesim/core/gpus.py
     assert spec.candidates[4].config.batches_in_flight == 2
     assert spec.search.max_replicas == 8
     assert spec.search.loads == (1.0, 2.0, 4.0)  # the trace's own load always included
@@ -97,7 +97,7 @@ loads = [2, 4]
 
 
 def test_the_example_candidates_file_parses() -> None:
-    example = Path(__file__).resolve().parents[1] / "sim/plan/candidates.example.toml"
+    example = Path(__file__).resolve().parents[1] / "bubblesim/plan/candidates.example.toml"
     spec = load_plan_spec(SLO, Config(), example)
     assert len(spec.candidates) == 2 * 3 * 2 * 2 + 2
     assert spec.candidates[-1].config.model == "llama3-70b"

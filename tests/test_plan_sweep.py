@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core.cli import run_main
-from core.config import Config
-from core.trace import make_trace, write_trace
+from bubblesim.core.cli import run_main
+from bubblesim.core.config import Config
+from bubblesim.core.trace import make_trace, write_trace
+from bubblesim.plan.planner import run_plan
+from bubblesim.plan.points import Point, PointStore, point_key, serves
+from bubblesim.plan.spec import load_plan_spec, parse_slos
+from bubblesim.plan.sweep import PoolExecutor, SerialExecutor
 from sim.__main__ import main
-from sim.plan.planner import run_plan
-from sim.plan.points import Point, PointStore, point_key, serves
-from sim.plan.spec import load_plan_spec, parse_slos
-from sim.plan.sweep import PoolExecutor, SerialExecutor
 
 SLO = ["ttft_p99_s=0.15", "tpot_p99_s=0.02"]
 
@@ -123,7 +123,7 @@ def test_ray_gives_the_serial_plan(
     trace: Path, tmp_path: Path, serial_plan: tuple[Path, dict]
 ) -> None:
     ray = pytest.importorskip("ray", reason="ray is not installed (optional extra 'plan')")
-    from sim.plan.sweep import RayExecutor
+    from bubblesim.plan.sweep import RayExecutor
 
     try:
         plan = run_plan(trace, _spec(), tmp_path, RayExecutor("local", str(trace)))
@@ -168,8 +168,8 @@ def _one(point: Point) -> Any:
 
 
 def _sweep(trace: Path, store: Path, points: list[Point], reuse: bool) -> tuple[list, Any]:
-    from core.trace import trace_sha256
-    from sim.plan.sweep import Driver
+    from bubblesim.core.trace import trace_sha256
+    from bubblesim.plan.sweep import Driver
 
     driver = Driver(SerialExecutor(), PointStore(store, resume=False), str(trace),
                     trace_sha256(trace), parse_slos(SLO), True, reuse=reuse)  # fmt: skip

@@ -9,8 +9,8 @@ from collections import deque
 import pytest
 from helpers import sched_cfg
 
-from core.policy import Scheduler
-from core.request import Request, Status
+from bubblesim.core.policy import Scheduler
+from bubblesim.core.request import Request, Status
 
 
 def drive(

@@ -1,4 +1,5 @@
-"""No module of core/, sim/, replay/, engine/, bench/ (nor the scripts of reports/ and traces/)
+"""No module of bubblesim/core/, sim/, replay/, engine/, bench/ (nor the scripts of reports/ and
+traces/)
 reaches into another module's private names (a leading underscore): read with `ast`, nothing
 is imported. Caught:
 
@@ -19,7 +20,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "sim", "replay", "engine", "bench", "reports", "traces")
+PACKAGES = ("bubblesim", "sim", "replay", "engine", "bench", "reports", "traces")
 # namedtuple's public API, spelled with an underscore so it cannot clash with field names
 PUBLIC_UNDERSCORE = {"_replace", "_fields", "_asdict", "_make", "_field_defaults"}
 
@@ -28,9 +29,12 @@ PUBLIC_UNDERSCORE = {"_replace", "_fields", "_asdict", "_make", "_field_defaults
 ALLOWED: set[tuple[str, str]] = {
     # capacity planning reads RunRecorder's request columns, its ITL samples and LogHistogram's
     # counts
-    *{("sim/plan/recview.py", n) for n in ("_arrival", "_first")},
-    *{("sim/plan/recview.py", n) for n in ("_last", "_finish", "_out", "_itl_hist", "_itl_v")},
-    *{("sim/plan/recview.py", n) for n in ("_itl_w", "_counts")},
+    *{("bubblesim/plan/recview.py", n) for n in ("_arrival", "_first")},
+    *{
+        ("bubblesim/plan/recview.py", n)
+        for n in ("_last", "_finish", "_out", "_itl_hist", "_itl_v")
+    },
+    *{("bubblesim/plan/recview.py", n) for n in ("_itl_w", "_counts")},
     # engine/ (tensor-parallelism helpers) has no public name for these: StepHooks' GC callback
     # (timed alone), its event hooks (swapped for the legacy-events case) and Engine._forward
     # (wrapped to time each forward)
@@ -150,8 +154,8 @@ def test_no_module_reaches_into_another_modules_private_names():
 def test_the_checker_sees_each_kind_of_reach_in(tmp_path: Path, monkeypatch):
     probe = ROOT / "sim" / "_probe_private_names.py"  # read only, never imported
     text = (
-        "import core.runfmt.bubbles as b\n"
-        "from core.runfmt.bubbles import _empty\n"
+        "import bubblesim.core.runfmt.bubbles as b\n"
+        "from bubblesim.core.runfmt.bubbles import _empty\n"
         "from .loop import _EMPTY\n"
         "import torch\n"
         "class A:\n"
@@ -166,6 +170,6 @@ def test_the_checker_sees_each_kind_of_reach_in(tmp_path: Path, monkeypatch):
     assert got == [
         ("_EMPTY", "from sim.loop import _EMPTY"),
         ("_arrival", "rec._arrival"),
-        ("_empty", "from core.runfmt.bubbles import _empty"),
+        ("_empty", "from bubblesim.core.runfmt.bubbles import _empty"),
         ("_gpu_intervals", "b._gpu_intervals"),
     ]

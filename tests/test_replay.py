@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import Config
-from core.phases import CPU_PHASES
-from core.runfmt import RunRecorder, load_run, write_run
-from core.shape import BatchShape
+from bubblesim.core.config import Config
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.runfmt import RunRecorder, load_run, write_run
+from bubblesim.core.shape import BatchShape
 from replay.analysis.calibrate import calibrate, evaluate, write_calibration
 from replay.analysis.compare import TARGETS, compare_runs
 from replay.analysis.lsq import fit, nnls_lawson_hanson
@@ -129,7 +129,7 @@ def synthetic_run(
 
 
 def small_trace(folder: Path) -> Path:
-    from core.trace import make_trace, write_trace
+    from bubblesim.core.trace import make_trace, write_trace
 
     rng = np.random.default_rng(5)
     arrival = np.sort(rng.uniform(0, 0.2, 12))

@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from core.config import Config  # noqa: E402
-from core.runfmt import load_run  # noqa: E402
-from core.trace import make_trace, write_trace  # noqa: E402
+from bubblesim.core.config import Config  # noqa: E402
+from bubblesim.core.runfmt import load_run  # noqa: E402
+from bubblesim.core.trace import make_trace, write_trace  # noqa: E402
 from replay.gpu.run import ReplayTimeout, replay  # noqa: E402
 
 CPU_TINY = Config(model="tiny", device="cpu")
@@ -97,7 +97,7 @@ def test_replay_engine_error_leaves_what_was_measured(few: Path, tmp_path: Path)
 
 
 def test_replay_cli_bad_input_is_one_line(few: Path, tmp_path: Path, capsys):
-    from core.cli import run_main
+    from bubblesim.core.cli import run_main
     from replay.__main__ import main
 
     args = ["run", str(few), "--set", "device=cpu", "--set", "model=tiny", "--set", "bogus=1"]
@@ -159,9 +159,9 @@ def test_to_recorder_conventions():
     (an interrupted step) is dropped; tokens of one step count as accepted drafts."""
     from types import SimpleNamespace
 
-    from core.phases import CPU_PHASES
-    from core.runfmt.records import RunRecorder
-    from core.shape import BatchShape
+    from bubblesim.core.phases import CPU_PHASES
+    from bubblesim.core.runfmt.records import RunRecorder
+    from bubblesim.core.shape import BatchShape
     from replay.gpu.measure import to_recorder
 
     ms = 1_000_000
@@ -230,7 +230,7 @@ def test_gpu_replay_and_calibrate(few: Path, tmp_path: Path):
 
 def test_a_cuda_run_records_the_gpu_preset_it_ran_on(monkeypatch):
     import replay.gpu.run as rr
-    from core.config import Config
+    from bubblesim.core.config import Config
 
     cfg = Config(device="cuda", gpu="h100")
     monkeypatch.setattr(rr, "gpu_name", lambda c: "NVIDIA H200")

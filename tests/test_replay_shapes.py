@@ -21,12 +21,12 @@ import pytest
 import torch
 from helpers import sched_cfg
 
-from core.cli import run_main
-from core.config import Config
-from core.policy import Scheduler
-from core.request import Request
-from core.runfmt import RunRecorder, write_run
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.cli import run_main
+from bubblesim.core.config import Config
+from bubblesim.core.policy import Scheduler
+from bubblesim.core.request import Request
+from bubblesim.core.runfmt import RunRecorder, write_run
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from replay.analysis.calibrate import GPU_TERMS, CalibrationError, calibrate, write_calibration
 from replay.gpu.run import gpu_name
 from replay.gpu.shapes import (

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from core.trace import make_trace, write_trace  # noqa: E402
+from bubblesim.core.trace import make_trace, write_trace  # noqa: E402
 
 
 def test_replay_run_timeline_window(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,5 +1,7 @@
-"""Both reports' charts, drawn by core.svg, are byte-identical to what they were before the two
-chart modules (sim/plan/svg.py, replay/svg.py) became one: the plan report (report.html) from a
+"""Both reports' charts, drawn by bubblesim.core.svg, are byte-identical to what they were before
+the two
+chart modules (bubblesim/plan/svg.py, replay/svg.py) became one: the plan report (report.html) from
+a
 fixed plan.json, the fidelity report's SVG files from the synthetic runs of test_replay.
 
 The expected sha256s are of the outputs of the two old modules at commit 4dc3e1a. A deliberate
@@ -16,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from core import svg
-from core.runfmt import load_run
+from bubblesim.core import svg
+from bubblesim.core.runfmt import load_run
+from bubblesim.plan.report import render
 from replay.analysis import report as replay_report
 from replay.analysis.compare import compare_runs
-from sim.plan.report import render
 from tests.test_replay import synthetic_run
 
 GOLDEN = Path(__file__).parent / "golden" / "report_charts"

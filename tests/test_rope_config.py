@@ -1,4 +1,5 @@
-"""Reading RoPE settings from config.json (core.rope): both layouts give the same ModelSpec, the
+"""Reading RoPE settings from config.json (bubblesim.core.rope): both layouts give the same
+ModelSpec, the
 precedence rules of transformers 5, and one clear line naming the key for anything unsupported
 or malformed. No transformers needed (tests/test_rope_hf.py checks the numbers against it)."""
 
@@ -10,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from core.models import PRESETS, ModelSpec
-from core.rope import rope_fields
+from bubblesim.core.models import PRESETS, ModelSpec
+from bubblesim.core.rope import rope_fields
 
 SHAPES = {
     "vocab_size": 96,

@@ -24,7 +24,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
-from core.config import Config  # noqa: E402
+from bubblesim.core.config import Config  # noqa: E402
 from engine.attention import AttentionMetadata  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.loader import load_checkpoint  # noqa: E402
@@ -225,7 +225,7 @@ def test_dynamic_rows_past_max_positions_are_transformers_per_step_frequencies()
     seq_len p + 1 (what a one-token decode step at p uses), and rows below are plain RoPE."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from core.models import ModelSpec
+    from bubblesim.core.models import ModelSpec
     from engine.rope import rope_tables
 
     cfg = transformers.LlamaConfig(

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import core.runfmt.io as runio
-from core.config import Config, from_dict
-from core.phases import CAUSE_LAUNCH_GAP, CPU_PHASES, GC, SYNC
-from core.runfmt import (
+import bubblesim.core.runfmt.io as runio
+from bubblesim.core.config import Config, from_dict
+from bubblesim.core.phases import CAUSE_LAUNCH_GAP, CPU_PHASES, GC, SYNC
+from bubblesim.core.runfmt import (
     CAUSES,
     RecordingError,
     RunFormatError,
@@ -26,12 +26,12 @@ from core.runfmt import (
     trace_info,
     write_run,
 )
-from core.runfmt.sketch import LogHistogram
-from core.runfmt.stats import weighted_quantiles
-from core.runfmt.summary import REQUIRED_KEYS
-from core.runfmt.tables import REQUEST_COLUMNS, STEP_COLUMNS
-from core.runfmt.timeline import TRACKS
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.runfmt.sketch import LogHistogram
+from bubblesim.core.runfmt.stats import weighted_quantiles
+from bubblesim.core.runfmt.summary import REQUIRED_KEYS
+from bubblesim.core.runfmt.tables import REQUEST_COLUMNS, STEP_COLUMNS
+from bubblesim.core.runfmt.timeline import TRACKS
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 
 TRACE = {"path": "traces/x.parquet", "sha256": "0" * 64, "rows": 2}
 SIM = {"kind": "sim"}

@@ -1,4 +1,4 @@
-"""Run folder encoding (core.runfmt.codec, format version 2): lossless round trip of every
+"""Run folder encoding (bubblesim.core.runfmt.codec, format version 2): lossless round trip of every
 column, old (version 1) folders still load, and runs written without step records."""
 
 from __future__ import annotations
@@ -12,12 +12,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from core.phases import CPU_PHASES
-from core.runfmt import RunFormatError, RunRecorder, account_bubbles, codec, load_run, write_run
-from core.runfmt.io import REQUESTS, STEPS, SUMMARY, TIMELINE
-from core.runfmt.summary import FORMAT_VERSION
-from core.runfmt.tables import gc_table, requests_table, steps_table
-from core.shape import BatchShape
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.runfmt import (
+    RunFormatError,
+    RunRecorder,
+    account_bubbles,
+    codec,
+    load_run,
+    write_run,
+)
+from bubblesim.core.runfmt.io import REQUESTS, STEPS, SUMMARY, TIMELINE
+from bubblesim.core.runfmt.summary import FORMAT_VERSION
+from bubblesim.core.runfmt.tables import gc_table, requests_table, steps_table
+from bubblesim.core.shape import BatchShape
 
 TRACE = {"path": "traces/x.parquet", "sha256": "0" * 64, "rows": 1}
 SIM = {"kind": "sim"}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.runfmt.records import RunRecorder
-from core.runfmt.tables import _longest_per_step
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.runfmt.records import RunRecorder
+from bubblesim.core.runfmt.tables import _longest_per_step
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 
 
 def _by_sort(step: np.ndarray, dur: np.ndarray) -> np.ndarray:
@@ -56,7 +56,7 @@ def test_tokens_ranges_in_numpy_keeps_the_same_gaps(
 ) -> None:
     """Over many emission times tokens_ranges works in numpy: the same ITL entries, in the
     same order, and the same per-request columns as its per-time loop."""
-    import core.runfmt.records as records
+    import bubblesim.core.runfmt.records as records
 
     rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(0.01, 300)).tolist()

@@ -1,4 +1,5 @@
-"""A trace's own scenario (core.scenario): applied by sim run / sim whatif below --config and
+"""A trace's own scenario (bubblesim.core.scenario): applied by sim run / sim whatif below --config
+and
 --set, recorded in the output, refused in one line when malformed; the seed traces carry theirs."""
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import ConfigError, load_config
-from core.runfmt import load_run
-from core.scenario import SCENARIO_KEY, config_for_trace, read_scenario
-from core.trace import make_trace, write_trace
+from bubblesim.core.config import ConfigError, load_config
+from bubblesim.core.runfmt import load_run
+from bubblesim.core.scenario import SCENARIO_KEY, config_for_trace, read_scenario
+from bubblesim.core.trace import make_trace, write_trace
 from sim.__main__ import main as sim_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +115,7 @@ def test_a_trace_without_one_is_unchanged(tmp_path: Path, capsys: pytest.Capture
 def test_a_malformed_scenario_is_one_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture, text: str, why: str
 ) -> None:
-    from core.cli import run_main
+    from bubblesim.core.cli import run_main
 
     trace = trace_file(tmp_path / "t.parquet", text)
     with pytest.raises(ConfigError, match=f"trace '{trace}': scenario '{SCENARIO_KEY}'"):

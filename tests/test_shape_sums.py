@@ -1,4 +1,5 @@
-"""`core.shape.shape_of` states how a step's rows sum into its BatchShape: the scheduler's own
+"""`bubblesim.core.shape.shape_of` states how a step's rows sum into its BatchShape: the
+scheduler's own
 shapes (`Scheduler.schedule`) are exactly `shape_of` of its entries, under chunked prefill,
 prefix caching, drafts, needs_history requests, preemption and two batches in flight."""
 
@@ -10,10 +11,10 @@ from collections import deque
 import pytest
 from helpers import sched_cfg
 
-from core.policy import Scheduler
-from core.policy.scheduler import Entry
-from core.request import Request
-from core.shape import BatchShape, ShapeRow, attn_pairs, shape_of
+from bubblesim.core.policy import Scheduler
+from bubblesim.core.policy.scheduler import Entry
+from bubblesim.core.request import Request
+from bubblesim.core.shape import BatchShape, ShapeRow, attn_pairs, shape_of
 
 
 def row(e: Entry) -> ShapeRow:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.config import Config
+from bubblesim.core.config import Config
 from engine.engine import Engine
 from engine.hooks import PHASE
 from engine.inputs import SEQ_LENS

@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import sim.run as simrun
-from core.config import load_config
-from core.runfmt import Run, load_run
-from core.trace import make_trace, write_trace
+from bubblesim.core.config import load_config
+from bubblesim.core.runfmt import Run, load_run
+from bubblesim.core.trace import make_trace, write_trace
 from sim.loop import SimLoop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,12 +220,12 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path: Path, bad: str) -> None:
 # ---- behind a router ---------------------------------------------------------------------------
 def _replica(cfg_sets: list[str], trace: Path, env: object) -> SimLoop:
     """What simulate() builds, on a shared SimPy environment."""
-    from core.gpus import get_gpu
-    from core.models import get_model, with_context
-    from core.policy import Scheduler
-    from core.policy.sizing import kv_blocks_for_gpu, scheduler_config
-    from core.runfmt import RunRecorder
-    from core.trace import read_trace
+    from bubblesim.core.gpus import get_gpu
+    from bubblesim.core.models import get_model, with_context
+    from bubblesim.core.policy import Scheduler
+    from bubblesim.core.policy.sizing import kv_blocks_for_gpu, scheduler_config
+    from bubblesim.core.runfmt import RunRecorder
+    from bubblesim.core.trace import read_trace
     from sim.cost import load_cost_model
     from sim.gcmodel import GCModel
 

@@ -1,4 +1,4 @@
-"""Fast-forward (sim/fastforward.py, and sim/specforward.py + sim/specstep.py with speculative
+"""Fast path (sim/fast/decode.py, and sim/fast/spec.py + sim/fast/specstep.py with speculative
 decoding) is exact: runs with it on and off give the same run folder (summary, steps, requests)
 to 1e-9 relative, over depths 1/2/3, the GC model (with and without a frozen heap), CUDA graphs
 on and off, preemption-prone KV budgets, a full running set with a waiting queue, chunked
@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import sim.plan.fleet as fleet
+import bubblesim.plan.fleet as fleet
 import sim.run as simrun
-from core.config import load_config
-from core.phases import CPU_PHASES
-from core.runfmt import RunRecorder, codec
-from core.shape import SHAPE_FIELDS, BatchShape
-from core.trace import TokenLists, make_trace, write_trace
+from bubblesim.core.config import load_config
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.runfmt import RunRecorder, codec
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.trace import TokenLists, make_trace, write_trace
+from bubblesim.plan.fleet import FleetSpec, simulate_fleet
 from sim.loop import SimLoop
-from sim.plan.fleet import FleetSpec, simulate_fleet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
@@ -110,7 +110,7 @@ CASES = [
     ("burst", ["model=llama3-8b", "max_num_batched_tokens=512", "max_num_seqs=8"]),
     ("hist", ["model=llama3-8b", "reverse_placeholder_scan=false", "batches_in_flight=3"]),
     ("prefix", ["model=llama3-8b", "num_kv_blocks=400"]),
-    # speculative decoding: sim/specforward.py
+    # speculative decoding: sim/fast/spec.py
     ("light", ["model=llama3-8b", "spec.method=ngram-gpu"]),
     ("light", ["model=llama3.2-1b", "spec.method=ngram-gpu", "spec.k=1", "batches_in_flight=1"]),
     ("burst", ["model=llama3-8b", "spec.method=ngram-gpu", "spec.k=4", "batches_in_flight=3",
@@ -133,7 +133,7 @@ CASES = [
 def blocks_state(loop: SimLoop) -> tuple[object, ...]:
     """The KV cache's whole state: which blocks are free in which reuse order (allocation and
     release order show here), refcounts and the prefix-cache map; and the most requests that
-    ran at once (sim.plan reuses runs by it)."""
+    ran at once (bubblesim.plan reuses runs by it)."""
     bm = loop.sched.blocks
     free = bm.free
     order, b = [], free.head
@@ -436,7 +436,7 @@ def test_spec_fast_forward_is_exact_on_random_configs(tmp_path: Path, seed: int)
 
 @pytest.mark.parametrize("method", ["ngram-gpu", "ngram-cpu"])
 def test_spec_steps_behind_a_router_are_exact(tmp_path: Path, method: str) -> None:
-    """Replicas fed by a router take no segments; their spec steps are fused (sim/specstep.py)
+    """Replicas fed by a router take no segments; their spec steps are fused (sim/fast/specstep.py)
     and give the step-by-step run."""
     rng = np.random.default_rng(9)
     trace = make_trace(np.sort(rng.uniform(0, 3, 90)), rng.integers(20, 900, 90),
@@ -464,7 +464,7 @@ def test_fast_forward_stops_early_where_the_step_loop_does(method: str) -> None:
     """A plan's SLO watch looks after every step; a segment ends at the first step that
     completes at its next check, so an early-stopped run stops at the same step with the same
     partial results, and one that is not stopped is unchanged."""
-    from sim.plan.spec import parse_slos
+    from bubblesim.plan.spec import parse_slos
 
     rng = np.random.default_rng(11)
     n = 300

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import load_config
-from core.trace import make_trace, write_trace
+from bubblesim.core.config import load_config
+from bubblesim.core.trace import make_trace, write_trace
 from sim.run import simulate
 
 GOLDEN = Path(__file__).parent / "golden" / "sim_golden.json"

@@ -1,6 +1,6 @@
 """`BatchShape.max_kv_tokens` (the longest context attention reads in a step), end to end:
-the scheduler's `_shape`, the fast-forwards (sim/fastforward.py, sim/specforward.py,
-sim/specstep.py) that build shapes without it, cost models that read it, and run folders
+the scheduler's `shape`, the fast path (sim/fast/decode.py, sim/fast/spec.py,
+sim/fast/specstep.py) that build shapes without it, cost models that read it, and run folders
 written before the field existed (read as zeros, named in `Run.filled`)."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import sim.run as simrun
-from core.config import load_config
-from core.policy import Entry, Scheduler
-from core.request import Request
-from core.runfmt import Recording, RunRecorder, load_run
-from core.runfmt.tables import STEP_COLUMNS
-from core.shape import SHAPE_FIELDS, BatchShape
-from core.trace import make_trace, write_trace
+from bubblesim.core.config import load_config
+from bubblesim.core.policy import Entry, Scheduler
+from bubblesim.core.request import Request
+from bubblesim.core.runfmt import Recording, RunRecorder, load_run
+from bubblesim.core.runfmt.tables import STEP_COLUMNS
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.trace import make_trace, write_trace
 from replay.analysis.calibrate import calibrate
 from replay.analysis.compare import compare_runs
 from replay.analysis.steps import load_steps
@@ -214,9 +214,9 @@ def test_calibrate_accepts_old_runs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("method", ["ngram-gpu", "ngram-cpu"])
 def test_fused_spec_steps_behind_a_router_take_the_longest_context(method: str) -> None:
-    """Replicas fed by a router run no segments: their spec steps are sim/specstep.py's."""
-    import sim.plan.fleet as fleet
-    from sim.plan.fleet import FleetSpec, simulate_fleet
+    """Replicas fed by a router run no segments: their spec steps are sim/fast/specstep.py's."""
+    import bubblesim.plan.fleet as fleet
+    from bubblesim.plan.fleet import FleetSpec, simulate_fleet
 
     rng = np.random.default_rng(9)
     n = 60

@@ -4,7 +4,8 @@ With forced token ids (n-gram-friendly text from traces/seed4_ngram.parquet, cut
 smoke requests) speculative output equals plain output for ngram-cpu and ngram-gpu, k = 1..4,
 1/2/3 batches in flight, seed 5 on and off; unforced greedy and penalised decoding too (those
 catch a wrong position, KV slot or history, which forced ids would hide). Accepted counts equal
-core.ngram's drafts checked against the text, step by step; every seed switch gives identical
+bubblesim.core.ngram's drafts checked against the text, step by step; every seed switch gives
+identical
 tokens and counts; the output lists keep their placeholder invariant. The GPU correction kernel
 runs in the loop under TRITON_INTERPRET=1 in a subprocess; GPU tests skip without CUDA.
 """
@@ -20,9 +21,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.ngram import accepted_prefix, propose
-from core.request import Status
-from core.trace import read_trace
+from bubblesim.core.ngram import accepted_prefix, propose
+from bubblesim.core.request import Status
+from bubblesim.core.trace import read_trace
 from engine.attention import AttentionMetadata
 from engine.engine import Engine
 from engine.graphs import DecodeGraphs
@@ -244,7 +245,7 @@ def test_accepted_counts_equal_core_ngram_on_the_text(method, depth):
         assert n - 1 == accepted_prefix(ref, output[done : done + drafts]), (index, done)
         total += n - 1
     assert total == eng.sd.num_accepted > 50
-    if method == "ngram-cpu":  # the draft hint = exactly what core.ngram proposed
+    if method == "ngram-cpu":  # the draft hint = exactly what bubblesim.core.ngram proposed
         assert all(d <= k for _, _, d, _ in seen)
     if depth == 1:  # sequential reference: each step drafts min(k, room) from the true text
         for index, (prompt, output) in enumerate(texts):

@@ -1,4 +1,5 @@
-"""Speculative-decoding parts on their own: the GPU n-gram proposer (= core.ngram.propose),
+"""Speculative-decoding parts on their own: the GPU n-gram proposer (=
+bubblesim.core.ngram.propose),
 greedy verification and both accepted-count forms (seed 2), backup token ids before/after
 (seed 1), and the optimistic input correction (seed 5) as torch fallback and as a Triton kernel.
 
@@ -17,7 +18,7 @@ import pytest
 import torch
 from helpers import run_interpreter_tests
 
-from core.ngram import accepted_prefix, propose
+from bubblesim.core.ngram import accepted_prefix, propose
 from engine.spec.backup_tokens import BackupTokenIds, next_token_ids
 from engine.spec.ngram_cpu import NgramProposerCPU
 from engine.spec.ngram_gpu import NgramProposerGPU, propose_ngram
@@ -118,7 +119,8 @@ def test_ngram_gpu_edge_lengths():
 
 def test_ngram_proposer_buffer_follows_a_growing_sequence():
     """reset_slot + append (verification rows with -1 tails) + propose, slot by slot, equals
-    core.ngram on each request's token list; other slots and the trash row never leak in."""
+    bubblesim.core.ngram on each request's token list; other slots and the trash row never leak
+    in."""
     rng = np.random.default_rng(2)
     text = text_ids()
     k = 3

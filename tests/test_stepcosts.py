@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.config import load_config
-from core.shape import SHAPE_FIELDS
+from bubblesim.core.config import load_config
+from bubblesim.core.shape import SHAPE_FIELDS
 from sim.clock import COSTS, NUM_SECONDS
 from sim.cost import load_cost_model
 from sim.stepcosts import KEY_FIELDS, StepCosts, StepShape

@@ -1,4 +1,5 @@
-"""The seed-switch registry (core.switches) and Config.depth: the registry covers every switch the
+"""The seed-switch registry (bubblesim.core.switches) and Config.depth: the registry covers every
+switch the
 cost terms, the what-if and the ablation act on, and its "when can it act" rule is the one all
 three apply."""
 
@@ -6,8 +7,8 @@ import itertools
 
 import pytest
 
-from core.config import SPEC_METHODS, Config
-from core.switches import AFTER, BEFORE, BY_KEY, BY_NAME, SWITCHES, cannot_act, value_of
+from bubblesim.core.config import SPEC_METHODS, Config
+from bubblesim.core.switches import AFTER, BEFORE, BY_KEY, BY_NAME, SWITCHES, cannot_act, value_of
 from replay.gpu import ablate
 from sim import whatif
 from sim.cost.terms import active_terms

@@ -7,10 +7,10 @@ import itertools
 
 import pytest
 
-from core.config import Config
-from core.gpus import get_gpu
-from core.models import get_model
-from core.shape import BatchShape
+from bubblesim.core.config import Config
+from bubblesim.core.gpus import get_gpu
+from bubblesim.core.models import get_model
+from bubblesim.core.shape import BatchShape
 from sim.cost import CostModel, ProfileError, default_profile
 from sim.cost.collective import Collectives
 from sim.cost.roofline import Roofline

@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers import make_cfg
 
-from core.phases import BROADCAST, CPU_PHASES
+from bubblesim.core.phases import BROADCAST, CPU_PHASES
 from engine.engine import Engine
 from engine.hooks import PHASE
 from engine.loader import CheckpointError
@@ -172,9 +172,9 @@ def test_a_checkpoint_error_is_raised_once_and_no_worker_stays(tmp_path: Path):
 
 @pytest.mark.slow
 def test_replay_run_with_tp2_is_complete_and_stops_its_workers(tmp_path: Path):
-    from core.config import Config
-    from core.runfmt import load_run
-    from core.trace import make_trace, write_trace
+    from bubblesim.core.config import Config
+    from bubblesim.core.runfmt import load_run
+    from bubblesim.core.trace import make_trace, write_trace
     from replay.gpu.run import replay
 
     outs = [5, 3, 7]

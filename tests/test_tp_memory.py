@@ -1,15 +1,16 @@
-"""Tensor parallelism, memory: weight shards and KV heads per GPU (core.models), the fit check
-and its one-line answer (core.tpfit), KV blocks per GPU (core.policy.sizing)."""
+"""Tensor parallelism, memory: weight shards and KV heads per GPU (bubblesim.core.models), the fit
+check
+and its one-line answer (bubblesim.core.tpfit), KV blocks per GPU (bubblesim.core.policy.sizing)."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.config import Config
-from core.gpus import get_gpu
-from core.models import PRESETS, get_model
-from core.policy.sizing import ACTIVATION_RESERVE_BYTES, kv_blocks_for_gpu
-from core.tpfit import fit_error, fitting_degrees
+from bubblesim.core.config import Config
+from bubblesim.core.gpus import get_gpu
+from bubblesim.core.models import PRESETS, get_model
+from bubblesim.core.policy.sizing import ACTIVATION_RESERVE_BYTES, kv_blocks_for_gpu
+from bubblesim.core.tpfit import fit_error, fitting_degrees
 
 GB = 1e9
 

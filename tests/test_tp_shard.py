@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from core.models import PRESETS
+from bubblesim.core.models import PRESETS
 from engine.tp.shard import (
     check_divisible,
     fill_shard,

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.config import load_config
-from core.runfmt import load_run
-from core.shape import SHAPE_FIELDS, BatchShape
-from core.trace import TraceError, make_trace, write_trace
+from bubblesim.core.config import load_config
+from bubblesim.core.runfmt import load_run
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.trace import TraceError, make_trace, write_trace
+from bubblesim.plan.planner import run_plan
+from bubblesim.plan.report import write_report
+from bubblesim.plan.spec import PlanError, load_plan_spec
+from bubblesim.plan.sweep import SerialExecutor
 from sim.cost import CostModel, ProfileError, load_profile
-from sim.plan.planner import run_plan
-from sim.plan.report import write_report
-from sim.plan.spec import PlanError, load_plan_spec
-from sim.plan.sweep import SerialExecutor
 from sim.run import simulate
 
 ROOT = Path(__file__).resolve().parents[1]

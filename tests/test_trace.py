@@ -1,4 +1,4 @@
-"""core.trace: Contract 1 read / validate / write."""
+"""bubblesim.core.trace: Contract 1 read / validate / write."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from core.models import PRESETS
-from core.trace import (
+from bubblesim.core.models import PRESETS
+from bubblesim.core.trace import (
     TokenLists,
     Trace,
     TraceError,

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from core.cli import run_main
-from core.models import PRESETS
-from core.trace import read_trace
-from sim.tracecmd import main
+from bubblesim.core.cli import run_main
+from bubblesim.core.models import PRESETS
+from bubblesim.core.trace import read_trace
+from bubblesim.workloads.tracecmd import main
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED = sorted((ROOT / "traces").glob("*.parquet"))
@@ -95,7 +95,8 @@ def test_subprocess_entry_point() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, sim.tracecmd; print('torch' in sys.modules, 'polars' in sys.modules)",
+            "import sys, bubblesim.workloads.tracecmd; "
+            "print('torch' in sys.modules, 'polars' in sys.modules)",
         ],
         cwd=ROOT,
         capture_output=True,

@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from core.cli import run_main
-from core.trace import TraceError, make_trace, read_trace, write_trace
-from core.tracecut import cut_trace
-from sim.tracecmd import main
+from bubblesim.core.cli import run_main
+from bubblesim.core.trace import TraceError, make_trace, read_trace, write_trace
+from bubblesim.core.tracecut import cut_trace
+from bubblesim.workloads.tracecmd import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.models import PRESETS
-from core.trace import COLUMNS, TraceError, from_table, validate, write_trace
+from bubblesim.core.models import PRESETS
+from bubblesim.core.trace import COLUMNS, TraceError, from_table, validate, write_trace
 
 INT_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint32(), pa.uint64()]
 FLOAT_TYPES = [pa.float16(), pa.float32(), pa.float64()]
@@ -168,7 +168,7 @@ def outdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @settings(max_examples=60, deadline=None)
 @given(near_valid_tables())
 def test_accepted_tables_round_trip(outdir: Path, table: pa.Table) -> None:
-    from core.trace import read_trace
+    from bubblesim.core.trace import read_trace
 
     out = _check(table, False)
     if out is None:

@@ -131,7 +131,7 @@ SPEC = {"spec.method": "ngram-gpu", "spec.k": 3}
 
 
 def _cpu_engine(spec: bool = False):
-    from core.config import Config
+    from bubblesim.core.config import Config
     from engine.engine import Engine
 
     cfg = Config(model="tiny", device="cpu", max_num_seqs=8, max_num_batched_tokens=64,

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.config import Config
-from core.models import get_model
-from core.trace import read_trace, write_trace
+from bubblesim.core.config import Config
+from bubblesim.core.models import get_model
+from bubblesim.core.trace import read_trace, write_trace
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_gpu_replay_spec_decoding_measures_no_triton_compile(tmp_path: Path):
 def test_gpu_measured_hooks_read_events_after_the_run():
     """A ring longer than the run: no step reads an event, finish() reads them all, and the GPU
     intervals are ordered and inside the run."""
-    from core.shape import BatchShape
+    from bubblesim.core.shape import BatchShape
     from engine.hooks import StepHooks
     from replay.gpu.measure import step_hook_calls
 

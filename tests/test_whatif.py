@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.cli import run_main
-from core.config import Config
-from core.trace import TokenLists, make_trace, write_trace
+from bubblesim.core.cli import run_main
+from bubblesim.core.config import Config
+from bubblesim.core.trace import TokenLists, make_trace, write_trace
 from sim.whatif import BASELINE, METRICS, VARIANT_NAMES, main, make_plan, select_variants
 
 TINY = ["--set", "model=tiny", "--set", "num_kv_blocks=4096"]

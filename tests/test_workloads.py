@@ -1,4 +1,4 @@
-"""sim.workloads generators: arrivals, lengths, synthetic traces, stdlib-text token ids,
+"""bubblesim.workloads generators: arrivals, lengths, synthetic traces, stdlib-text token ids,
 ServeGen reasoning workloads, trace statistics."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from shared_data import SHARED_TRACES, needs_shared
 
-from core.cli import UsageError
-from core.trace import TokenLists, TraceError, make_trace, read_trace, write_trace
-from sim.workloads.arrivals import arrival_times, gaps, weibull_shape
-from sim.workloads.lengths import parse_length, read_length_pairs
-from sim.workloads.servegen import servegen_trace
-from sim.workloads.stats import prefix_reuse, trace_stats
-from sim.workloads.synth import SynthSpec, synthesize
-from sim.workloads.textids import ngram_accepted, stdlib_sources
+from bubblesim.core.cli import UsageError
+from bubblesim.core.trace import TokenLists, TraceError, make_trace, read_trace, write_trace
+from bubblesim.workloads.arrivals import arrival_times, gaps, weibull_shape
+from bubblesim.workloads.lengths import parse_length, read_length_pairs
+from bubblesim.workloads.servegen import servegen_trace
+from bubblesim.workloads.stats import prefix_reuse, trace_stats
+from bubblesim.workloads.synth import SynthSpec, synthesize
+from bubblesim.workloads.textids import ngram_accepted, stdlib_sources
 
 
 def rate_and_cv(t: np.ndarray) -> tuple[float, float]:
@@ -201,7 +201,7 @@ def test_stdlib_sources_exclude_third_party() -> None:
 
 
 def test_ngram_friendly_text_repeats_more() -> None:
-    from sim.workloads.stats import ngram_draft_fraction
+    from bubblesim.workloads.stats import ngram_draft_fraction
 
     kw = dict(
         num_requests=6,
@@ -225,7 +225,7 @@ def test_ngram_accepted_by_hand() -> None:
 
 
 def test_ngram_accepted_matches_core_proposer() -> None:
-    ngram = pytest.importorskip("core.ngram")
+    ngram = pytest.importorskip("bubblesim.core.ngram")
     rng = np.random.default_rng(0)
     for _ in range(40):
         seq = rng.integers(0, 4, 60)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from shared_data import SHARED_TRACES, needs_shared
 
-from core.trace import TraceError, read_trace, write_trace
-from sim.workloads.importers import import_azure, import_lengths_csv
-from sim.workloads.mooncake import BLOCK_TOKENS, import_mooncake
+from bubblesim.core.trace import TraceError, read_trace, write_trace
+from bubblesim.workloads.importers import import_azure, import_lengths_csv
+from bubblesim.workloads.mooncake import BLOCK_TOKENS, import_mooncake
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44

@@ -18,13 +18,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from core.scenario import SCENARIO_KEY, parse_scenario  # noqa: E402
-from core.trace import Trace, trace_sha256, write_trace  # noqa: E402
-from sim.workloads.importers import import_azure  # noqa: E402
-from sim.workloads.lengths import parse_length  # noqa: E402
-from sim.workloads.mooncake import import_mooncake  # noqa: E402
-from sim.workloads.servegen import servegen_trace  # noqa: E402
-from sim.workloads.synth import SynthSpec, synthesize  # noqa: E402
+from bubblesim.core.scenario import SCENARIO_KEY, parse_scenario  # noqa: E402
+from bubblesim.core.trace import Trace, trace_sha256, write_trace  # noqa: E402
+from bubblesim.workloads.importers import import_azure  # noqa: E402
+from bubblesim.workloads.lengths import parse_length  # noqa: E402
+from bubblesim.workloads.mooncake import import_mooncake  # noqa: E402
+from bubblesim.workloads.servegen import servegen_trace  # noqa: E402
+from bubblesim.workloads.synth import SynthSpec, synthesize  # noqa: E402
 
 MAX_TOTAL_LEN = 131_072  # the context of every model preset
 
@@ -150,7 +150,8 @@ TRACES: dict[str, Callable[[Path], Trace]] = {
 
 
 # The config each seed trace shows its seed under (reports/whatif.md), stored in the trace as
-# its scenario (core.scenario): `sim run` / `sim whatif` apply it below --config and --set.
+# its scenario (bubblesim.core.scenario): `sim run` / `sim whatif` apply it below --config and
+# --set.
 # Seed 3's is the dense llama3.2-1b one: its reported-engine stand-in (seed3.toml) names a cost
 # profile file, which a trace cannot carry.
 SCENARIOS: dict[str, str] = {

@@ -9,7 +9,8 @@
                     backup + next token ids (seed 1), per-slot state (last token, penalties)
     draft           ngram-gpu: append the accepted tokens to the device token buffer and
                     propose into the draft table (no host work); ngram-cpu: wait for the tokens
-                    (a sync) and run core.ngram over the CPU token lists, setting draft hints
+                    (a sync) and run bubblesim.core.ngram over the CPU token lists, setting draft
+                    hints
     process_outputs counts -> emitted (accepted + 1) for the policy's rewind
 
 Per-slot device state: `token_source` = [last token (S) | draft table (S x k)] (input ids
@@ -26,9 +27,9 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from core.config import Config
-from core.policy import ScheduledBatch
-from core.request import Status
+from bubblesim.core.config import Config
+from bubblesim.core.policy import ScheduledBatch
+from bubblesim.core.request import Status
 from engine.inputs import QSL, ROW_SLOT, SEQ_LENS
 from engine.requests import RequestState
 from engine.sampler import Sampler, SampleRows

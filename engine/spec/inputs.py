@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.policy import ScheduledBatch
+from bubblesim.core.policy import ScheduledBatch
 from engine.inputs import (
     GEN_FORCED,
     GEN_KEY,

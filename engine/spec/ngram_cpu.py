@@ -1,4 +1,5 @@
-"""The CPU n-gram proposer (the "before" of seed 4): core.ngram.propose over each request's CPU
+"""The CPU n-gram proposer (the "before" of seed 4): bubblesim.core.ngram.propose over each
+request's CPU
 token list. It needs a step's sampled tokens on the host before it can propose for the next step,
 so an engine that uses it runs synchronously (one batch in flight), as vLLM does for `ngram`.
 
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.ngram import propose
+from bubblesim.core.ngram import propose
 
 
 class NgramProposerCPU:

@@ -1,5 +1,6 @@
 """Prompt-lookup (n-gram) drafting on the device, for a batch of requests at once, with no host
-sync (seed 4, vLLM PR 29184). Proposes exactly what `core.ngram.propose` proposes for the same
+sync (seed 4, vLLM PR 29184). Proposes exactly what `bubblesim.core.ngram.propose` proposes for the
+same
 tokens: drafts [B, k] int32, the first len(propose(...)) entries equal to it, the rest -1.
 
 Token buffer: `token_ids` int32 [max_num_seqs + 1, max_model_len] on the device, row s holding
@@ -10,7 +11,8 @@ row. Memory is 4 * (max_num_seqs + 1) * max_model_len bytes: 256 x 8 K -> 8 MiB,
 of W columns, W a host-known upper bound of the batch's lengths, and does max_n int32 compares
 plus one max-reduction per element: O(B * W * max_n) GPU work, growing with context length.
 
-Match rule, restated for tensors. core.ngram looks, for n = max_n .. min_n, for the most recent
+Match rule, restated for tensors. bubblesim.core.ngram looks, for n = max_n .. min_n, for the most
+recent
 start s <= L - n - 1 with tokens[s : s + n] == tokens[L - n : L]. Index a window by its END e =
 s + n - 1 instead: with r[e] = the number of i in 0, 1, .. (stopping at the first mismatch,
 capped at max_n) with tokens[e - i] == tokens[L - 1 - i], a length-n match ends at e iff r[e] >=

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from core.models import ModelSpec
+from bubblesim.core.models import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from core.config import Config
+from bubblesim.core.config import Config
 from engine.tp.comm import (
     HEADER_LEN,
     OP_END_ENGINE,
@@ -121,7 +121,7 @@ def model_spec(cfg: Config):
     """The whole model's spec: a preset's, or a checkpoint folder's config.json."""
     from pathlib import Path
 
-    from core.models import PRESETS, ModelSpec
+    from bubblesim.core.models import PRESETS, ModelSpec
 
     if cfg.model in PRESETS:
         return PRESETS[cfg.model]
@@ -245,7 +245,7 @@ def _join(rank: int, size: int, store: Any, device: str, ring: HeaderRing) -> Co
 def build_shard(cfg: Config, comm: Comm, max_model_len: int):
     """This rank's slice of the model: seeded random weights (the TP = 1 weights, sliced) or
     its slices of a checkpoint."""
-    from core.models import PRESETS
+    from bubblesim.core.models import PRESETS
     from engine.engine import engine_dtype
     from engine.model import LlamaModel
 

@@ -29,8 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.atomic import replacing
-from core.gpus import get_gpu
+from bubblesim.core.atomic import replacing
+from bubblesim.core.gpus import get_gpu
 from sim.cost.collective import allreduce_moved_bytes
 from sim.cost.defaults import PROFILE_VERSION
 
@@ -111,7 +111,7 @@ def fit_allreduce(
     if len(t) < 3:
         raise SweepFileError(f"the fit needs 3 or more timed calls on 2+ GPUs, got {len(t)}")
     if link_gb_per_s <= 0:
-        raise SweepFileError("the GPU has no link bandwidth (core.gpus link_gb_per_s)")
+        raise SweepFileError("the GPU has no link bandwidth (bubblesim.core.gpus link_gb_per_s)")
     link_bytes_per_ms = link_gb_per_s * 1e9 / 1e3
     x_bw = allreduce_moved_bytes(b, n.astype(np.int64)) / link_bytes_per_ms  # ms at 100 %
     sizes = sorted({int(v) for v in n})

@@ -68,9 +68,9 @@ from typing import Any
 
 import numpy as np
 
-from core.config import Config
-from core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS
-from core.runfmt import Run, load_run
+from bubblesim.core.config import Config
+from bubblesim.core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS
+from bubblesim.core.runfmt import Run, load_run
 from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
 from replay.analysis.idle_start import fit_idle_start
@@ -136,7 +136,8 @@ PHASE_TERMS: dict[str, tuple[str, ...]] = {
     "process_outputs": ("intercept", "num_reqs", "num_tokens", "draft_tokens", "finished_reqs"),
 }
 # term -> fields a one-sided fit gives to the term (see the module docstring); every other term
-# active in all runs keeps its value. Seed 4 before: engine.spec.ngram_cpu runs core.ngram in
+# active in all runs keeps its value. Seed 4 before: engine.spec.ngram_cpu runs
+# bubblesim.core.ngram in
 # Python per request, O(context) (the default is vLLM's numba proposer); seed 3 before: the
 # forward list.index scan, O(history).
 ONE_SIDED_FIELDS: dict[str, tuple[str, ...]] = {
@@ -712,7 +713,7 @@ def _fit_launch(steps: Steps) -> tuple[dict[str, float], dict[str, float]]:
 
 
 def _broadcast_ms(run: Run) -> np.ndarray:
-    """Per step, rank 0's send of the step's inputs (core.phases.BROADCAST): its own phase
+    """Per step, rank 0's send of the step's inputs (bubblesim.core.phases.BROADCAST): its own phase
     columns where the run format has them, else the time between prepare_inputs' end and the
     launch's start (0 where the engine times the send inside `launch`, which then holds it)."""
     s = run.arrays("steps")

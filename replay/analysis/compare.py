@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from core.config import flatten
-from core.phases import CPU_PHASES
-from core.runfmt import Run
-from core.runfmt.stats import dist
-from core.shape import SHAPE_FIELDS
+from bubblesim.core.config import flatten
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.runfmt import Run
+from bubblesim.core.runfmt.stats import dist
+from bubblesim.core.shape import SHAPE_FIELDS
 from replay.analysis.metrics import flat_metrics, is_fraction, rel_error
 
 # metric -> (kind, bound): |relative error| <= bound, or |error| <= bound points
@@ -217,7 +217,7 @@ def step_alignment(pred: Run, meas: Run) -> dict[str, Any]:
     field_mismatch = {}
     for f in SHAPE_FIELDS:
         if f in pred.filled or f in meas.filled:
-            continue  # a run older than the field did not record it (core.runfmt.io)
+            continue  # a run older than the field did not record it (bubblesim.core.runfmt.io)
         eq = p[f][:n] == m[f][:n]
         field_mismatch[f] = int((~eq).sum())
         same &= eq

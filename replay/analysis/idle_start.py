@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from core.runfmt import Run
+from bubblesim.core.runfmt import Run
 
 from .steps import predicted_gpu_ms, run_config
 

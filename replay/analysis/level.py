@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from core.runfmt import Run
+from bubblesim.core.runfmt import Run
 
 from .steps import CLEAN_TOL_S, predicted_gpu_ms, run_config
 

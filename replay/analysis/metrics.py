@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from core.phases import CPU_PHASES, SYNC
+from bubblesim.core.phases import CPU_PHASES, SYNC
 
 DIST_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 DIST_KEYS = ("p50", "p90", "p99", "mean")

@@ -1,6 +1,6 @@
 """Write a whole output folder or none of it: build it in a temp folder beside the target, then
 rename it into place. A previous folder of the same kind (it holds `marker`) is replaced; any
-other non-empty folder is refused, never overwritten (the rule of core.outplace)."""
+other non-empty folder is refused, never overwritten (the rule of bubblesim.core.outplace)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from core import outplace
-from core.atomic import atomic_file
-from core.outplace import OutKind
+from bubblesim.core import outplace
+from bubblesim.core.atomic import atomic_file
+from bubblesim.core.outplace import OutKind
 from replay.analysis.shapes_file import META_KEY
 
 __all__ = [

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from core.models import get_model
-from core.phases import CPU_PHASES, LAUNCH
-from core.runfmt import Run
+from bubblesim.core.models import get_model
+from bubblesim.core.phases import CPU_PHASES, LAUNCH
+from bubblesim.core.runfmt import Run
 from replay.analysis.steps import Steps, draft_gpu_ms, eval_linear, load_steps, run_config
 from sim.cost import resolve_profile
 from sim.cost.terms import TERM_NAMES, term_target

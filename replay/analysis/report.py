@@ -1,7 +1,8 @@
 """Human-facing output of replay: the fidelity report (fidelity.md + plots), the pass/fail table
 printed by `compare`, and the short summary a measured run ends with.
 
-Plots are PNG through matplotlib when it is installed, else SVG written by `core.svg`: latency
+Plots are PNG through matplotlib when it is installed, else SVG written by `bubblesim.core.svg`:
+latency
 CDFs, a predicted-vs-measured scatter of per-step GPU and CPU time, and both runs' timelines
 over the same window of steps.
 """
@@ -14,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from core import svg
-from core.phases import CPU_PHASES
-from core.runfmt import Run
+from bubblesim.core import svg
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.runfmt import Run
 
 TIMELINE_STEPS = 40  # steps shown in each timeline plot
 TRACK_COLORS = {"cpu": 0, "gpu": 2, "bubble": 1, "sync": 4, "gc": 5}

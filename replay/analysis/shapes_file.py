@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.atomic import replacing
-from core.shape import SHAPE_FIELDS
+from bubblesim.core.atomic import replacing
+from bubblesim.core.shape import SHAPE_FIELDS
 from replay.analysis.shapes_grid import Batch, batch_shape, history_rows
 from replay.analysis.steps import CalibrationError
 

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.config import Config
-from core.graph_buckets import decode_buckets
-from core.models import get_model
-from core.shape import ShapeRow, shape_of
+from bubblesim.core.config import Config
+from bubblesim.core.graph_buckets import decode_buckets
+from bubblesim.core.models import get_model
+from bubblesim.core.shape import ShapeRow, shape_of
 
 SQRT2 = math.sqrt(2.0)
 MIN_DECODE_CONTEXT = 64
@@ -184,7 +184,7 @@ class Limits:
 
 
 def batch_shape(entries: Sequence[Entry]) -> dict[str, int]:
-    """The BatchShape fields of a synthetic step (summed by core.shape.shape_of) for the
+    """The BatchShape fields of a synthetic step (summed by bubblesim.core.shape.shape_of) for the
     requests replay.gpu.shapes_step builds (a chunk ends its prompt; a decode row's request holds
     start + 1 tokens, one of them a confirmed output: a `hist` decode row has a history of 1).
     replay.gpu.shapes writes the scheduler's own shape; this is the

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.config import Config
-from core.gpus import get_gpu
-from core.models import get_model
-from core.shape import attn_pairs
+from bubblesim.core.config import Config
+from bubblesim.core.gpus import get_gpu
+from bubblesim.core.models import get_model
+from bubblesim.core.shape import attn_pairs
 from replay.analysis.shapes_file import KINDS
 from replay.analysis.shapes_grid import Batch, Limits, grid, quick_grid
 

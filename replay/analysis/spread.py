@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from core.runfmt import Run
+from bubblesim.core.runfmt import Run
 from replay.analysis.quality import phase_predictions
 from replay.analysis.steps import Steps
 from sim.cost.spread import mean_ratio

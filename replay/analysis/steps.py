@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from core.config import Config, from_dict
-from core.models import get_model
-from core.phases import CPU_PHASES, DRAFT, LAUNCH, SAMPLE
-from core.runfmt import Run
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.config import Config, from_dict
+from bubblesim.core.models import get_model
+from bubblesim.core.phases import CPU_PHASES, DRAFT, LAUNCH, SAMPLE
+from bubblesim.core.runfmt import Run
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from sim.cost import CostModel, load_profile, resolve_profile
 from sim.cost.mixedsplits import mixed_attention_fn
 from sim.cost.splits import num_sms, program_keys_fn

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from core.runfmt import Run
+from bubblesim.core.runfmt import Run
 
 MIN_WAITS = 30  # fewer waits than this: keep the base value
 

@@ -5,7 +5,8 @@ For every switch the same trace runs twice on the engine (`--repeat N` each, the
 kept, each metric's median and spread recorded) and twice in the simulator, with only that key
 changed from the given config: the sim's `whatif` variants of the same switch. `rel_change` =
 (on - off) / off per metric (fractions also as `change_points`, absolute). A switch that cannot
-act under the config (core.switches: seeds 1, 2 and 5 without speculative decoding, seed 5 with
+act under the config (bubblesim.core.switches: seeds 1, 2 and 5 without speculative decoding, seed
+5 with
 one batch in flight, cuda_graphs_mixed with it) is skipped with the reason; a config the engine
 refuses is recorded as an error and the prediction still runs. The simulator (and so simpy) is
 imported only here, lazily.
@@ -40,11 +41,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.cli import UsageError
-from core.config import Config, flatten
-from core.runfmt import load_run, trace_info
-from core.switches import BY_KEY, cannot_act
-from core.switches import SWITCHES as REGISTRY
+from bubblesim.core.cli import UsageError
+from bubblesim.core.config import Config, flatten
+from bubblesim.core.runfmt import load_run, trace_info
+from bubblesim.core.switches import BY_KEY, cannot_act
+from bubblesim.core.switches import SWITCHES as REGISTRY
 from replay.analysis.calibrate import ONE_SIDED_FIELDS, calibrate, write_calibration
 from replay.analysis.metrics import flat_metrics, is_fraction, rel_error
 from replay.analysis.outdir import atomic_file
@@ -52,7 +53,7 @@ from replay.analysis.steps import run_config
 from replay.gpu.run import replay, replay_interleaved
 from sim.cost import load_profile, merge_profile
 
-# the seed switches (core.switches), by config key: ablation side off = before, on = after
+# the seed switches (bubblesim.core.switches), by config key: ablation side off = before, on = after
 SWITCHES: dict[str, tuple[Any, Any]] = {
     s.key: (s.before, s.after) for s in REGISTRY if s.seed is not None
 }
@@ -94,7 +95,8 @@ def values(switch: str) -> tuple[Any, Any]:
 
 
 def skip_reason(cfg: Config, switch: str) -> str | None:
-    """Why a registry switch cannot act under `cfg` (core.switches.cannot_act), judged on its off
+    """Why a registry switch cannot act under `cfg` (bubblesim.core.switches.cannot_act), judged on
+    its off
     side: the switch's own key is set on both sides (seed 4 turns decoding speculative itself).
     The trace's needs_history requests are not checked (seed 3 runs anyway)."""
     sw = BY_KEY.get(switch)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from core.config import Config
+from bubblesim.core.config import Config
 from replay.analysis.outdir import atomic_dir
 from replay.gpu.run import check_trace, new_engine, warm_up
 

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from core import phases as P
-from core.phases import ALL_CPU_ACTIVITIES, CPU_PHASES, LAUNCH, PROCESS_OUTPUTS
-from core.runfmt import RunRecorder
-from core.shape import BatchShape
+from bubblesim.core import phases as P
+from bubblesim.core.phases import ALL_CPU_ACTIVITIES, CPU_PHASES, LAUNCH, PROCESS_OUTPUTS
+from bubblesim.core.runfmt import RunRecorder
+from bubblesim.core.shape import BatchShape
 from engine.hooks import StepHooks
 
 _PO = CPU_PHASES.index(PROCESS_OUTPUTS)

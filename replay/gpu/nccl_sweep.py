@@ -52,7 +52,8 @@ def sizes_between(lo: int, hi: int) -> list[int]:
 
 
 def preset_of(device_name: str) -> str | None:
-    """The core.gpus preset a CUDA device name is, if any ('NVIDIA H100 80GB HBM3' -> h100)."""
+    """The bubblesim.core.gpus preset a CUDA device name is, if any ('NVIDIA H100 80GB HBM3' ->
+    h100)."""
     name = device_name.lower()
     for key in ("h200", "h100", "a100", "l40s"):
         if key in name:

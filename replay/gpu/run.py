@@ -32,14 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.config import Config, ConfigError
-from core.gpus import GPUS
-from core.models import get_model, with_context
-from core.request import Request
-from core.runfmt import trace_info, write_run
-from core.runfmt.bubbles import account_bubbles
-from core.runfmt.summary import build_summary
-from core.trace import Trace, TraceError, read_trace
+from bubblesim.core.config import Config, ConfigError
+from bubblesim.core.gpus import GPUS
+from bubblesim.core.models import get_model, with_context
+from bubblesim.core.request import Request
+from bubblesim.core.runfmt import trace_info, write_run
+from bubblesim.core.runfmt.bubbles import account_bubbles
+from bubblesim.core.runfmt.summary import build_summary
+from bubblesim.core.trace import Trace, TraceError, read_trace
 from engine import warmup as W
 from engine.engine import Engine
 from engine.hooks import StepHooks
@@ -394,7 +394,7 @@ def _measure(
 def _tp_extra(engine: Any, step_trace: Any) -> dict[str, Any]:
     """Tensor parallelism: the ranks' devices and the step broadcast's host time (rank 0's
     `broadcast` interval, engine.hooks; a column of the run's steps only where
-    core.phases.CPU_PHASES has it)."""
+    bubblesim.core.phases.CPU_PHASES has it)."""
     size = engine.tp.size
     b = step_trace.broadcast_ns
     us = (b[:, 1] - b[:, 0])[b[:, 0] >= 0] / 1e3

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.config import Config
+from bubblesim.core.config import Config
 from engine.engine import Engine
 from engine.tp.workers import stop_all as stop_tp_workers
 from replay.analysis.shapes_file import (
@@ -481,7 +481,8 @@ def _meta_fn(
 
 
 def _engine_commit() -> tuple[str | None, bool | None]:
-    """HEAD of the repository holding engine/, and whether engine/ or core/ differ from it."""
+    """HEAD of the repository holding engine/, and whether engine/ or bubblesim/core/ differ
+    from it."""
     root = Path(__file__).resolve().parents[2]  # replay/gpu/shapes.py -> the repository
     try:
         head = subprocess.run(
@@ -492,7 +493,7 @@ def _engine_commit() -> tuple[str | None, bool | None]:
             check=True,
         ).stdout.strip()
         status = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--", "engine", "core"],
+            ["git", "-C", str(root), "status", "--porcelain", "--", "engine", "bubblesim/core"],
             capture_output=True,
             text=True,
             timeout=10,

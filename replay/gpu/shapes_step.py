@@ -41,8 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.policy import ScheduledBatch, Scheduler
-from core.request import Request, Status
+from bubblesim.core.policy import ScheduledBatch, Scheduler
+from bubblesim.core.request import Request, Status
 from engine.engine import Engine, InFlight
 from engine.hooks import StepHooks
 from engine.requests import RequestInput

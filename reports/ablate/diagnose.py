@@ -10,7 +10,7 @@
 3. Seed 3 (one repeat a side): the placeholder scan's cost per history token by stretch of the
    run, and the elapsed-time change through each stretch, measured and predicted.
 
-numpy + pyarrow, and core.runfmt.codec to decode the run files.
+numpy + pyarrow, and bubblesim.core.runfmt.codec to decode the run files.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from core.runfmt import codec  # noqa: E402
+from bubblesim.core.runfmt import codec  # noqa: E402
 
 SEEDS = {
     "seed4": ["spec_method"],

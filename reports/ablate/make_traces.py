@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.trace import read_trace, write_trace
+from bubblesim.core.trace import read_trace, write_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 GAP_S = 2.0

@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from core.runfmt import codec, load_run  # noqa: E402
+from bubblesim.core.runfmt import codec, load_run  # noqa: E402
 from replay.analysis.steps import eval_linear, load_steps  # noqa: E402
 
 MODELS = {"1b": "llama3.2-1b", "8b": "llama3-8b"}

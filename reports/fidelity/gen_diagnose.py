@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from core.runfmt import load_run  # noqa: E402
+from bubblesim.core.runfmt import load_run  # noqa: E402
 from replay.analysis.steps import CLEAN_TOL_S, predicted_gpu_ms, run_config  # noqa: E402
 
 IDLE_S = 100e-6

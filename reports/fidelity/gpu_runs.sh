@@ -88,7 +88,7 @@ case $part in
       log "profile depth $d"
       python3 -c "
 from pathlib import Path
-from core.config import load_config
+from bubblesim.core.config import load_config
 from replay.gpu.kernels import profile_kernels
 cfg = load_config(None, ['model=llama3.2-1b', 'num_kv_blocks=40000', 'batches_in_flight=$d'])
 profile_kernels(cfg, '$W/azure6.parquet', Path('$out/kernels-d$d'))" 2>&1 | tail -2

@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT / "traces"))
 
 from build import shared_traces  # noqa: E402  (traces/build.py: where the public data is)
 
-from core.trace import Trace, read_trace, write_trace  # noqa: E402
-from core.tracecut import cut_trace  # noqa: E402
-from sim.workloads.lengths import parse_length  # noqa: E402
-from sim.workloads.servegen import servegen_trace  # noqa: E402
-from sim.workloads.synth import SynthSpec, synthesize  # noqa: E402
+from bubblesim.core.trace import Trace, read_trace, write_trace  # noqa: E402
+from bubblesim.core.tracecut import cut_trace  # noqa: E402
+from bubblesim.workloads.lengths import parse_length  # noqa: E402
+from bubblesim.workloads.servegen import servegen_trace  # noqa: E402
+from bubblesim.workloads.synth import SynthSpec, synthesize  # noqa: E402
 
 OUT = ROOT / "traces" / "checks"
 

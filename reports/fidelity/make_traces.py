@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.trace import Trace, make_trace, read_trace, write_trace
-from core.tracecut import cut_trace
+from bubblesim.core.trace import Trace, make_trace, read_trace, write_trace
+from bubblesim.core.tracecut import cut_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "traces" / "fidelity"

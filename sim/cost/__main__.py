@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from core.cli import add_config_args, config_from_args, run_main
-from core.phases import CPU_PHASES, LAUNCH
-from core.shape import BatchShape
+from bubblesim.core.cli import add_config_args, config_from_args, run_main
+from bubblesim.core.phases import CPU_PHASES, LAUNCH
+from bubblesim.core.shape import BatchShape
 
 from .model import load_cost_model
 

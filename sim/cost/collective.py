@@ -10,7 +10,7 @@ Ring algorithm model (NCCL's busbw convention): an all-reduce of S bytes over n 
 
   t = latency_ms + latency_ms_per_peer x (n - 1) + moved / (link bandwidth x bw_efficiency)
 
-link bandwidth: core.gpus `link_gb_per_s` (one direction, NVLink 4: 450 GB/s). The three
+link bandwidth: bubblesim.core.gpus `link_gb_per_s` (one direction, NVLink 4: 450 GB/s). The three
 parameters are the profile's `gpu_pass.allreduce`; `replay allreduce-fit` fits them from a
 measured NCCL sweep (replay/gpu/nccl_sweep.py). With one GPU every collective costs 0.
 """
@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from core.gpus import GPUSpec
-from core.models import DTYPE_BYTES, ModelSpec
+from bubblesim.core.gpus import GPUSpec
+from bubblesim.core.models import DTYPE_BYTES, ModelSpec
 
 
 def allreduce_moved_bytes(nbytes: float, n: int) -> float:

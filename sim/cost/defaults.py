@@ -37,7 +37,8 @@ DEFAULTS: dict[str, Any] = {
         # the graph's rows (eager: the batch's rows). 0 = free; `replay calibrate` fits it
         # from a sweep's decode(history) rows against their pairs without history.
         "history": {"ms": 0.0, "ms_per_row": 0.0},
-        # Analytic roofline over core/models.py shapes and core/gpus.py datasheet ceilings.
+        # Analytic roofline over bubblesim/core/models.py shapes and bubblesim/core/gpus.py
+        # datasheet ceilings.
         "roofline": {
             # Decode at batch 1 reaches ~70-85% of HBM bandwidth (vLLM/TRT-LLM Llama-8B H100
             # ~5-6 ms/token for 15 GB of weights read at 3.35 TB/s).
@@ -62,7 +63,7 @@ DEFAULTS: dict[str, Any] = {
         },
         # Tensor parallelism (sim.cost.collective): each of a pass's 2 x num_layers activation
         # all-reduces and its logits all-gather costs latency_ms + latency_ms_per_peer x
-        # (n - 1) + the ring's bytes per link / (core.gpus link_gb_per_s x bw_efficiency).
+        # (n - 1) + the ring's bytes per link / (bubblesim.core.gpus link_gb_per_s x bw_efficiency).
         # Measured (reports/tp/, 2 x H100 SXM, NCCL 2.2x from a CUDA graph, 2026-11-26):
         # 11-12 us up to 128 KiB, busbw 113 GB/s at 4 MiB and 295 GB/s at 256 MiB; the fit
         # over 1 KiB-256 MiB gives 12.3 us and 0.55 of the link (rms error 13 %). The per-peer
@@ -148,7 +149,8 @@ DEFAULTS: dict[str, Any] = {
         # scattering the drafts, no CUDA graph.
         "draft.ngram_gpu_launch": {"intercept": 100 * US},
         # Tensor parallelism (tensor_parallel_size > 1): rank 0 sends each step's inputs to the
-        # other ranks after prepare_inputs (core.phases.BROADCAST), charged to the `launch`
+        # other ranks after prepare_inputs (bubblesim.core.phases.BROADCAST), charged to the
+        # `launch`
         # phase, which it precedes (the sim records no phase of its own for it). This engine
         # writes a header through a shared-memory ring (as vLLM V1 does, PR 9856) and enqueues
         # two NCCL broadcasts of the device inputs; measured on 2 x H100 (reports/tp/,

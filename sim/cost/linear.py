@@ -1,7 +1,8 @@
 """Linear cost models over `BatchShape` fields: the one form every fitted cost takes.
 
 A linear model is a dict `{term: coefficient}` in the profile file, where a term is
-`"intercept"`, a `BatchShape` field (`core.shape.SHAPE_FIELDS`) or `"num_tokens"` (the derived
+`"intercept"`, a `BatchShape` field (`bubblesim.core.shape.SHAPE_FIELDS`) or `"num_tokens"` (the
+derived
 prefill + decode token count). `replay calibrate` fits one by plain least squares over
 `design_row(shape, terms)`; the simulator evaluates it through `compile_linear`, which turns the
 dict into one Python expression so a call is a handful of float multiply-adds (it runs several
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 
 from .mixedsplits import MIXED_DERIVED
 from .table import NONLINEAR_KEYS, TABLE_KEY, compile_spline, compile_table

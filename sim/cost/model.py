@@ -5,7 +5,8 @@ every method is a few float operations on constants folded in `__init__`):
 
   gpu_pass_ms(shape)            forward + sampling kernels of one step on the GPU stream
   draft_gpu_ms(shape)           the n-gram GPU proposer kernel (0 unless spec.method=ngram-gpu)
-  cpu_phase_ms(phase, shape)    one CPU phase (core.phases.CPU_PHASES), seed terms included;
+  cpu_phase_ms(phase, shape)    one CPU phase (bubblesim.core.phases.CPU_PHASES), seed terms
+  included;
                                 for `launch` only the residual around the forward's issue
   launch_ms(shape, cuda_graphs) CPU time to issue the forward: the launch phase's time is
                                 cpu_phase_ms("launch", s) + launch_ms(s, config.cuda_graphs)
@@ -22,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from core.config import Config
-from core.gpus import get_gpu
-from core.graph_buckets import decode_graph_rows, mixed_graph_rows, mixed_graph_tokens
-from core.models import get_model, with_context
-from core.phases import CPU_PHASES
-from core.shape import BatchShape
+from bubblesim.core.config import Config
+from bubblesim.core.gpus import get_gpu
+from bubblesim.core.graph_buckets import decode_graph_rows, mixed_graph_rows, mixed_graph_tokens
+from bubblesim.core.models import get_model, with_context
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.shape import BatchShape
 
 from .collective import Collectives
 from .linear import (
@@ -96,7 +97,8 @@ class CostModel:
         # `cuda_graphs_mixed` (engine.mixed_graphs): steps with a prefill replay a graph
         # captured for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
         # per-token time (no attention: they belong to no sequence). The graph also computes
-        # and samples a fixed number of logits rows (core.graph_buckets.mixed_graph_rows: 16,
+        # and samples a fixed number of logits rows (bubblesim.core.graph_buckets.mixed_graph_rows:
+        # 16,
         # or min(max_num_seqs, bucket)): the rows past the step's cost the roofline's lm-head
         # GEMM + logits traffic per row. Speculative decoding leaves those steps eager, as the
         # engine does.
@@ -197,7 +199,8 @@ class CostModel:
         return self._sync(shape)
 
     def broadcast_ms(self, shape: BatchShape) -> float:
-        """Rank 0 sending the step's inputs to the other ranks (core.phases.BROADCAST; 0 with
+        """Rank 0 sending the step's inputs to the other ranks (bubblesim.core.phases.BROADCAST; 0
+        with
         one GPU): part of cpu_phase_ms("launch", shape), which it precedes."""
         return self._broadcast(shape)
 

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.atomic import replacing
-from core.config import ConfigError
-from core.phases import CPU_PHASES
+from bubblesim.core.atomic import replacing
+from bubblesim.core.config import ConfigError
+from bubblesim.core.phases import CPU_PHASES
 
 from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
 from .envelope import EnvelopeError, check_envelope

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from core.gpus import GPUSpec
-from core.models import DTYPE_BYTES, ModelSpec
-from core.shape import BatchShape
+from bubblesim.core.gpus import GPUSpec
+from bubblesim.core.models import DTYPE_BYTES, ModelSpec
+from bubblesim.core.shape import BatchShape
 
 # float32 matmuls run as TF32 on tensor cores, at half the bf16 rate (H100/A100/L40S sheets).
 DTYPE_RATE = {"bfloat16": 1.0, "float16": 1.0, "float32": 0.5}

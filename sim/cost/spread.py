@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from core.phases import CPU_PHASES
+from bubblesim.core.phases import CPU_PHASES
 
 if TYPE_CHECKING:
     import numpy as np

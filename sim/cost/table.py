@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 
 TABLE_KEY = "table"
 SPLINE_KEY = "spline"

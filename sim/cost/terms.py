@@ -1,6 +1,7 @@
 """Seed and speculative-decoding cost terms: which apply under a config, and where they land.
 
-A term is named `<target>.<what>`: target is a CPU phase (`core.phases.CPU_PHASES`) or `gpu`
+A term is named `<target>.<what>`: target is a CPU phase (`bubblesim.core.phases.CPU_PHASES`) or
+`gpu`
 (added to every GPU pass). Each term is a linear model in the profile's `terms` section (and,
 for allocations, `alloc_terms`); `active_terms(config)` picks the ones the config's switches
 select, so one profile serves both sides of every what-if.
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.config import Config
-from core.phases import CPU_PHASES
-from core.switches import AFTER, BEFORE, acts_on_side
+from bubblesim.core.config import Config
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.switches import AFTER, BEFORE, acts_on_side
 
 GPU_TARGET = "gpu"
-BROADCAST_TERM = "launch.tp_broadcast"  # core.phases.BROADCAST's cost, charged to launch
+BROADCAST_TERM = "launch.tp_broadcast"  # bubblesim.core.phases.BROADCAST's cost, charged to launch
 
 
 def optimistic_active(c: Config) -> bool:
@@ -25,7 +26,8 @@ def optimistic_active(c: Config) -> bool:
 
 
 def _side(name: str, side: str) -> Callable[[Config], bool]:
-    """A term of one side of seed switch `name` (core.switches): the config is on that side and
+    """A term of one side of seed switch `name` (bubblesim.core.switches): the config is on that
+    side and
     the switch can act under it."""
     return lambda c: acts_on_side(c, name, side)
 
@@ -45,7 +47,8 @@ TERM_CONDITIONS: dict[str, Callable[[Config], bool]] = {
     "gpu.accept_count_cat": _side("accepted_count_by_sum", BEFORE),
     "gpu.accept_count_sum": _side("accepted_count_by_sum", AFTER),
     "gpu.optimistic_fix": optimistic_active,
-    # rank 0 sends the step's inputs to the other ranks (core.phases.BROADCAST): time between
+    # rank 0 sends the step's inputs to the other ranks (bubblesim.core.phases.BROADCAST): time
+    # between
     # prepare_inputs and the forward's issue, charged to `launch`
     BROADCAST_TERM: lambda c: c.tensor_parallel_size > 1,
 }

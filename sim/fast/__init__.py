@@ -5,7 +5,7 @@ operations, with the same result to the bit (tests/test_sim_fastforward.py).
 - `SpecForward` (spec.py): runs of speculative verify steps in one loop;
 - `SpecSteps` (specstep.py): single speculative steps, fused.
 
-Each runs the policy's public primitives (core.policy.Scheduler) on the real requests, and
+Each runs the policy's public primitives (bubblesim.core.policy.Scheduler) on the real requests, and
 every step's timing through the one phase block, sim.clock.StepClock, that the step loop runs.
 """
 

@@ -9,8 +9,8 @@ from itertools import chain
 
 import numpy as np
 
-from core import phases as P
-from core.runfmt import RunRecorder
+from bubblesim.core import phases as P
+from bubblesim.core.runfmt import RunRecorder
 from sim.clock import GPU_END, GPU_START, PO1, TIMES, Pass, StepClock, Times
 
 _I = {name: i for i, name in enumerate(TIMES)}

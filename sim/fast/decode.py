@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from core.policy import Entry, ScheduledBatch, Scheduler
-from core.request import Request
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.policy import Entry, ScheduledBatch, Scheduler
+from bubblesim.core.request import Request
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from sim.clock import (
     GPU_END,
     NO_EVENT,

@@ -8,8 +8,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from core.policy import Scheduler
-from core.runfmt import RunRecorder
+from bubblesim.core.policy import Scheduler
+from bubblesim.core.runfmt import RunRecorder
 from sim.acceptance import AcceptanceModel
 from sim.clock import Pass, StepClock
 from sim.cost import CostModel

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from core.policy import Entry, ScheduledBatch, Scheduler
-from core.request import Request, Status
-from core.shape import SHAPE_FIELDS, BatchShape
+from bubblesim.core.policy import Entry, ScheduledBatch, Scheduler
+from bubblesim.core.request import Request, Status
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from sim.clock import (
     GPU_COUNTS,
     GPU_END,

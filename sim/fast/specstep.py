@@ -15,8 +15,8 @@ tests/test_sim_fastforward.py runs spec configs with this on and off: equal to t
 
 from __future__ import annotations
 
-from core.policy import Entry, ScheduledBatch, Scheduler
-from core.request import Status
+from bubblesim.core.policy import Entry, ScheduledBatch, Scheduler
+from bubblesim.core.request import Status
 from sim.fast.host import Host
 
 _RUNNING = Status.RUNNING

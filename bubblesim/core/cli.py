@@ -1,0 +1,112 @@
+"""Pieces shared by every command line (`python -m sim ...`, `python -m replay ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from bubblesim.core.config import Config, ConfigError, load_config
+from bubblesim.core.gpus import get_gpu
+from bubblesim.core.models import get_model
+
+
+class UsageError(Exception):
+    """Bad input found by a command: printed as one line, exit code 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so every cleanup path that handles one handles both."""
+
+
+def add_config_args(p: argparse.ArgumentParser, output: bool = True) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config file")
+    p.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="sets",
+        help="override a config key, e.g. --set spec.k=4 (repeatable)",
+    )
+    if output:
+        p.add_argument(
+            "-o",
+            "--output",
+            metavar="DIR",
+            help="where to write (created if missing): an earlier output of this command "
+            "there is replaced; anything else is refused unless --force",
+        )
+        add_force_arg(p)
+
+
+def add_force_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing -o even if it is not an earlier output of this command "
+        "(never the current or home folder)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The config of --config/--set; the model and GPU it names must exist (one line if not),
+    checked here so that no command starts work on a name it cannot resolve."""
+    return check_names(load_config(args.config, args.sets))
+
+
+def check_names(cfg: Config) -> Config:
+    """The model and GPU `cfg` names must exist: one line (ConfigError) if not."""
+    get_model(cfg.model)
+    get_gpu(cfg.gpu)
+    return cfg
+
+
+def fail(msg: str) -> NoReturn:
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Run a command's main; turn known bad-input errors into one line and exit code 2."""
+    from bubblesim.core.trace import TraceError  # lazy: pyarrow, which `--help` does not need
+
+    global _owner_pid
+    _owner_pid = os.getpid()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return main(argv)
+    except (ConfigError, TraceError, UsageError, FileNotFoundError) as e:
+        fail(str(e))
+    except Terminated:
+        print("terminated (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `... | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+_owner_pid = 0  # the process whose run_main installed _on_sigterm
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM in the command's process: stop its worker processes (a `kill PID` reaches only
+    this one, unlike Ctrl-C, which reaches the whole process group) and unwind like Ctrl-C. A
+    forked worker inherits this handler: there it ends the process, as SIGTERM did before."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    if os.getpid() != _owner_pid:  # a worker: its pool would catch any exception; just end
+        os.kill(os.getpid(), signal.SIGTERM)  # what it leaves is in the command's temp folder
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None:
+        for child in mp.active_children():
+            child.terminate()
+    raise Terminated()

@@ -1,0 +1,232 @@
+"""timeline.json: the run in Chrome trace event format (open it in https://ui.perfetto.dev).
+
+The same tracks for sim and replay, named by metadata events:
+  pid 1 "CPU":      tid 1 "engine thread" (CPU phases and sync waits), tid 2 "gc pauses"
+  pid 2 "GPU":      tid 1 "gpu stream" (one event per step), tid 2 "bubbles" (named by cause)
+  pid 3 "requests": counter "requests in engine" (arrived, unfinished)
+Complete events ("X") carry ts and dur in microseconds since the trace start. A long run is
+exported as a window of `max_steps` steps (all of them with None) from the first step that
+starts at or after `from_s`: every track keeps what starts in [from_s, the last time those steps
+recorded), and `otherData` says which steps and times were exported.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.runfmt.bubbles import CAUSES, Bubbles
+from bubblesim.core.runfmt.recording import Recording
+from bubblesim.core.shape import SHAPE_FIELDS
+
+# Steps exported to timeline.json: ~1.3 KB a step, so 5,000 steps are ~7 MB, which Perfetto opens
+# at once; the cap cuts every track at the same time and `otherData` says so.
+DEFAULT_MAX_STEPS = 5_000
+PID_CPU, PID_GPU, PID_REQ = 1, 2, 3
+TID_CPU, TID_GC = 1, 2
+TID_GPU, TID_BUBBLE = 1, 2
+TRACKS: tuple[tuple[int, int, str, str], ...] = (
+    (PID_CPU, TID_CPU, "CPU", "engine thread"),
+    (PID_CPU, TID_GC, "CPU", "gc pauses"),
+    (PID_GPU, TID_GPU, "GPU", "gpu stream"),
+    (PID_GPU, TID_BUBBLE, "GPU", "bubbles"),
+    (PID_REQ, 1, "requests", "requests in engine"),
+)
+_GPU_ARGS = ("num_reqs", "prefill_tokens", "decode_tokens", "draft_tokens")
+
+
+def _us(t: float) -> float:
+    return round(t * 1e6, 3)
+
+
+def _metadata() -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = []
+    for pid, tid, proc, thread in TRACKS:
+        if tid == 1:
+            events.append(
+                {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": proc}}
+            )
+            events.append(
+                {
+                    "ph": "M",
+                    "pid": pid,
+                    "tid": 0,
+                    "name": "process_sort_index",
+                    "args": {"sort_index": pid},
+                }
+            )
+        events.append(
+            {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": thread}}
+        )
+        events.append(
+            {
+                "ph": "M",
+                "pid": pid,
+                "tid": tid,
+                "name": "thread_sort_index",
+                "args": {"sort_index": tid},
+            }
+        )
+    return events
+
+
+def _spans(
+    name: str | list[str],
+    cat: str,
+    pid: int,
+    tid: int,
+    start: np.ndarray,
+    end: np.ndarray,
+    args: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    names = [name] * len(args) if isinstance(name, str) else name
+    return [
+        {
+            "name": nm,
+            "cat": cat,
+            "ph": "X",
+            "pid": pid,
+            "tid": tid,
+            "ts": _us(s),
+            "dur": _us(e - s),
+            "args": a,
+        }
+        for nm, s, e, a in zip(names, start.tolist(), end.tolist(), args)
+    ]
+
+
+class Window(NamedTuple):
+    """The steps [first_step, end_step) and the times [from_s, to_s) a timeline exports."""
+
+    first_step: int
+    end_step: int
+    from_s: float
+    to_s: float  # inf: to the end of the run
+
+
+def step_starts(rec: Recording) -> np.ndarray:
+    """Each step's earliest recorded time (NaN for a step with none)."""
+    if rec.num_steps == 0:
+        return np.zeros(0)
+    return np.fmin.reduce(np.column_stack((rec.phase_start, rec.gpu_start)), axis=1)
+
+
+def window(rec: Recording, max_steps: int | None, from_s: float = 0.0) -> Window:
+    """`max_steps` steps (None: all) from the first step starting at or after `from_s`."""
+    n = rec.num_steps
+    later = np.flatnonzero(step_starts(rec) >= from_s) if from_s > 0 else np.arange(min(n, 1))
+    k0 = int(later[0]) if later.size else n
+    k1 = n if max_steps is None else min(n, k0 + max_steps)
+    if k1 >= n:
+        return Window(k0, k1, from_s, math.inf)
+    ends = np.concatenate((rec.phase_end[:k1].ravel(), rec.gpu_end[:k1]))
+    ends = ends[np.isfinite(ends)]
+    return Window(k0, k1, from_s, float(ends.max()) if ends.size else -math.inf)
+
+
+def build_timeline(
+    rec: Recording,
+    bub: Bubbles,
+    source_kind: str,
+    max_steps: int | None = DEFAULT_MAX_STEPS,
+    from_s: float = 0.0,
+) -> dict[str, Any]:
+    w = window(rec, max_steps, from_s)
+    lo, cut = w.from_s, w.to_s
+    ev = _metadata()
+    for j, p in enumerate(CPU_PHASES):
+        s, e = rec.phase_start[:, j], rec.phase_end[:, j]
+        steps = np.flatnonzero(np.isfinite(s) & (s >= lo) & (s < cut))
+        ev += _spans(
+            p, "cpu", PID_CPU, TID_CPU, s[steps], e[steps], [{"step": i} for i in steps.tolist()]
+        )
+    ok = (rec.sync_start >= lo) & (rec.sync_start < cut)
+    ev += _spans(
+        "sync",
+        "sync",
+        PID_CPU,
+        TID_CPU,
+        rec.sync_start[ok],
+        rec.sync_end[ok],
+        [{"step": i} for i in rec.sync_step[ok].tolist()],
+    )
+    ok = (rec.gc_start >= lo) & (rec.gc_start < cut)
+    gc_args = [
+        {"step": st, "generation": g, "phase": ph}
+        for st, g, ph in zip(
+            rec.gc_step[ok].tolist(), rec.gc_gen[ok].tolist(), rec.gc_phase[ok].tolist()
+        )
+    ]
+    ev += _spans(
+        "gc", "gc", PID_CPU, TID_GC, rec.gc_start[ok], rec.gc_start[ok] + rec.gc_dur[ok], gc_args
+    )
+    ev += _gpu_events(rec, lo, cut)
+    ok = (bub.piece_start >= lo) & (bub.piece_start < cut)
+    names = [CAUSES[c] for c in bub.piece_cause[ok].tolist()]
+    ev += _spans(
+        names,
+        "bubble",
+        PID_GPU,
+        TID_BUBBLE,
+        bub.piece_start[ok],
+        bub.piece_end[ok],
+        [{}] * len(names),
+    )
+    ev += _request_counter(rec, bub.end_s, lo, cut)
+    exported = w.end_step - w.first_step
+    return {
+        "traceEvents": ev,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "source": source_kind,
+            "time_unit": "microseconds since trace start",
+            "steps_total": rec.num_steps,
+            "steps_exported": exported,
+            "first_step": w.first_step,
+            "last_step": w.end_step - 1 if exported else None,
+            "from_s": lo,
+            "to_s": cut if math.isfinite(cut) else None,  # None: to the end of the run
+            "truncated": exported < rec.num_steps,
+        },
+    }
+
+
+def _gpu_events(rec: Recording, lo: float, cut: float) -> list[dict[str, Any]]:
+    g = rec.gpu_start
+    steps = np.flatnonzero(np.isfinite(g) & (g >= lo) & (g < cut))
+    cols = [SHAPE_FIELDS.index(f) for f in _GPU_ARGS]
+    shape = rec.shape[steps][:, cols].tolist()
+    prefill = rec.shape[steps, SHAPE_FIELDS.index("num_prefill_reqs")] > 0
+    names = np.where(prefill, "prefill", "decode").tolist()
+    args = [{"step": i, **dict(zip(_GPU_ARGS, row))} for i, row in zip(steps.tolist(), shape)]
+    return _spans(names, "gpu", PID_GPU, TID_GPU, rec.gpu_start[steps], rec.gpu_end[steps], args)
+
+
+def _request_counter(rec: Recording, end_s: float, lo: float, cut: float) -> list[dict[str, Any]]:
+    """A counter sample at every arrival and finish: arrived, unfinished requests (and, for a
+    window that starts later, one at its start with the level then)."""
+    finish = np.where(np.isnan(rec.finish), end_s, rec.finish)
+    t = np.concatenate((rec.arrival, finish))
+    delta = np.concatenate((np.ones(rec.arrival.size), -np.ones(finish.size)))
+    order = np.lexsort((delta, t))  # at equal times, finishes before arrivals
+    t, level = t[order], np.cumsum(delta[order])
+    last = np.concatenate((t[1:] != t[:-1], [True])) if t.size else np.zeros(0, bool)
+    keep = last & (t >= lo) & (t < cut)  # one sample per distinct time: the level after it
+    if lo > 0 and t.size and t[0] < lo and not np.any(t == lo):
+        before = np.flatnonzero(t < lo)[-1]  # the level at `lo`: after the last event before it
+        t, level = np.concatenate(([lo], t)), np.concatenate(([level[before]], level))
+        keep = np.concatenate(([True], keep))
+    return [
+        {
+            "name": "requests in engine",
+            "ph": "C",
+            "pid": PID_REQ,
+            "tid": 1,
+            "ts": _us(x),
+            "args": {"requests": int(v)},
+        }
+        for x, v in zip(t[keep].tolist(), level[keep].tolist())
+    ]
