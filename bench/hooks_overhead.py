@@ -61,11 +61,11 @@ def _hooks(case: str, device: torch.device, n: int) -> StepHooks:
     ring = n + 600 if case == "step_within_ring" else 256
     h = StepHooks(device, ring=ring)
     if case == "step_legacy_events":  # the calls gpu_begin/gpu_end/_harvest made before
-        h._record = torch.cuda.Event.record  # (event, None): a current_stream() lookup
-        h._elapsed = torch.cuda.Event.elapsed_time
+        h.record_event = torch.cuda.Event.record  # (event, None): a current_stream() lookup
+        h.elapsed_ms = torch.cuda.Event.elapsed_time
     h.start()
     if case == "step_legacy_events":
-        h._stream = None
+        h.stream = None
     return h
 
 
@@ -95,8 +95,8 @@ def _body(case: str, h: StepHooks) -> Callable[[], None]:
         h.finished[row] = 1
 
     def gc_pair() -> None:
-        h._on_gc("start", info)
-        h._on_gc("stop", info)
+        h.on_gc("start", info)
+        h.on_gc("stop", info)
 
     if case.startswith("step"):
         return step

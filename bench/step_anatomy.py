@@ -45,7 +45,7 @@ def anatomy(model: str, trace: str, depth: int, blocks: int, device: str = "cuda
     warm_up(engine)
     cuda = engine.device.type == "cuda"
     marks: list[list] = []  # per forward: [graph?, before, after, end]
-    forward, gpu_end = engine._forward, engine.hooks.gpu_end
+    forward, gpu_end = engine.forward, engine.hooks.gpu_end
 
     def event():
         e = torch.cuda.Event(enable_timing=True)
@@ -63,7 +63,7 @@ def anatomy(model: str, trace: str, depth: int, blocks: int, device: str = "cuda
         if marks and marks[-1][3] is None:
             marks[-1][3] = event() if cuda else None
 
-    engine._forward, engine.hooks.gpu_end = timed_forward, timed_end
+    engine.forward, engine.hooks.gpu_end = timed_forward, timed_end
     engine.run(tr)
     if cuda:
         torch.cuda.synchronize()

@@ -265,7 +265,7 @@ class Engine:
         if self.tp is not None:  # `send`'s device work, after the broadcast
             self.inputs.apply(step, finish=not self._graph_samples(step))
         h.mark(row, FORWARD_BEGIN)
-        logits = self._forward(step)
+        logits = self.forward(step)
         h.mark(row, FORWARD_END)
         h.end(row)
         h.begin(P.SAMPLE)
@@ -396,7 +396,7 @@ class Engine:
         self.inputs.broadcast(step, tp)
         samples = self._graph_samples(step)
         self.inputs.apply(step, finish=not samples)
-        logits = self._forward(step)
+        logits = self.forward(step)
         if not samples and g:  # as `_sample`: the tokens stay on this rank's device
             self.sampler.sample(logits[:g], step.rows, self.outputs.device_tokens[k, :g])
 
@@ -476,7 +476,7 @@ class Engine:
             return True
         return bool(step.bucket) and self.graphs is not None and self.graphs.samples
 
-    def _forward(self, step: StepInputs) -> torch.Tensor:
+    def forward(self, step: StepInputs) -> torch.Tensor:
         """Logits [>= G, vocab] float32; row g belongs to the g-th generating entry."""
         hist = step.rows.hist_rows.numel() > 0
         if step.mixed:  # sampled by the graph; logits only where kept (CPU: always)

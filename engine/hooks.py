@@ -118,7 +118,7 @@ class StepHooks:
         self._t0 = 0
         self._gc_t0 = 0
         self._base_ns = 0
-        self._stream = None  # CUDA: the stream step events go to (the C record needs one)
+        self.stream = None  # CUDA: the stream step events go to (the C record needs one)
         if self.cuda:
             self._base = torch.cuda.Event(enable_timing=True)
             self._ev_start = [torch.cuda.Event(enable_timing=True) for _ in range(self._ring)]
@@ -127,15 +127,17 @@ class StepHooks:
                 torch.cuda.Event(enable_timing=True) for _ in range(_NM * self._ring)
             ]  # ring slot k, mark m at k * _NM + m
             # the C methods behind Event.record(stream) / Event.elapsed_time (one Python frame
-            # and, for record, a current_stream() lookup less per call)
+            # and, for record, a current_stream() lookup less per call): `record_event(event,
+            # stream)` and `elapsed_ms(base, event)` (milliseconds from base to event) are
+            # public so a benchmark can swap in the Python-level methods
             base = torch._C._CudaEventBase
-            self._record = getattr(base, "record", torch.cuda.Event.record)
-            self._elapsed = getattr(base, "elapsed_time", torch.cuda.Event.elapsed_time)
-            self._stream = torch.cuda.current_stream()  # until start() takes it again
+            self.record_event = getattr(base, "record", torch.cuda.Event.record)
+            self.elapsed_ms = getattr(base, "elapsed_time", torch.cuda.Event.elapsed_time)
+            self.stream = torch.cuda.current_stream()  # until start() takes it again
             for ev in (
                 self._ev_start + self._ev_end + self._ev_mark
             ):  # CUDA creates an event on its first
-                self._record(ev, self._stream)  # record: here, not in a step
+                self.record_event(ev, self.stream)  # record: here, not in a step
 
     def reset(self) -> None:
         """Forget every row (a new run)."""
@@ -179,9 +181,9 @@ class StepHooks:
         self.reset()
         if self.cuda:
             torch.cuda.synchronize()
-            self._stream = torch.cuda.current_stream()
+            self.stream = torch.cuda.current_stream()
             t_a = _now()
-            self._base.record(self._stream)
+            self._base.record(self.stream)
             self._base.synchronize()
             self._base_ns = (t_a + _now()) // 2
         self.t0_ns = _now()
@@ -280,7 +282,7 @@ class StepHooks:
         self._ring_ended[k] = 0
         for m in range(k * _NM, k * _NM + _NM):
             self._ring_marks[m] = 0
-        self._record(self._ev_start[k], self._stream)
+        self.record_event(self._ev_start[k], self.stream)
 
     def mark(self, row: int, m: int) -> None:
         """Mark m (`MARKS`) of `row`'s GPU work, between its `gpu_begin` and `gpu_end`: call
@@ -290,7 +292,7 @@ class StepHooks:
             self._mark[i] = self._mark_host[i] = _now()
             return
         j = (row % self._ring) * _NM + m
-        self._record(self._ev_mark[j], self._stream)
+        self.record_event(self._ev_mark[j], self.stream)
         self._mark_host[i] = _now()
         self._ring_marks[j] = 1
 
@@ -300,7 +302,7 @@ class StepHooks:
             self._gpu[2 * row + 1] = _now()
             return
         k = row % self._ring
-        self._record(self._ev_end[k], self._stream)
+        self.record_event(self._ev_end[k], self.stream)
         self._ring_ended[k] = 1
 
     def _harvest(self, k: int) -> None:
@@ -313,8 +315,8 @@ class StepHooks:
         if not self._ring_ended[k] or not self._base_ns:  # cut short, or before start()
             return
         try:
-            t0 = self._elapsed(self._base, self._ev_start[k])
-            t1 = self._elapsed(self._base, self._ev_end[k])
+            t0 = self.elapsed_ms(self._base, self._ev_start[k])
+            t1 = self.elapsed_ms(self._base, self._ev_end[k])
         except RuntimeError:
             return
         self._gpu[2 * row] = self._base_ns + int(t0 * 1e6)
@@ -323,21 +325,24 @@ class StepHooks:
             j = k * _NM + m
             if self._ring_marks[j]:
                 try:
-                    t = self._elapsed(self._base, self._ev_mark[j])
+                    t = self.elapsed_ms(self._base, self._ev_mark[j])
                 except RuntimeError:
                     continue
                 self._mark[_NM * row + m] = self._base_ns + int(t * 1e6)
 
     # ---- GC pauses ---------------------------------------------------------------------------
     def install_gc(self) -> None:
-        if self._on_gc not in gc.callbacks:
-            gc.callbacks.append(self._on_gc)
+        if self.on_gc not in gc.callbacks:
+            gc.callbacks.append(self.on_gc)
 
     def remove_gc(self) -> None:
-        if self._on_gc in gc.callbacks:
-            gc.callbacks.remove(self._on_gc)
+        if self.on_gc in gc.callbacks:
+            gc.callbacks.remove(self.on_gc)
 
-    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """The `gc.callbacks` callback `install_gc` registers: "start" takes the time, "stop"
+        stores the pause (ns) with `info["generation"]`, the current activity and the latest
+        row. Public so its cost can be timed alone."""
         if phase == "start":
             self._gc_t0 = _now()
             return

@@ -33,7 +33,7 @@ def test_gpu_graph_replay_matches_eager_logits():
     eng = Engine(make_cfg(device="cuda"))
     assert eng.graphs is not None and eng.graphs.buckets[-1] == 16
     checked = []
-    forward = eng._forward
+    forward = eng.forward
 
     def both(step):
         if step.bucket:
@@ -47,7 +47,7 @@ def test_gpu_graph_replay_matches_eager_logits():
             return graph
         return forward(step)
 
-    eng._forward = both  # type: ignore[method-assign]
+    eng.forward = both  # type: ignore[method-assign]
     reqs = workload(13)
     outs = eng.run(reqs, arrival="asap")
     assert [len(o.token_ids) for o in outs] == [r.output_len for r in reqs]
@@ -71,7 +71,7 @@ def test_gpu_sampling_graph_matches_the_eager_sampler():
     )
     eng = Engine(cfg)
     assert eng.graphs is not None and eng.graphs.samples
-    sampler, forward, checked = eng.sampler, eng._forward, []
+    sampler, forward, checked = eng.sampler, eng.forward, []
 
     def check(step):
         if not step.bucket:
@@ -93,7 +93,7 @@ def test_gpu_sampling_graph_matches_the_eager_sampler():
         checked.append(step.bucket)
         return logits
 
-    eng._forward = check  # type: ignore[method-assign]
+    eng.forward = check  # type: ignore[method-assign]
     reqs = workload(13, seed=3)
     outs = eng.run(reqs, arrival="asap")
     assert len(checked) > 10 and len(set(checked)) > 2, checked

@@ -253,7 +253,7 @@ def test_gpu_mixed_graph_logits_match_the_eager_step(model):
     # the engine's buffers hold max_tokens = 64 tokens, the largest bucket
     graphs.capture()
     eng.mixed = graphs
-    forward, checked = eng._forward, []
+    forward, checked = eng.forward, []
 
     def both(step):
         if not step.mixed:
@@ -271,7 +271,7 @@ def test_gpu_mixed_graph_logits_match_the_eager_step(model):
         checked.append(step.bucket)
         return None
 
-    eng._forward = both  # type: ignore[method-assign]
+    eng.forward = both  # type: ignore[method-assign]
     real_fill = eng.inputs.fill
 
     def fill(batch, states, bucket, width, mixed_rows=0):

@@ -24,24 +24,8 @@ PACKAGES = ("bubblesim", "sim", "replay", "engine", "bench", "reports", "traces"
 # namedtuple's public API, spelled with an underscore so it cannot clash with field names
 PUBLIC_UNDERSCORE = {"_replace", "_fields", "_asdict", "_make", "_field_defaults"}
 
-# (file, private name): reach-ins that the owners of these files remove (issue 15); the
-# coordinator empties this list once their branches are merged.
-ALLOWED: set[tuple[str, str]] = {
-    # capacity planning reads RunRecorder's request columns, its ITL samples and LogHistogram's
-    # counts
-    *{("bubblesim/plan/recview.py", n) for n in ("_arrival", "_first")},
-    *{
-        ("bubblesim/plan/recview.py", n)
-        for n in ("_last", "_finish", "_out", "_itl_hist", "_itl_v")
-    },
-    *{("bubblesim/plan/recview.py", n) for n in ("_itl_w", "_counts")},
-    # engine/ (tensor-parallelism helpers) has no public name for these: StepHooks' GC callback
-    # (timed alone), its event hooks (swapped for the legacy-events case) and Engine._forward
-    # (wrapped to time each forward)
-    ("replay/gpu/measure.py", "_on_gc"),
-    *{("bench/hooks_overhead.py", n) for n in ("_on_gc", "_record", "_elapsed", "_stream")},
-    ("bench/step_anatomy.py", "_forward"),
-}
+# (file, private name): reach-ins left in files other work owns (issue 15 emptied it)
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def is_private(name: str) -> bool:

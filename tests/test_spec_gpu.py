@@ -65,7 +65,7 @@ def test_gpu_spec_forced_tokens_through_graphs(method, depth, optimistic):
 def test_gpu_spec_graph_logits_match_eager():
     eng = Engine(spec_cfg("ngram-gpu", device="cuda"))
     checked = []
-    forward = eng._forward
+    forward = eng.forward
 
     def both(step):
         if step.bucket:
@@ -77,7 +77,7 @@ def test_gpu_spec_graph_logits_match_eager():
             return graph
         return forward(step)
 
-    eng._forward = both  # type: ignore[method-assign]
+    eng.forward = both  # type: ignore[method-assign]
     eng.run(workload(13), arrival="asap")
     assert len(checked) > 5
 

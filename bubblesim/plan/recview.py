@@ -1,9 +1,9 @@
-"""What the plan needs from bubblesim/core/runfmt that it has no public call for; the one place that
-reads its private parts, so a change there breaks here (and tests/test_plan_*), nowhere else.
+"""What the plan reads from bubblesim/core/runfmt beyond a frozen `Recording`:
 
 - Per-request times of a `RunRecorder` during a run (to stop a run once its SLO verdict is
-  certain). The request columns are only viewed once every request was added (`add_request`
-  for all rows before the run), so they never resize while a view exists.
+  certain), through its read-only views. The request columns are only viewed once every
+  request was added (`add_request` for all rows before the run), so they never need to grow
+  while a view exists.
 - Its raw inter-token samples after the run (to merge the ITL distributions of replicas).
 - Bubble totals without the per-cause attribution (`bubble_totals`): the first half of
   `account_bubbles`, ~10x cheaper on an hour of steps; the plan attributes causes only for
@@ -26,7 +26,7 @@ from bubblesim.core.runfmt.stats import QUANTILES, weighted_quantiles
 
 @dataclass(frozen=True)
 class RequestColumns:
-    """Zero-copy views, one row per request added to the recorder (NaN = not yet)."""
+    """Read-only zero-copy views, one row per request added to the recorder (NaN = not yet)."""
 
     arrival: np.ndarray
     first_token: np.ndarray
@@ -36,15 +36,12 @@ class RequestColumns:
 
 
 def request_columns(rec: RunRecorder) -> RequestColumns:
-    def f64(a: object) -> np.ndarray:
-        return np.frombuffer(a, dtype=np.float64)  # type: ignore[call-overload]
-
     return RequestColumns(
-        arrival=f64(rec._arrival),
-        first_token=f64(rec._first),
-        last_token=f64(rec._last),
-        finish=f64(rec._finish),
-        output_tokens=np.frombuffer(rec._out, dtype=np.int64),
+        arrival=rec.arrival_s,
+        first_token=rec.first_token_s,
+        last_token=rec.last_token_s,
+        finish=rec.finish_s,
+        output_tokens=rec.output_tokens,
     )
 
 
@@ -53,16 +50,18 @@ def merged_itl_quantiles(recs: list[RunRecorder]) -> dict[str, float | None]:
     for one: exact while no recorder folded its samples into a histogram, else all folded into
     one `LogHistogram` (relative error 0.1 %). Call after `freeze()`."""
     qs = list(QUANTILES.values())
-    if all(r._itl_hist is None for r in recs):
-        v = np.concatenate([np.asarray(r._itl_v, np.float64) for r in recs])
-        w = np.concatenate([np.asarray(r._itl_w, np.int64) for r in recs])
+    if all(r.itl_histogram is None for r in recs):
+        samples = [r.itl_samples for r in recs]
+        v = np.concatenate([s[0] for s in samples])
+        w = np.concatenate([s[1] for s in samples])
         x = weighted_quantiles(v, w, qs)
     else:
         hist = LogHistogram()
         for r in recs:
-            if r._itl_hist is not None:
-                hist._counts += r._itl_hist._counts
-            hist.add(np.asarray(r._itl_v, np.float64), np.asarray(r._itl_w, np.int64))
+            folded = r.itl_histogram
+            if folded is not None:
+                hist.merge(folded)
+            hist.add(*r.itl_samples)
         x = hist.quantiles(qs)
     return {k: (None if np.isnan(v) else float(v)) for k, v in zip(QUANTILES, x)}
 

@@ -281,8 +281,8 @@ def hook_overhead(
         h.finish()
         t = time.perf_counter_ns()
         for _ in range(steps):
-            h._on_gc("start", info)
-            h._on_gc("stop", info)
+            h.on_gc("start", info)
+            h.on_gc("stop", info)
         gc_ns.append((time.perf_counter_ns() - t - base) / steps)
     if gc.isenabled():
         gc.collect(0)

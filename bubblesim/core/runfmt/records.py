@@ -479,6 +479,56 @@ class RunRecorder:
     def num_requests(self) -> int:
         return len(self._req_ids)
 
+    # ---- read-only views (a caller watching the run, or merging recorders) ----------------
+    # Zero-copy numpy views of the recorder's own columns: they see later `tokens`/`finish`
+    # stores, but while one is alive its column cannot grow (array.array raises BufferError),
+    # so take request views once every request was added, and ITL views once recording ended.
+    @property
+    def arrival_s(self) -> np.ndarray:
+        """Read-only view: each request row's arrival time, seconds."""
+        return self._view(self._arrival, np.float64)
+
+    @property
+    def first_token_s(self) -> np.ndarray:
+        """Read-only view: each request row's first token time, seconds (NaN = none yet)."""
+        return self._view(self._first, np.float64)
+
+    @property
+    def last_token_s(self) -> np.ndarray:
+        """Read-only view: each request row's latest token time, seconds (NaN = none yet)."""
+        return self._view(self._last, np.float64)
+
+    @property
+    def finish_s(self) -> np.ndarray:
+        """Read-only view: each request row's finish time, seconds (NaN = not finished)."""
+        return self._view(self._finish, np.float64)
+
+    @property
+    def output_tokens(self) -> np.ndarray:
+        """Read-only view: each request row's output tokens so far (int64 count)."""
+        return self._view(self._out, np.int64)
+
+    @property
+    def itl_samples(self) -> tuple[np.ndarray, np.ndarray]:
+        """Read-only views (values in seconds float64, weights in tokens int64) of the exact
+        inter-token gaps not yet folded into `itl_histogram`: each value counts weight times."""
+        return self._view(self._itl_v, np.float64), self._view(self._itl_w, np.int64)
+
+    @property
+    def itl_histogram(self) -> LogHistogram | None:
+        """The inter-token gaps (seconds) folded so far, None while all are exact; the
+        recorder's own (don't add to it)."""
+        if self._released is not None:
+            raise RuntimeError(_RELEASED)
+        return self._itl_hist
+
+    def _view(self, col: array[float] | array[int], dtype: type) -> np.ndarray:
+        if self._released is not None:
+            raise RuntimeError(_RELEASED)
+        v: np.ndarray = np.frombuffer(col, dtype)
+        v.flags.writeable = False
+        return v
+
     # ---- freezing -------------------------------------------------------------------------
     def freeze(self, release: bool = False) -> Recording:
         """Numpy arrays of everything recorded, validated (one clear error on bad data).

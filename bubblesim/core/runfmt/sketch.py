@@ -50,6 +50,13 @@ class LogHistogram:
         slot = np.clip(slot, 0, self._counts.size - 1)  # guards float rounding at the edges
         self._counts += np.bincount(slot, weights=w, minlength=self._counts.size).astype(np.int64)
 
+    def merge(self, other: LogHistogram) -> None:
+        """Add every count of `other` (same rel_err, min_s and max_s) to this histogram: the
+        same counts as adding other's values here."""
+        if (other.rel_err, other.min_s, other.max_s) != (self.rel_err, self.min_s, self.max_s):
+            raise ValueError("LogHistogram.merge: the histograms differ in rel_err/min_s/max_s")
+        self._counts += other._counts
+
     def representatives(self) -> FloatArray:
         i = np.arange(self._counts.size - 1, dtype=np.float64) + self._i_min
         gamma = math.exp(self._ln_gamma)
