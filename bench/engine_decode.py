@@ -18,8 +18,10 @@ hooks: per step a GPU interval from CUDA events on the compute stream.
   on GPU 0 in the same run (read + write bytes / time).
 - busy_fraction: GPU busy time / wall time over the steady steps (1.0 = no bubbles).
 - broadcast_us: median host time of rank 0's step broadcast (tensor parallelism, else 0);
-  broadcast_parts_us: its medians in parts [new slots' payload built, header and payload
-  written to the shared-memory ring, device broadcasts enqueued].
+  broadcast_parts_us: its medians in parts [new slots' payload built and the step's host
+  arrays checked against the ring slot, header, payload and host input arrays written to the
+  shared-memory ring, device broadcasts enqueued (0 unless the arrays did not fit a slot)];
+  broadcast_ring_steps: how many of the steady steps sent their inputs through the ring.
 With --json the file is rewritten after every case (a later case that hangs or fails leaves
 the earlier rows written), and a case that fails is one row with its error.
 The KV cache is sized for the cases (config num_kv_blocks), not from free memory, so the run
@@ -103,6 +105,7 @@ def make_engine(
     eng = Engine(cfg)
     if tp > 1:
         eng.broadcast_parts = []  # rank 0's broadcast in parts, per step
+        eng.broadcast_ring = []  # and whether its inputs rode in the ring
     return eng
 
 
@@ -110,6 +113,8 @@ def measure(eng: Engine, batch: int, bandwidth: float, context: int = CONTEXT) -
     reqs = [RequestInput(f"b{i}", context, DECODE) for i in range(batch)]
     if eng.broadcast_parts is not None:
         eng.broadcast_parts.clear()  # this run's steps only, as its trace
+    if eng.broadcast_ring is not None:
+        eng.broadcast_ring.clear()
     eng.run(reqs)
     tr = eng.trace
     rows = [i for i, s in enumerate(tr.shapes) if s.is_pure_decode and s.num_reqs == batch]
@@ -141,11 +146,19 @@ def measure(eng: Engine, batch: int, bandwidth: float, context: int = CONTEXT) -
         if tp > 1
         else 0.0,
         "broadcast_parts_us": broadcast_parts_us(eng, lo, hi),
+        "broadcast_ring_steps": ring_steps(eng, lo, hi),
         "steps": len(rows),
         "kv_read_tokens": round(kv_tokens),
         "copy_gbps": round(bandwidth / 1e9, 1),
         "gpu": torch.cuda.get_device_name() if eng.device.type == "cuda" else "cpu",
     }
+
+
+def ring_steps(eng: Engine, lo: int, hi: int) -> int | None:
+    """Steps lo..hi whose host input arrays rode in the ring (Engine.broadcast_ring: 1 per
+    broadcast step, 0 when they went by the device broadcast)."""
+    flags = eng.broadcast_ring
+    return None if flags is None or len(flags) < hi else int(sum(flags[lo:hi]))
 
 
 def broadcast_parts_us(eng: Engine, lo: int, hi: int) -> list[float] | None:
@@ -243,7 +256,8 @@ def main() -> int:
                         f"  batch {batch:3d}: step {row['step_ms']:.3f} ms, floor "
                         f"{row['floor_ms']:.3f} ms, busy {row['busy_fraction']:.3f}, "
                         f"broadcast {row['broadcast_us']:.1f} us "
-                        f"(parts {row['broadcast_parts_us']})",
+                        f"(parts {row['broadcast_parts_us']}, "
+                        f"ring {row['broadcast_ring_steps']}/{row['steps']} steps)",
                         flush=True,
                     )
                     if args.profile and batch <= 8 and device.type == "cuda":

@@ -21,13 +21,14 @@ in-flight steps' accepted counts before `prepare_inputs` (both waits recorded as
 Tensor parallelism (config key `tensor_parallel_size` > 1, engine.tp): this engine is rank 0;
 it starts the other ranks with its model (or uses those of the model it is given), and each
 of them builds the same Engine from this config. Between `prepare_inputs` and `launch` rank 0
-sends the step (`broadcast`: a fixed-size header through shared memory, new slots' sampler state
-when there are any, and the uploaded input buffers through a device broadcast); each worker
-runs the same device work (`serve_step`): input finishing, the forward (or the same CUDA graph,
-all-reduces inside) and sampling from the same gathered logits, so its per-slot sampler state
-(the next decode's input ids) stays identical to rank 0's. Only rank 0 schedules, reads tokens
-and syncs; workers never wait for their device. `close()` ends the workers' engine (and the
-workers, when this engine started them).
+sends the step (`broadcast`: a fixed-size header through shared memory, with new slots' sampler
+state when there are any and the host input arrays in the same ring slot; a step whose arrays
+do not fit a slot sends the uploaded input buffers by a device broadcast); each worker runs the
+same device work (`serve_step`): its own upload of those arrays, input finishing, the forward
+(or the same CUDA graph, all-reduces inside) and sampling from the same gathered logits, so its
+per-slot sampler state (the next decode's input ids) stays identical to rank 0's. Only rank 0
+schedules, reads tokens and syncs; workers never wait for their device. `close()` ends the
+workers' engine (and the workers, when this engine started them).
 """
 
 from __future__ import annotations
@@ -142,9 +143,12 @@ class Engine:
                 self.tp.engines.add(self)  # its graphs go before the group (Comm.close)
         self._closed = False
         self._inits: list[tuple[int, tuple | None]] = []  # new slots' sampler state to send
-        # rank 0's broadcast in parts (new slots' payload built, header and payload sent, device
-        # broadcast enqueued), ns per step, when a bench sets it to a list; None: not recorded
+        # rank 0's broadcast in parts (new slots' payload built, header, payload and host input
+        # arrays written to the ring, device broadcast enqueued when the arrays did not fit),
+        # ns per step, when a bench sets it to a list; None: not recorded
         self.broadcast_parts: list[tuple[int, int, int]] | None = None
+        # per step, 1 when its host input arrays rode in the ring (else the device broadcast)
+        self.broadcast_ring: list[int] | None = None
         try:
             if self.tp is None:
                 self._build(cfg)
@@ -345,26 +349,34 @@ class Engine:
     # ---- tensor parallelism ------------------------------------------------------------------
     def _broadcast(self, step: StepInputs) -> None:
         """Rank 0: the step to every worker rank (`serve_step`): its sizes in one header with
-        the sampler state of slots initialised since the last step (engine.tp.ring: both in
-        shared memory), then the uploaded inputs (a device broadcast)."""
+        the sampler state of slots initialised since the last step and the step's host input
+        arrays (engine.tp.ring: all in one shared-memory slot; each worker uploads them as this
+        rank did, so its inputs are bit-identical and NCCL carries only the model's
+        collectives). Host arrays too large for a slot go as a device broadcast instead."""
         tp = self.tp
         assert tp is not None
         parts = self.broadcast_parts
         t0 = time.perf_counter_ns() if parts is not None else 0
         ids = self._init_payload()
+        host = self.inputs.host_arrays(step)
+        in_ring = tp.fits_ring(ids, *host)
         t1 = time.perf_counter_ns() if parts is not None else 0
         a = step.attn
         tp.send_header(
             OP_STEP, step.ring, step.num_reqs, step.num_tokens, step.num_gen,
             step.rows.hist_rows.numel(), step.bucket, step.padded_tokens, a.max_query_len,
             a.max_seq_len, step.num_pairs, step.table_cols, step.mixed, len(self._inits),
-            0 if ids is None else len(ids) - 3 * len(self._inits), payload=ids,
+            0 if ids is None else len(ids) - 3 * len(self._inits), int(in_ring), payload=ids,
+            arrays=host if in_ring else (),
         )  # fmt: skip
         self._inits.clear()
         t2 = time.perf_counter_ns() if parts is not None else 0
-        self.inputs.broadcast(step, tp)
+        if not in_ring:
+            self.inputs.broadcast(step, tp)
         if parts is not None:
             parts.append((t1 - t0, t2 - t1, time.perf_counter_ns() - t2))
+        if self.broadcast_ring is not None:
+            self.broadcast_ring.append(int(in_ring))
 
     def _init_payload(self) -> np.ndarray | None:
         """[slot, prompt length (-1: no history), output length] per initialised slot, then
@@ -387,13 +399,19 @@ class Engine:
         input finishing, forward (or graph replay), sampling into this rank's own state."""
         tp = self.tp
         assert tp is not None and not tp.is_driver
-        k, b, t_real, g, h, bucket, t, max_q, max_seq, pairs, cols, mixed, n_init, n_ids = (
-            int(x) for x in header[1:15]
+        k, b, t_real, g, h, bucket, t, max_q, max_seq, pairs, cols, mixed, n_init, n_ids, ring = (
+            int(x) for x in header[1:16]
         )
         step = self.inputs.views(k, b, t_real, g, h, bucket, t, max_q, max_seq, pairs, cols, mixed)
+        n_payload = 3 * n_init + n_ids if n_init else 0
         if n_init:
-            self._recv_inits(tp.recv_ints(3 * n_init + n_ids), n_init)
-        self.inputs.broadcast(step, tp)
+            self._recv_inits(tp.recv_ints(n_payload), n_init)
+        if ring:  # rank 0's host arrays, uploaded here as rank 0 uploaded them
+            buf, pair_vals = tp.recv_arrays(n_payload, *self.inputs.host_shapes(step))
+            self.inputs.stage_host(step, buf, pair_vals)
+            self.inputs.upload(step)
+        else:
+            self.inputs.broadcast(step, tp)
         samples = self._graph_samples(step)
         self.inputs.apply(step, finish=not samples)
         logits = self.forward(step)

@@ -100,7 +100,8 @@ class InputBuffers:
         self.h_rows = [h[: self.rows_len].view(num_row_fields, r) for h in self.h_buf]
         self.h_toks = [h[self.rows_len :] for h in self.h_buf]
         self.h_pairs = [_pinned((2 * 64,), cuda) for _ in range(depth)]
-        self._rows_np = [h.numpy() for h in self.h_rows]  # views of the pinned buffers
+        self._buf_np = [h.numpy() for h in self.h_buf]  # views of the pinned buffers
+        self._rows_np = [h.numpy() for h in self.h_rows]
         self._toks_np = [h.numpy() for h in self.h_toks]
         self.d_buf = torch.zeros(n_buf, dtype=torch.int32, device=device)
         self.d_rows = self.d_buf[: self.rows_len].view(num_row_fields, r)
@@ -330,14 +331,40 @@ class InputBuffers:
         n = len(p_idx)
         if not n:
             return
+        hp = self._pairs_room(k, n)
+        hp[:n] = p_idx
+        hp[n : 2 * n] = p_blk
+
+    def _pairs_room(self, k: int, n: int) -> np.ndarray:
+        """h_pairs[k] (numpy view), grown with d_pairs to hold `n` pairs."""
         if 2 * n > self.h_pairs[k].numel():
             cap = 1 << (2 * n - 1).bit_length()
             self.h_pairs[k] = _pinned((cap,), self.cuda)
             if cap > self.d_pairs.numel():
                 self.d_pairs = torch.zeros(cap, dtype=torch.int32, device=self.device)
-        hp = self.h_pairs[k].numpy()
-        hp[:n] = p_idx
-        hp[n : 2 * n] = p_blk
+        return self.h_pairs[k].numpy()
+
+    def host_arrays(self, step: StepInputs) -> tuple[np.ndarray, np.ndarray]:
+        """Tensor parallelism, rank 0: the filled pinned host arrays `upload` copies (rows and
+        tokens, block-table pairs), as numpy views, for the workers (engine.tp.comm's ring)."""
+        k, n = step.ring, step.num_pairs
+        m = self.rows_len + self.token_fields * step.padded_tokens
+        return self._buf_np[k][:m], self.h_pairs[k].numpy()[: 2 * n]
+
+    def host_shapes(self, step: StepInputs) -> tuple[tuple[int, Any], tuple[int, Any]]:
+        """(length, dtype) of `host_arrays` from the step's host-known sizes (a worker)."""
+        m = self.rows_len + self.token_fields * step.padded_tokens
+        return (m, np.int32), (2 * step.num_pairs, np.int32)
+
+    def stage_host(self, step: StepInputs, buf: np.ndarray, pairs: np.ndarray) -> None:
+        """A worker: rank 0's `host_arrays` into this rank's pinned slot `step.ring` (as `fill`
+        wrote rank 0's), for `upload`. The slot's previous copy is done: rank 0 sends step s
+        only after its step s - depth completed, whose collectives followed this rank's copy
+        of step s - depth in stream order."""
+        k = step.ring
+        self._buf_np[k][: len(buf)] = buf
+        if len(pairs):
+            self._pairs_room(k, len(pairs) // 2)[: len(pairs)] = pairs
 
     def send(self, step: StepInputs, finish: bool = True) -> None:
         """Enqueue the step's device work: one host -> device copy of rows and tokens (pinned,
@@ -355,8 +382,9 @@ class InputBuffers:
             self.d_pairs[: 2 * n].copy_(self.h_pairs[k][: 2 * n], non_blocking=True)
 
     def broadcast(self, step: StepInputs, comm) -> None:
-        """Tensor parallelism: rank 0's uploaded device buffers (`upload`) into every rank's
-        (engine.tp.comm: device collectives, enqueued; every rank calls it for the step)."""
+        """Tensor parallelism, a step whose `host_arrays` do not fit a ring slot: rank 0's
+        uploaded device buffers (`upload`) into every rank's (engine.tp.comm: device
+        collectives, enqueued; every rank calls it for the step)."""
         m = self.rows_len + self.token_fields * step.padded_tokens
         comm.broadcast_device(self.d_buf[:m])
         n = step.num_pairs

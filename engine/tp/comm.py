@@ -1,18 +1,19 @@
 """One rank's view of the tensor-parallel group: the collectives of the model and of the step.
 
 The default process group (NCCL on CUDA, gloo on CPU) carries device tensors (the model's
-all-reduces and logits gather, the step's input buffers). Host messages from rank 0: a
-fixed-size int64 header per step or command (`HEADER_LEN` values) through a shared-memory ring
-(engine.tp.ring) with, when the header announces one, a variable-length int64 payload in the
-same ring slot (over a gloo group when larger than the slot's area), and now and then a pickled
-object over the gloo group. Every rank issues the same collectives in the
+all-reduces and logits gather; a step's input buffers only when their host arrays do not fit a
+ring slot). Host messages from rank 0: a fixed-size int64 header per step or command
+(`HEADER_LEN` values) through a shared-memory ring (engine.tp.ring) with, when the header
+announces them, a variable-length int64 payload and host arrays (a step's inputs) in the same
+ring slot (the payload over a gloo group when larger than the slot's area), and now and then a
+pickled object over the gloo group. Every rank issues the same collectives in the
 same order (the worker loop mirrors rank 0's step), so NCCL kernels captured in CUDA graphs pair
 up on replay.
 
 No call here waits for the device: NCCL collectives are enqueued in the compute stream's order
-(the calling stream waits for them on the device, not on the host); the header is a few
-shared-memory stores, which with the broadcasts' enqueueing is the `broadcast` phase's cost on
-rank 0.
+(the calling stream waits for them on the device, not on the host); the header and a step's
+host arrays are shared-memory stores (a few KB for decode), which is the `broadcast` phase's
+cost on rank 0.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from engine.tp.ring import PAYLOAD_WORDS, HeaderRing
+from engine.tp.ring import PAYLOAD_WORDS, HeaderRing, part_offsets
 from engine.tp.watchdog import SHUTDOWN_S, deadline
 
 HEADER_LEN = 16
@@ -37,6 +38,12 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 # commands in header[0]
 OP_STEP, OP_ENGINE, OP_END_ENGINE, OP_WARM_FORWARDS, OP_SHUTDOWN = range(1, 6)
+
+
+def _slot_bytes(payload: np.ndarray | None, arrays: tuple[np.ndarray, ...]) -> int:
+    """Bytes of a ring slot's area that an int64 `payload` then `arrays` take (ring.send)."""
+    head = [0 if payload is None else 8 * len(payload)]
+    return part_offsets(head + [a.nbytes for a in arrays])[-1]
 
 
 class Comm:
@@ -80,15 +87,25 @@ class Comm:
         dist.broadcast(x, src=0)
 
     # ---- host messages (gloo group) -----------------------------------------------------------
-    def send_header(self, *values: int, payload: np.ndarray | None = None) -> None:
+    def fits_ring(self, payload: np.ndarray | None, *arrays: np.ndarray) -> bool:
+        """Whether `payload` (int64) and `arrays` fit one ring slot together (`send_header`)."""
+        return _slot_bytes(payload, arrays) <= 8 * self.payload_words
+
+    def send_header(
+        self, *values: int, payload: np.ndarray | None = None, arrays: tuple[np.ndarray, ...] = ()
+    ) -> None:
         """Rank 0: header = values (the rest zero), to every rank, with an int64 `payload`
         whose length the header announces (the workers' `recv_ints`): in the header's ring
-        slot when it fits (`payload_words`), else over gloo after the header."""
+        slot when it fits (`payload_words`), else over gloo after the header; and contiguous
+        host `arrays` after the payload in the same slot (the workers' `recv_arrays`; the
+        caller checked `fits_ring`)."""
         h = self.header_np
         h[:] = 0
         h[: len(values)] = values
         fits = payload is None or len(payload) <= self.payload_words
-        self.ring.send(h, self._workers_alive, payload if fits else None)
+        if arrays and not (fits and _slot_bytes(payload, arrays) <= 8 * self.payload_words):
+            raise ValueError("send_header: the arrays do not fit a ring slot (check fits_ring)")
+        self.ring.send(h, self._workers_alive, payload if fits else None, arrays)
         if not fits:
             dist.broadcast(torch.from_numpy(np.ascontiguousarray(payload, np.int64)), src=0,
                            group=self.host_group)  # fmt: skip
@@ -109,6 +126,14 @@ class Comm:
         t = torch.empty(n, dtype=torch.int64)
         dist.broadcast(t, src=0, group=self.host_group)
         return t.numpy()
+
+    def recv_arrays(self, payload_len: int, *shapes: tuple[int, np.dtype]) -> list[np.ndarray]:
+        """Workers: views (no copies; valid until the next `recv_header`) of the last header's
+        host arrays of (length, dtype) `shapes`, after its int64 payload of `payload_len`
+        values (`send_header`'s `arrays`)."""
+        sizes = [8 * payload_len] + [n * np.dtype(dt).itemsize for n, dt in shapes]
+        at = part_offsets(sizes)[1:-1]
+        return [self.ring.part(a, n, dt) for a, (n, dt) in zip(at, shapes, strict=True)]
 
     def send_object(self, obj: object) -> None:
         dist.broadcast_object_list([obj], src=0, group=self.host_group)

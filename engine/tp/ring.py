@@ -5,8 +5,9 @@ scheduler output to the workers through a shared-memory ring too; a gloo broadca
 
 Layout (int64 words): one read counter per reader, each on its own 64-byte line, then SLOTS
 slots of [seq, HEADER_LEN values] padded to whole lines, then SLOTS payload areas of
-PAYLOAD_WORDS int64 values (a step's new slots' sampler state: engine.Engine._broadcast; a
-larger payload goes over gloo, engine.tp.comm). Header number s (1, 2, ...) goes to slot
+PAYLOAD_WORDS int64 values (a step's new slots' sampler state, then its host input arrays:
+engine.Engine._broadcast; each part starts on an 8-byte boundary; a larger payload goes over
+gloo or, inputs, a device broadcast, engine.tp.comm). Header number s (1, 2, ...) goes to slot
 s % SLOTS: rank 0 writes the payload, the values, then seq = s; a reader waiting for header s
 spins until the slot's seq is s and copies the values; it reads the payload (`payload`) before
 its next `recv`, which stores s in its read counter (the reader is done with slot s). Rank 0
@@ -34,7 +35,9 @@ import numpy as np
 
 SLOTS = 64
 LINE = 8  # int64 words per 64-byte line
-PAYLOAD_WORDS = 8192  # int64 values of payload per slot (64 KiB; 4 MiB for the ring)
+PAYLOAD_WORDS = 16384  # int64 values of payload per slot (128 KiB; 8 MiB for the ring): an
+# 8192-token step's host input arrays (about 100 KB) fit one slot
+PAYLOAD_BYTES = 8 * PAYLOAD_WORDS
 IDLE_S = 0.5  # a CUDA rank that saw no header for this long sleeps between looks
 SPIN_CPU_S = 0.0002
 SLEEP_S = 0.0005
@@ -42,6 +45,17 @@ SLEEP_S = 0.0005
 
 def _slot_words(header_len: int) -> int:
     return -(-(1 + header_len) // LINE) * LINE
+
+
+def part_offsets(nbytes: list[int]) -> list[int]:
+    """Byte offsets of payload parts of `nbytes` bytes laid back to back in a slot's area, each
+    on an 8-byte boundary, then the end of the last (the bytes the parts need)."""
+    out, at = [], 0
+    for n in nbytes:
+        out.append(at)
+        at += -(-n // 8) * 8
+    out.append(at)
+    return out
 
 
 class HeaderRing:
@@ -59,6 +73,7 @@ class HeaderRing:
         self._values = self._slots[:, 1 : 1 + header_len]
         base += SLOTS * sw
         self._payload = words[base : base + SLOTS * PAYLOAD_WORDS].reshape(SLOTS, PAYLOAD_WORDS)
+        self._payload_bytes = self._payload.view(np.uint8)  # [SLOTS, PAYLOAD_BYTES]
         self.last = 0  # headers written (rank 0) or read (a reader)
         self.out = np.zeros(header_len, dtype=np.int64)  # a reader's copy of the last header
 
@@ -85,11 +100,16 @@ class HeaderRing:
 
     # ---- rank 0 --------------------------------------------------------------------------------
     def send(
-        self, values: np.ndarray, alive: Callable[[], bool], payload: np.ndarray | None = None
+        self,
+        values: np.ndarray,
+        alive: Callable[[], bool],
+        payload: np.ndarray | None = None,
+        parts: tuple[np.ndarray, ...] = (),
     ) -> None:
-        """Write the next header (HEADER_LEN int64 values) and its `payload` (at most
-        PAYLOAD_WORDS int64 values; the header tells the readers its length); waits only while
-        a reader is SLOTS headers behind. Raises RuntimeError when `alive()` says a reader is
+        """Write the next header (HEADER_LEN int64 values) and its `payload` (int64 values),
+        then `parts` (contiguous arrays of any dtype) after it at `part_offsets` (all together
+        at most PAYLOAD_BYTES; the header tells the readers their lengths); waits only while a
+        reader is SLOTS headers behind. Raises RuntimeError when `alive()` says a reader is
         gone."""
         s = self.last + 1
         if s > SLOTS and int(self._reads.min()) < s - SLOTS:
@@ -97,6 +117,12 @@ class HeaderRing:
         k = s % SLOTS
         if payload is not None:
             self._payload[k, : len(payload)] = payload
+        if parts:
+            area = self._payload_bytes[k]
+            head = [0 if payload is None else 8 * len(payload)]
+            at = part_offsets(head + [p.nbytes for p in parts])[1:-1]
+            for p, a in zip(parts, at, strict=True):
+                area[a : a + p.nbytes] = p.view(np.uint8)
         self._values[k] = values
         self._seq[k] = s  # after the values: a reader that sees s sees them
         self.last = s
@@ -133,12 +159,18 @@ class HeaderRing:
         """A copy of the last header's first `n` payload values (n <= PAYLOAD_WORDS)."""
         return self._payload[self.last % SLOTS, :n].copy()
 
+    def part(self, offset: int, n: int, dtype: np.dtype) -> np.ndarray:
+        """A view (no copy) of `n` values of `dtype` at byte `offset` of the last header's
+        payload area (`send`'s `parts`), valid until the next recv."""
+        nbytes = n * np.dtype(dtype).itemsize
+        return self._payload_bytes[self.last % SLOTS, offset : offset + nbytes].view(dtype)
+
     def close(self) -> None:
         """Detach (and, rank 0, remove the segment). Idempotent."""
         if self.shm is None:
             return
         self._reads = self._slots = self._seq = self._values = None  # type: ignore[assignment]
-        self._payload = None  # type: ignore[assignment]
+        self._payload = self._payload_bytes = None  # type: ignore[assignment]
         shm, self.shm = self.shm, None
         shm.close()
         if self.owner:
