@@ -151,11 +151,13 @@ DEFAULTS: dict[str, Any] = {
         # Tensor parallelism (tensor_parallel_size > 1): rank 0 sends each step's inputs to the
         # other ranks after prepare_inputs (bubblesim.core.phases.BROADCAST), charged to the
         # `launch`
-        # phase, which it precedes (the sim records no phase of its own for it). This engine
-        # writes a header through a shared-memory ring (as vLLM V1 does, PR 9856) and enqueues
-        # two NCCL broadcasts of the device inputs; measured on 2 x H100 (reports/tp/,
-        # bench/engine_decode.py --tp 2): 144-187 us at batch 1 and 240-280 us at batch 64 a
-        # step, 90 % of it the NCCL enqueue. `replay calibrate` fits it from TP runs.
+        # phase, which it precedes (the sim records no phase of its own for it). Measured on
+        # 2 x H100 (reports/tp/, bench/engine_decode.py --tp 2) with a shared-memory ring header
+        # (as vLLM V1, PR 9856) + two NCCL broadcasts of the device inputs: 144-187 us at batch
+        # 1 and 240-280 us at batch 64 a step, 90 % of it the NCCL enqueue. The engine now sends
+        # the host input arrays through the ring instead (each rank copies its own; ~6 us to
+        # write on a CPU host), not yet measured on a GPU: these defaults are the measured,
+        # older path until a TP run is calibrated (`replay calibrate` fits this term).
         "launch.tp_broadcast": {
             "intercept": 163 * US,
             "num_reqs": 1.5 * US,
