@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from bubblesim.core.atomic import replacing
-from bubblesim.core.cli import UsageError, add_config_args, run_main
+from bubblesim.core.cli import (
+    UsageError,
+    add_config_args,
+    raise_if_terminated,
+    run_main,
+    sigterm_deferred,
+)
 from bubblesim.core.config import SPEC_METHODS, Config
 from bubblesim.core.outplace import OutKind, atomic_dir, output_place
 from bubblesim.core.runfmt import CAUSES, trace_info
@@ -249,21 +255,26 @@ def run_plan(
     out: dict[str, dict[str, Any]] = {}
     names = list(plan.runs)
     t0 = time.monotonic()
-    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(names)))) as pool:
+    workers = max(1, min(jobs, len(names)))
+    # SIGTERM is raised only between pool calls (sigterm_deferred), never inside them
+    with ProcessPoolExecutor(max_workers=workers) as pool, sigterm_deferred():
         futs: dict[Future[tuple[dict[str, Any], float]], str] = {
             pool.submit(run_one, plan.runs[n], trace_path, str(tmp / n), steps, scenario): n
             for n in names
         }
         pending = set(futs)
         while pending:
-            # a timeout: the main thread wakes to run a signal handler (SIGTERM) promptly
+            raise_if_terminated()
+            # a timeout: the loop comes back to raise_if_terminated promptly
             done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            raise_if_terminated()  # before a result: the workers' ends are its doing
             for f in sorted(done, key=lambda f: names.index(futs[f])):
                 if f.exception() is not None:
                     pool.shutdown(cancel_futures=True)  # runs already started still finish
                 metrics, wall_s = f.result()  # re-raises a run's error
                 out[futs[f]] = metrics
                 log(_progress_line(futs[f], wall_s, len(out), len(names), time.monotonic() - t0))
+        raise_if_terminated()
     return out
 
 

@@ -434,7 +434,11 @@ from sim.__main__ import main
 def busy(cfg, trace_path, run_dir, *_):
     os.makedirs(run_dir)
     open(os.path.join(sys.argv[1], f"worker-{os.getpid()}"), "w").close()
-    os.kill(os.getppid(), signal.SIGTERM)
+    try:  # one SIGTERM, as `kill PID` sends (a second one kills at once, by design)
+        os.close(os.open(os.path.join(sys.argv[1], "signalled"), os.O_CREAT | os.O_EXCL))
+        os.kill(os.getppid(), signal.SIGTERM)
+    except FileExistsError:
+        pass
     time.sleep(60)
 
 sim.whatif.run_one = busy
@@ -452,7 +456,7 @@ def test_sigterm_stops_the_workers_too(tmp_path: Path, trace: Path) -> None:
     assert res.returncode == 143, res.stderr
     assert res.stderr.strip() == "terminated (SIGTERM)"
     assert listing(tmp_path) == ["pids", "t.parquet"]
-    workers = [int(p.name.split("-")[1]) for p in pids.iterdir()]
+    workers = [int(p.name.split("-")[1]) for p in pids.glob("worker-*")]
     assert workers
     deadline = time.monotonic() + 10  # a loaded machine may take a moment to reap them
     while any(atomic.pid_alive(w) for w in workers) and time.monotonic() < deadline:

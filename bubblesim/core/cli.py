@@ -6,7 +6,8 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 from bubblesim.core.config import Config, ConfigError, load_config
@@ -96,17 +97,49 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
 
 
 _owner_pid = 0  # the process whose run_main installed _on_sigterm
+_deferring = False  # inside sigterm_deferred(): the handler records SIGTERM instead of raising
+_terminated = False  # a SIGTERM was recorded and not yet raised
+
+
+@contextmanager
+def sigterm_deferred() -> Iterator[None]:
+    """Within this block SIGTERM still stops the worker processes at once, but Terminated is
+    raised only by `raise_if_terminated()`, at a point the caller chose. A handler that raises
+    wherever the main thread happens to be can leave a lock of concurrent.futures held (a
+    future's condition, taken inside `wait`), and the pool's shutdown then waits forever."""
+    global _deferring
+    before, _deferring = _deferring, True
+    try:
+        yield
+    finally:
+        _deferring = before
+
+
+def raise_if_terminated() -> None:
+    """Raise the SIGTERM that arrived inside sigterm_deferred(), if one did."""
+    global _terminated
+    if _terminated:
+        _terminated = False
+        raise Terminated()
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
     """SIGTERM in the command's process: stop its worker processes (a `kill PID` reaches only
     this one, unlike Ctrl-C, which reaches the whole process group) and unwind like Ctrl-C. A
     forked worker inherits this handler: there it ends the process, as SIGTERM did before."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    global _terminated
     if os.getpid() != _owner_pid:  # a worker: its pool would catch any exception; just end
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)  # what it leaves is in the command's temp folder
+    # another SIGTERM while the workers are being stopped would kill this process before it
+    # stops them (orphans, holding the caller's pipes): ignored until they are
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     mp = sys.modules.get("multiprocessing")
     if mp is not None:
         for child in mp.active_children():
             child.terminate()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # from now on a second SIGTERM kills at once
+    if _deferring:
+        _terminated = True
+        return
     raise Terminated()
