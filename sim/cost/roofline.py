@@ -14,7 +14,7 @@ fitted `gpu_pass` models (a `max_kv_tokens` term), not to the roofline.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bubblesim.core.gpus import GPUSpec
@@ -96,3 +96,25 @@ class Roofline:
         p = self.p
         t = (mem**p + cmp**p) ** self.inv_p + self.overhead_ms
         return t if t > self.min_ms else self.min_ms
+
+    def keyed(self, s: Any) -> Callable[[Any], float]:
+        """`self` for the shapes whose token and row counts (prefill_tokens, decode_tokens,
+        num_prefill_reqs) are `s`'s, with every term of those folded in: it reads only
+        kv_read_tokens and attn_pairs (sim.stepcosts.StepCosts.const takes it for a run of
+        decode steps). The same float operations in the same order as `__call__`, so the
+        same value to the bit."""
+        tokens = s.prefill_tokens + s.decode_tokens
+        rows = s.decode_tokens + s.num_prefill_reqs
+        weights_ms, kv_ms = self.weights_ms, self.kv_ms_per_token
+        logits_ms = self.logits_ms_per_row * rows
+        fixed_cmp = self.body_ms_per_token * tokens + self.lm_ms_per_row * rows
+        attn_ms = self.attn_ms_per_pair
+        p, inv_p, overhead_ms, min_ms = self.p, self.inv_p, self.overhead_ms, self.min_ms
+
+        def decode_ms(s: Any) -> float:
+            mem = weights_ms + kv_ms * (s.kv_read_tokens + tokens) + logits_ms
+            cmp = fixed_cmp + attn_ms * s.attn_pairs
+            t = (mem**p + cmp**p) ** inv_p + overhead_ms
+            return t if t > min_ms else min_ms
+
+        return decode_ms
