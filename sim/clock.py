@@ -125,9 +125,10 @@ class StepClock:
         tracked objects); a pause counts on `step`, the latest step launched."""
         sp = self.spread
         t0 = cpu = self.cpu_s
-        sched1 = prep0 = prep1 = launch1 = sample1 = draft0 = draft1 = cpu
-        start = counts = end = 0.0
-        if c is not None:
+        if c is None:
+            sched1 = prep0 = prep1 = launch1 = sample1 = draft0 = draft1 = cpu
+            start = counts = end = 0.0
+        else:
             (
                 s_sched, s_prep, s_launch, s_sample, s_draft, _, gpu_s, dgpu_s,
                 a_sched, a_prep, a_launch, a_sample, a_draft, _, graphed,
@@ -142,7 +143,10 @@ class StepClock:
             if a_sched > 0:  # allocations: maybe a collection
                 cpu = self._collect(cpu, a_sched, P.SCHEDULE, step - 1)
             sched1 = cpu
-            if gpu_s is not None:
+            if gpu_s is None:  # a schedule that found nothing: its scan only
+                prep0 = prep1 = launch1 = sample1 = draft0 = draft1 = cpu
+                start = counts = end = 0.0
+            else:
                 if counts_s > cpu:
                     cpu = self._wait(step, cpu, counts_s)
                 prep0 = cpu

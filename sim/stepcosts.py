@@ -33,10 +33,11 @@ KEY_FIELDS = frozenset(
 
 def _keyed(fn: CostFn, shape: StepShape) -> CostFn:
     """`fn` for the shapes whose KEY_FIELDS are `shape`'s: its own specialisation where it
-    has one (`fn.keyed(shape)`, e.g. sim.cost.roofline.Roofline.keyed: the same value to the
-    bit, fewer operations per step), else `fn`."""
+    has one (`fn.keyed(shape, KEY_FIELDS)`: sim.cost.roofline.Roofline.keyed,
+    sim.cost.linear.keyed_linear; the same value to the bit, fewer operations per step),
+    else `fn`."""
     keyed = getattr(fn, "keyed", None)
-    return fn if keyed is None else keyed(shape)
+    return fn if keyed is None else keyed(shape, KEY_FIELDS)
 
 
 class StepShape:
