@@ -254,7 +254,7 @@ class FastForward:
                     if r.needs_history:
                         nh -= 1
                         sum_hr -= m.hr
-            joined = join_pop(k, None)
+            joined = join_pop(k, None) if join else None  # admissions only
             if joined is not None:
                 changed = True
                 for m in joined:
@@ -373,7 +373,7 @@ class FastForward:
             cpu = t[PO1]
             if cpu >= tick_at_s:
                 stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
-            chunks = chunk_done_pop(k, None)
+            chunks = chunk_done_pop(k, None) if chunk_done else None
             if chunks is not None:
                 for r in chunks:
                     r.num_inflight_batches -= 1
