@@ -187,12 +187,16 @@ class StepClock:
                 po_s *= sp.at(_PO, done_step)
             cpu += po_s
             if po_objs > 0:  # _collect, inlined: most steps allocate here, few collect
-                pause = self.gc.allocate(po_objs)
-                if pause:
-                    self.pauses.append(
-                        (cpu, pause, self.gc.last_generation, P.PROCESS_OUTPUTS, step)
-                    )
-                    cpu += pause
+                gc = self.gc
+                if po_objs <= gc.room:  # no collection: GCModel.allocate's whole work
+                    gc.room -= po_objs
+                else:
+                    pause = gc.allocate(po_objs)
+                    if pause:
+                        self.pauses.append(
+                            (cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step)
+                        )
+                        cpu += pause
         self.cpu_s = cpu
         return (
             t0, sched1, prep0, prep1, launch1, start, counts, end, sample1, draft0, draft1,

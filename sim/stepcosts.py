@@ -8,7 +8,9 @@ other than KEY_FIELDS (the fields the cache key fixes: set by `StepShape.set_dec
 `set_verify`). A cost that reads any other field, including one added to BatchShape later,
 is called again at every step; nothing is cached on a field the key does not fix. The probe
 is sound because a cost is a function of the shape alone: what it reads on the way to its
-value decides the value.
+value decides the value. A varying cost with a `keyed(shape, KEY_FIELDS)` method (the
+roofline, compiled linear models) is called through its specialisation for the key, which
+folds the fixed fields' terms in once and gives the same value to the bit.
 """
 
 from __future__ import annotations
