@@ -101,11 +101,14 @@ class StepCosts:
     phase's net tracked objects, and whether the forward is one CUDA graph."""
 
     def __init__(self, cost: CostModel, cuda_graphs: bool) -> None:
-        def launch_ms(s: Any) -> float:
-            return cost.cpu_phase_ms(P.LAUNCH, s) + cost.launch_ms(s, cuda_graphs)
+        launch_fn = cost.phase_ms_fn(P.LAUNCH)
 
-        def alloc(p: str) -> CostFn:
-            return lambda s: cost.alloc_objects(p, s)
+        def launch_ms(s: Any) -> float:  # cpu_phase_ms(LAUNCH) + launch_ms
+            return launch_fn(s) + cost.launch_ms(s, cuda_graphs)
+
+        def alloc(p: str) -> CostFn:  # cost.alloc_objects(p, ·)
+            fn = cost.alloc_objects_fn(p)
+            return lambda s: round(fn(s))
 
         def graphed(s: Any) -> bool:
             return cost.graphed(s, cuda_graphs)
@@ -115,6 +118,7 @@ class StepCosts:
         ]
         rest: list[CostFn] = [cost.draft_gpu_ms_fn(), *(alloc(p) for p in P.CPU_PHASES), graphed]
         self.fns = [*phases, cost.gpu_pass_ms, *rest]  # any shape
+        self._ms_fns, self._other_fns = self.fns[:NUM_SECONDS], self.fns[NUM_SECONDS:]
         self.decode_fns = [*phases, cost.gpu_decode_ms_fn(), *rest]  # shapes without a prefill
         self._sched_ms, self._sched_objs = phases[0], rest[1]
         self._const: dict[Hashable, list[Any]] = {}
@@ -122,8 +126,9 @@ class StepCosts:
 
     def all(self, shape: BatchShape | StepShape) -> list[Any]:
         """Every cost of a step that runs a pass."""
-        n = NUM_SECONDS
-        return [fn(shape) / 1e3 if i < n else fn(shape) for i, fn in enumerate(self.fns)]
+        out = [fn(shape) / 1e3 for fn in self._ms_fns]
+        out += [fn(shape) for fn in self._other_fns]
+        return out
 
     def empty(self, shape: BatchShape) -> list[Any]:
         """The costs of a schedule that found nothing to run: its scan, no pass (gpu_s None)."""
