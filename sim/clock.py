@@ -125,9 +125,10 @@ class StepClock:
         tracked objects); a pause counts on `step`, the latest step launched."""
         sp = self.spread
         t0 = cpu = self.cpu_s
-        sched1 = prep0 = prep1 = launch1 = sample1 = draft0 = draft1 = cpu
-        start = counts = end = 0.0
-        if c is not None:
+        if c is None:
+            sched1 = prep0 = prep1 = launch1 = sample1 = draft0 = draft1 = cpu
+            start = counts = end = 0.0
+        else:
             (
                 s_sched, s_prep, s_launch, s_sample, s_draft, _, gpu_s, dgpu_s,
                 a_sched, a_prep, a_launch, a_sample, a_draft, _, graphed,
@@ -142,7 +143,10 @@ class StepClock:
             if a_sched > 0:  # allocations: maybe a collection
                 cpu = self._collect(cpu, a_sched, P.SCHEDULE, step - 1)
             sched1 = cpu
-            if gpu_s is not None:
+            if gpu_s is None:  # a schedule that found nothing: its scan only
+                prep0 = prep1 = launch1 = sample1 = draft0 = draft1 = cpu
+                start = counts = end = 0.0
+            else:
                 if counts_s > cpu:
                     cpu = self._wait(step, cpu, counts_s)
                 prep0 = cpu
@@ -183,12 +187,16 @@ class StepClock:
                 po_s *= sp.at(_PO, done_step)
             cpu += po_s
             if po_objs > 0:  # _collect, inlined: most steps allocate here, few collect
-                pause = self.gc.allocate(po_objs)
-                if pause:
-                    self.pauses.append(
-                        (cpu, pause, self.gc.last_generation, P.PROCESS_OUTPUTS, step)
-                    )
-                    cpu += pause
+                gc = self.gc
+                if po_objs <= gc.room:  # no collection: GCModel.allocate's whole work
+                    gc.room -= po_objs
+                else:
+                    pause = gc.allocate(po_objs)
+                    if pause:
+                        self.pauses.append(
+                            (cpu, pause, gc.last_generation, P.PROCESS_OUTPUTS, step)
+                        )
+                        cpu += pause
         self.cpu_s = cpu
         return (
             t0, sched1, prep0, prep1, launch1, start, counts, end, sample1, draft0, draft1,

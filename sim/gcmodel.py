@@ -13,6 +13,7 @@ objects that outlive a collection (request state) through `survive_fraction`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from bubblesim.core.config import GCConfig
@@ -30,7 +31,10 @@ class GCModel:
         self.t0, self.t1, self.t2 = cfg.threshold0, cfg.threshold1, cfg.threshold2
         self.pause_ms = pause_ms  # (generation, objects scanned) -> ms
         self.survive = survive_fraction
-        self.count0 = 0
+        # threshold0 - count0: the objects `allocate` takes before a collection (inf when off,
+        # as it never collects). A caller may take `objects <= room` off it itself: that is
+        # all `allocate` does then (sim.clock.StepClock.step, without the call).
+        self.room: float = self.t0 if self.enabled else math.inf
         self.count1 = 0  # young collections since the last gen-1 collection
         self.count2 = 0  # gen-1 collections since the last full collection
         self.gen1_objects = 0
@@ -44,14 +48,19 @@ class GCModel:
         """Add net tracked allocations; returns the pause (s) this triggers, usually 0."""
         if not self.enabled or objects <= 0:
             return 0.0
-        self.count0 += objects
-        if self.count0 <= self.t0:
+        self.room -= objects
+        if self.room >= 0:
             return 0.0
         return self._collect() / 1e3
 
+    @property
+    def count0(self) -> int:
+        """Net tracked allocations since the last collection."""
+        return int(self.t0 - self.room) if self.enabled else 0
+
     def _collect(self) -> float:
         young = self.count0
-        self.count0 = 0
+        self.room = self.t0
         self.count1 += 1
         survivors = int(young * self.survive)
         if self.count1 <= self.t1:

@@ -8,7 +8,9 @@ other than KEY_FIELDS (the fields the cache key fixes: set by `StepShape.set_dec
 `set_verify`). A cost that reads any other field, including one added to BatchShape later,
 is called again at every step; nothing is cached on a field the key does not fix. The probe
 is sound because a cost is a function of the shape alone: what it reads on the way to its
-value decides the value.
+value decides the value. A varying cost with a `keyed(shape, KEY_FIELDS)` method (the
+roofline, compiled linear models) is called through its specialisation for the key, which
+folds the fixed fields' terms in once and gives the same value to the bit.
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ KEY_FIELDS = frozenset(
     ("num_reqs", "num_prefill_reqs", "prefill_tokens", "decode_tokens", "draft_tokens",
      "new_reqs", "finished_reqs", "num_tokens", "is_pure_decode")
 )  # fmt: skip
+
+
+def _keyed(fn: CostFn, shape: StepShape) -> CostFn:
+    """`fn` for the shapes whose KEY_FIELDS are `shape`'s: its own specialisation where it
+    has one (`fn.keyed(shape, KEY_FIELDS)`: sim.cost.roofline.Roofline.keyed,
+    sim.cost.linear.keyed_linear; the same value to the bit, fewer operations per step),
+    else `fn`."""
+    keyed = getattr(fn, "keyed", None)
+    return fn if keyed is None else keyed(shape, KEY_FIELDS)
 
 
 class StepShape:
@@ -90,11 +101,14 @@ class StepCosts:
     phase's net tracked objects, and whether the forward is one CUDA graph."""
 
     def __init__(self, cost: CostModel, cuda_graphs: bool) -> None:
-        def launch_ms(s: Any) -> float:
-            return cost.cpu_phase_ms(P.LAUNCH, s) + cost.launch_ms(s, cuda_graphs)
+        launch_fn = cost.phase_ms_fn(P.LAUNCH)
 
-        def alloc(p: str) -> CostFn:
-            return lambda s: cost.alloc_objects(p, s)
+        def launch_ms(s: Any) -> float:  # cpu_phase_ms(LAUNCH) + launch_ms
+            return launch_fn(s) + cost.launch_ms(s, cuda_graphs)
+
+        def alloc(p: str) -> CostFn:  # cost.alloc_objects(p, ·)
+            fn = cost.alloc_objects_fn(p)
+            return lambda s: round(fn(s))
 
         def graphed(s: Any) -> bool:
             return cost.graphed(s, cuda_graphs)
@@ -104,6 +118,7 @@ class StepCosts:
         ]
         rest: list[CostFn] = [cost.draft_gpu_ms_fn(), *(alloc(p) for p in P.CPU_PHASES), graphed]
         self.fns = [*phases, cost.gpu_pass_ms, *rest]  # any shape
+        self._ms_fns, self._other_fns = self.fns[:NUM_SECONDS], self.fns[NUM_SECONDS:]
         self.decode_fns = [*phases, cost.gpu_decode_ms_fn(), *rest]  # shapes without a prefill
         self._sched_ms, self._sched_objs = phases[0], rest[1]
         self._const: dict[Hashable, list[Any]] = {}
@@ -111,8 +126,9 @@ class StepCosts:
 
     def all(self, shape: BatchShape | StepShape) -> list[Any]:
         """Every cost of a step that runs a pass."""
-        n = NUM_SECONDS
-        return [fn(shape) / 1e3 if i < n else fn(shape) for i, fn in enumerate(self.fns)]
+        out = [fn(shape) / 1e3 for fn in self._ms_fns]
+        out += [fn(shape) for fn in self._other_fns]
+        return out
 
     def empty(self, shape: BatchShape) -> list[Any]:
         """The costs of a schedule that found nothing to run: its scan, no pass (gpu_s None)."""
@@ -135,7 +151,7 @@ class StepCosts:
                 fn(probe)
                 if probe.varying:
                     out.append(None)
-                    varying.append((i, fn, i < NUM_SECONDS))
+                    varying.append((i, _keyed(fn, shape), i < NUM_SECONDS))
                 else:
                     out.append(fn(shape) / 1e3 if i < NUM_SECONDS else fn(shape))
             self._const[key] = out

@@ -209,6 +209,11 @@ class CostModel:
         """`cpu_phase_ms(phase, ·)` without the dispatch."""
         return self._phase_fn[phase]
 
+    def alloc_objects_fn(self, phase: str) -> LinearFn:
+        """`alloc_objects(phase, ·)` without the dispatch and the rounding: alloc_objects is
+        round(alloc_objects_fn(phase)(shape))."""
+        return self._alloc_fn[phase]
+
     def gpu_decode_ms_fn(self) -> LinearFn:
         """`gpu_pass_ms` for shapes without a prefill request, without the dispatch (but the
         verify model's, which reads draft_tokens: constant for a fast-forward's cost key)."""

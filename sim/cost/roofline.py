@@ -14,7 +14,7 @@ fitted `gpu_pass` models (a `max_kv_tokens` term), not to the roofline.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from bubblesim.core.gpus import GPUSpec
@@ -23,6 +23,7 @@ from bubblesim.core.shape import BatchShape
 
 # float32 matmuls run as TF32 on tensor cores, at half the bf16 rate (H100/A100/L40S sheets).
 DTYPE_RATE = {"bfloat16": 1.0, "float16": 1.0, "float32": 0.5}
+_COUNTS = {"prefill_tokens", "decode_tokens", "num_prefill_reqs"}  # what `keyed` folds in
 
 
 class Roofline:
@@ -96,3 +97,27 @@ class Roofline:
         p = self.p
         t = (mem**p + cmp**p) ** self.inv_p + self.overhead_ms
         return t if t > self.min_ms else self.min_ms
+
+    def keyed(self, s: Any, fixed: Collection[str]) -> Callable[[Any], float]:
+        """`self` for the shapes whose `fixed` fields are `s`'s (sim.stepcosts.StepCosts.const
+        takes it for a run of decode steps): with the token and row counts (prefill_tokens,
+        decode_tokens, num_prefill_reqs) fixed, every term of those folded in, so it reads
+        only kv_read_tokens and attn_pairs; the same float operations in the same order as
+        `__call__`, so the same value to the bit. Else `self`."""
+        if not set(fixed) >= _COUNTS:
+            return self
+        tokens = s.prefill_tokens + s.decode_tokens
+        rows = s.decode_tokens + s.num_prefill_reqs
+        weights_ms, kv_ms = self.weights_ms, self.kv_ms_per_token
+        logits_ms = self.logits_ms_per_row * rows
+        fixed_cmp = self.body_ms_per_token * tokens + self.lm_ms_per_row * rows
+        attn_ms = self.attn_ms_per_pair
+        p, inv_p, overhead_ms, min_ms = self.p, self.inv_p, self.overhead_ms, self.min_ms
+
+        def decode_ms(s: Any) -> float:
+            mem = weights_ms + kv_ms * (s.kv_read_tokens + tokens) + logits_ms
+            cmp = fixed_cmp + attn_ms * s.attn_pairs
+            t = (mem**p + cmp**p) ** inv_p + overhead_ms
+            return t if t > min_ms else min_ms
+
+        return decode_ms

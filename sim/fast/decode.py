@@ -230,6 +230,10 @@ class FastForward:
         cpu = clock.cpu_s
         stop_after = False
         reload = True
+        # bound once: the loop below runs for every step of the segment
+        drop_pop, join_pop, grow_pop = drop.pop, join.pop, grow.pop
+        chunk_done_pop, done_pop = chunk_done.pop, done.pop
+        po_s_add, po_objs_add, launches_add = po_s.append, po_objs.append, launches.append
         k = 0
         while k < MAX_SEGMENT_STEPS and not stop_after:
             # ---- top of the loop: arrivals up to the CPU clock are visible
@@ -238,7 +242,7 @@ class FastForward:
                 next_arrival_s = loop.next_arrival_s()
             # ---- schedule(): the decodes of this launch
             changed = False
-            left = drop.pop(k, None)
+            left = drop_pop(k, None)
             if left is not None:
                 changed = True
                 for m in left:
@@ -250,7 +254,7 @@ class FastForward:
                     if r.needs_history:
                         nh -= 1
                         sum_hr -= m.hr
-            joined = join.pop(k, None)
+            joined = join_pop(k, None) if join else None  # admissions only
             if joined is not None:
                 changed = True
                 for m in joined:
@@ -265,7 +269,7 @@ class FastForward:
                         sum_hr += m.hr
             if b == 0 or b > max_tokens:
                 break  # an empty or budget-cut schedule: the normal path runs it
-            need = grow.pop(k, None)
+            need = grow_pop(k, None)
             if need is not None:
                 if len(need) > blocks.num_free:
                     grow[k] = need
@@ -295,8 +299,9 @@ class FastForward:
                 sh.set_decode(b)
                 reload = True
             budget = max_tokens - b
-            admitted: list[Entry] = []
+            admitted: list[Entry] | None = None  # a list only when admit runs
             if waiting and budget > 0 and len(running) < max_seqs:
+                admitted = []
                 sched.admit(admitted, budget)
                 if len(running) > loop.peak_running:
                     loop.peak_running = len(running)
@@ -355,8 +360,8 @@ class FastForward:
                     c[i] = fn(sh) / 1e3 if ms else fn(sh)
             step = s0 + k
             # ---- launch_step, then complete_step of the oldest pass in flight
-            po_s.append(c[PO_S])
-            po_objs.append(c[PO_OBJS])
+            po_s_add(c[PO_S])
+            po_objs_add(c[PO_OBJS])
             if k >= nd:  # the pass launched nd iterations ago (nd = 0: the one launched now)
                 t = clock_step(
                     step, c, NO_EVENT, step - nd, launches[k - nd][GPU_END] if nd else None,
@@ -364,15 +369,15 @@ class FastForward:
                 )  # fmt: skip
             else:  # an old pass
                 t = clock_step(step, c, NO_EVENT, old_step[k], old_end[k], po_s[k], po_objs[k])
-            launches.append(t)
+            launches_add(t)
             cpu = t[PO1]
             if cpu >= tick_at_s:
                 stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
-            chunks = chunk_done.pop(k, None)
+            chunks = chunk_done_pop(k, None) if chunk_done else None
             if chunks is not None:
                 for r in chunks:
                     r.num_inflight_batches -= 1
-            finished = done.pop(k, None)
+            finished = done_pop(k, None)
             if finished is not None:
                 self._finish(finished, k + 1, nd, cpu)
             k += 1
