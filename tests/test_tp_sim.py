@@ -155,10 +155,12 @@ def test_plan_chooses_tp_for_llama70b(trace: Path, tmp_path: Path) -> None:
     tp, n = best["gpus_per_replica"], best["replicas"]
     assert f"Best: {n} replica(s) of {tp} x H100 ({n * tp} GPUs)" in html
     assert f"<td>{n * tp} ({n} x {tp})</td>" in html
-    # without a list: the smallest degree that fits
+    # without a list: the smallest degree that fits and the next; a one-GPU model stays at 1
     spec = load_plan_spec(SLOS, base)
-    assert [c.gpus_per_replica for c in spec.candidates] == [2]
+    assert [c.gpus_per_replica for c in spec.candidates] == [2, 4]
     assert spec.candidates[0].name == "tensor_parallel_size=2"
+    spec = load_plan_spec(SLOS, base.replace(model="llama3-8b"))
+    assert [c.gpus_per_replica for c in spec.candidates] == [1]
 
 
 def test_plan_refuses_a_model_that_fits_nowhere(tmp_path: Path) -> None:

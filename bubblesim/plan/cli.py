@@ -77,7 +77,8 @@ def add_plan_parser(sub: argparse._SubParsersAction) -> None:
         "--tp",
         metavar="N,M,...",
         help="tensor_parallel_size degrees (GPUs per replica) to try for candidates that set "
-        "none (default: the smallest at which the model fits, up to 8)",
+        "none (default: 1 for a model that fits one GPU, else the smallest degree at which it "
+        "fits and the next, up to 8)",
     )
     p.add_argument(
         "--no-early-stop",

@@ -107,7 +107,8 @@ class SearchOptions:
     early_stop: bool = True  # end a run once its SLO verdict is certain
     # tensor_parallel_size degrees (GPUs per replica) tried for candidates that do not set the
     # key themselves (a grid/config key, or --set with a value above 1): each degree here at
-    # which the model fits; () = the smallest degree up to 8 at which it fits
+    # which the model fits; () = 1 for a model that fits one GPU, else the smallest degree up
+    # to 8 at which it fits and the next one
     tensor_parallel: tuple[int, ...] = ()
 
     def validate(self) -> None:
@@ -335,7 +336,10 @@ def _with_tp(
         tried = tried if search.tensor_parallel else ""
         raise PlanError(f"{where}: candidate '{name}': {why}{tried}")
     if not search.tensor_parallel:
-        fits = fits[:1]
+        # a model that fits one GPU stays there; one that needs tensor parallelism is tried at
+        # the smallest degree that fits and the next (more GPUs per replica, fewer replicas,
+        # faster steps: which is cheaper for the SLOs is what the plan finds out)
+        fits = fits[:1] if fits[0] == 1 else fits[:2]
     return [overrides if tp == 1 else {**overrides, TP_KEY: tp} for tp in fits]
 
 
