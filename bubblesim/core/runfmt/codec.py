@@ -10,6 +10,12 @@ table on a sample of rows (Prim's minimum spanning tree, `_tree`), so any run's 
 structure is used; decoding adds the ref's bits back with the same wrapping int64 arithmetic,
 so every value comes back bit for bit (NaN, -0.0 and inf included).
 
+A float64 column whose every value is a whole number of nanoseconds in seconds (`ns / 1e9`
+gives it back bit for bit: a measured run's clock readings) is stored the same way but as its
+nanoseconds (`NS_KEY`), whose row differences are small integers where the bit patterns' are
+not; its NaN rows (canonical NaN only) are marked in a boolean column of their own
+(`<NAN_PREFIX><name>`) and hold the previous row's nanoseconds, so they cost no difference.
+
 Integer columns are stored as int32 when every value fits and read back as int64; strings are
 dictionary encoded. Every encoded field names its original type in its field metadata, and
 the schema carries `bubblesim.codec`: a table without it (format version 1) is read as is.
@@ -24,10 +30,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 CODEC_KEY = b"bubblesim.codec"
-CODEC_VERSION = b"1"
+CODEC_VERSION = b"2"  # 2: nanosecond columns (NS_KEY); version 1 tables read as before
+READ_VERSIONS = (b"1", b"2")
 TYPE_KEY = b"bubblesim.type"  # the column's type in the run format: "float64" or "int64"
 REF_KEY = b"bubblesim.ref"  # float64: the column whose bits were subtracted ("" = none)
 DIFFED_KEY = b"bubblesim.diffed"  # float64: "1" = the row differences of those bits stored
+NS_KEY = b"bubblesim.ns"  # float64: "1" = stored as nanoseconds (value = ns / 1e9), not bits
+NAN_PREFIX = "__nan__."  # the boolean column marking a nanosecond column's NaN rows
+_NAN_BITS = np.array([np.nan]).view(np.int64)[0]
 ZSTD_LEVEL = 3  # levels 6-9 save ~5 % more here and take twice the time
 _SAMPLE_WINDOWS, _WINDOW_ROWS = 32, 129  # rows the tree is chosen on: 32 runs of 129
 _INT32 = np.iinfo(np.int32)
@@ -61,6 +71,11 @@ def encode(table: pa.Table) -> pa.Table:
     int64 columns that fit as int32; other columns unchanged."""
     floats = [f.name for f in table.schema if pa.types.is_float64(f.type)]
     bits = {n: _bits(table.column(n)) for n in floats}
+    nans: dict[str, np.ndarray] = {}  # nanosecond columns: their NaN rows
+    for n in floats:
+        as_ns = _nanoseconds(bits[n])
+        if as_ns is not None:
+            bits[n], nans[n] = as_ns
     refs = _tree(bits)
     fields, arrays = [], []
     for f in table.schema:
@@ -69,8 +84,13 @@ def encode(table: pa.Table) -> pa.Table:
             ref, diffed = refs[f.name]
             stored = _stored(bits[f.name] - bits[ref] if ref else bits[f.name], diffed)
             meta = {TYPE_KEY: b"float64", REF_KEY: ref.encode(), DIFFED_KEY: b"%d" % diffed}
+            if f.name in nans:
+                meta[NS_KEY] = b"1"
             fields.append(pa.field(f.name, pa.int64(), nullable=False, metadata=meta))
             arrays.append(pa.array(stored))
+            if f.name in nans:
+                fields.append(pa.field(NAN_PREFIX + f.name, pa.bool_(), nullable=False))
+                arrays.append(pa.array(nans[f.name]))
         elif pa.types.is_int64(f.type) and col.null_count == 0 and _fits_int32(col):
             fields.append(pa.field(f.name, pa.int32(), metadata={TYPE_KEY: b"int64"}))
             arrays.append(col.cast(pa.int32()))
@@ -88,6 +108,25 @@ def _bits(col: pa.ChunkedArray) -> np.ndarray:
     if col.null_count:
         raise CodecError("a float64 column with nulls cannot be encoded (runs use NaN)")
     return np.ascontiguousarray(col.to_numpy(), dtype=np.float64).view(np.int64)
+
+
+def _nanoseconds(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(nanoseconds, NaN rows) of a float64 column given as bits, if `ns / 1e9` gives every
+    value back bit for bit and every other value is the canonical NaN; NaN rows take the
+    previous row's nanoseconds (0 before the first value). None otherwise."""
+    v = bits.view(np.float64)
+    nan = bits == _NAN_BITS
+    ok = ~nan
+    if not np.isfinite(v[ok]).all() or (np.abs(v[ok]) >= 9e9).any():  # beyond int64 ns
+        return None
+    ns = np.zeros(v.size, dtype=np.int64)
+    ns[ok] = np.round(v[ok] * 1e9).astype(np.int64)
+    if not np.array_equal((ns[ok] / 1e9).view(np.int64), bits[ok]):
+        return None
+    if nan.any():  # forward fill: the previous row's value (row differences 0 there)
+        last = np.maximum.accumulate(np.where(ok, np.arange(v.size), -1))
+        ns = np.where(last >= 0, ns[np.maximum(last, 0)], 0)
+    return ns, nan
 
 
 def _fits_int32(col: pa.ChunkedArray) -> bool:
@@ -171,8 +210,9 @@ def decode(table: pa.Table) -> pa.Table:
     meta = table.schema.metadata or {}
     if CODEC_KEY not in meta:
         return table
-    if meta[CODEC_KEY] != CODEC_VERSION:
-        raise CodecError(f"codec version {meta[CODEC_KEY].decode()!r}, this code reads 1")
+    if meta[CODEC_KEY] not in READ_VERSIONS:
+        versions = ", ".join(v.decode() for v in READ_VERSIONS)
+        raise CodecError(f"codec version {meta[CODEC_KEY].decode()!r}, this code reads {versions}")
     fields = {f.name: f for f in table.schema}
     done: dict[str, np.ndarray] = {}
 
@@ -198,8 +238,10 @@ def decode(table: pa.Table) -> pa.Table:
     for f in table.schema:
         kind = (f.metadata or {}).get(TYPE_KEY)
         plain = _without(f.metadata)
+        if f.name.startswith(NAN_PREFIX):
+            continue  # read with its nanosecond column
         if kind == b"float64":
-            arrays.append(pa.array(float_bits(f.name, ()).view(np.float64)))
+            arrays.append(pa.array(_float(f, float_bits(f.name, ()), table)))
             out_fields.append(pa.field(f.name, pa.float64(), metadata=plain))
         elif kind == b"int64":
             arrays.append(table.column(f.name).cast(pa.int64()))
@@ -211,6 +253,20 @@ def decode(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(out_fields, metadata=rest or None))
 
 
+def _float(f: pa.Field, stored: np.ndarray, table: pa.Table) -> np.ndarray:
+    """A float column's values from its decoded int64 form: bits, or nanoseconds (with the
+    NaN rows its boolean column marks)."""
+    if (f.metadata or {}).get(NS_KEY) != b"1":
+        return stored.view(np.float64)
+    nan_col = NAN_PREFIX + f.name
+    if nan_col not in table.column_names:
+        raise CodecError(f"column {f.name!r}: stored as nanoseconds without {nan_col!r}")
+    out = stored / 1e9
+    out[table.column(nan_col).to_numpy(zero_copy_only=False)] = np.nan
+    return out
+
+
 def _without(meta: dict[bytes, bytes] | None) -> dict[bytes, bytes] | None:
-    rest = {k: v for k, v in (meta or {}).items() if k not in (TYPE_KEY, REF_KEY, DIFFED_KEY)}
+    drop = (TYPE_KEY, REF_KEY, DIFFED_KEY, NS_KEY)
+    rest = {k: v for k, v in (meta or {}).items() if k not in drop}
     return rest or None
