@@ -13,7 +13,9 @@ H100, llama3.2-1b), from the committed measured runs and profile:
    next step's GPU start, of which the token wait and the CPU phases;
 4. the committed profile's decode pass on each run's clean, queued decode steps without
    penalties (the steps the sweep's samples stand for): median measured / predicted by band;
-5. its mixed pass on each run's clean mixed steps (kernels alone): median measured / predicted.
+5. its mixed pass on each run's clean mixed steps (kernels alone): median measured / predicted;
+6. speculative-decoding runs: the host phases `sample` and `draft` on steps without a prefill,
+   median ms over the run and over each eighth of it (the host's level and its drift).
 """
 
 from __future__ import annotations
@@ -128,6 +130,16 @@ def level_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  #
     return out
 
 
+def host_level(s: dict[str, np.ndarray], phase: str) -> str:
+    """Median ms of `phase` on steps without a prefill, whole run | each eighth of it."""
+    ms = (s[f"{phase}_end_s"] - s[f"{phase}_start_s"]) * 1e3
+    rows = np.flatnonzero((s["num_prefill_reqs"] == 0) & np.isfinite(ms))
+    if not rows.size:
+        return "no steps"
+    eighths = " ".join(f"{np.median(ms[r]):.3f}" for r in np.array_split(rows, 8) if r.size)
+    return f"{np.median(ms[rows]):.3f} | eighths {eighths}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=ROOT / "reports/fidelity/gen/runs")
@@ -152,6 +164,9 @@ def main() -> None:
         level = "; ".join(level_by_band(run, s, profile))
         print("  4. measured / profile, clean queued decode:", level)
         print("  5. measured / profile, mixed:", mixed_clean(run, s, profile))
+        if run_config(run).spec.enabled:
+            for phase in ("sample", "draft"):
+                print(f"  6. host {phase} ms:", host_level(s, phase))
 
 
 if __name__ == "__main__":
