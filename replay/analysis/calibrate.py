@@ -75,7 +75,7 @@ from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
 from replay.analysis.idle_start import fit_idle_start
 from replay.analysis.level import TOLERANCE as LEVEL_TOLERANCE
-from replay.analysis.level import level_ratio, scaled
+from replay.analysis.level import level_curve, scaled_by
 from replay.analysis.lsq import fit, numeric_rank
 from replay.analysis.outdir import atomic_file
 from replay.analysis.piecewise import Piecewise, fit_piecewise, use_piecewise
@@ -338,13 +338,13 @@ def calibrate(
         gp.update(pw.models)
         fit_rows.update(pw.fit_rows)
         if "decode" in pw.models:  # the one short run sets the sweep surface's level
-            k, level_report = level_ratio(runs, gp["decode"])
-            if k is not None and abs(k - 1) > LEVEL_TOLERANCE:
-                gp["decode"] = scaled(gp["decode"], k)
+            curve, level_report = level_curve(runs, gp["decode"])
+            if curve is not None and not curve.is_flat_within(LEVEL_TOLERANCE):
+                gp["decode"] = scaled_by(gp["decode"], curve)
                 notes.append(
-                    f"gpu_pass.decode: levelled x{k:.3f} to {level_report['steps']} clean "
-                    f"queued decode steps of the runs (measured/sweep p10 "
-                    f"{level_report['ratio_p10']:.3f}, p90 {level_report['ratio_p90']:.3f})"
+                    f"gpu_pass.decode: levelled to {level_report['steps']} clean queued decode "
+                    f"steps of the runs, by batch band (median measured/sweep): "
+                    f"{curve.describe()}"
                 )
     if gp:
         prof["gpu_pass"] = gp
