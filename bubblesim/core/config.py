@@ -24,6 +24,7 @@ class ConfigError(ValueError):
 SPEC_METHODS = ("none", "ngram-cpu", "ngram-gpu")
 DTYPES = ("bfloat16", "float16", "float32")
 DEVICES = ("cuda", "cpu")
+TP_ALLREDUCE = ("nccl", "oneshot")
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,10 @@ class Config:
     # GPUs per replica, one rank each (Megatron-style column/row-parallel layers; rank 0 runs the
     # scheduling policy and sends each step's inputs to the others: CPU phase `broadcast`)
     tensor_parallel_size: int = 1
+    # the model's all-reduces at tp > 1: "nccl" (ring, every size) or "oneshot" (messages up to
+    # bubblesim.core.collectives.ONESHOT_MAX_BYTES[tp] in one kernel that reads every peer's copy
+    # through symmetric memory, vLLM's custom all-reduce idea; larger ones still NCCL)
+    tp_allreduce: str = "nccl"
     optimistic_spec_decode: bool = True  # seed 5 (PR 32951)
     preallocated_backup_tokens: bool = True  # seed 1 (PR 41043)
     accepted_count_by_sum: bool = True  # seed 2 (PR 38372)
@@ -134,6 +139,7 @@ class Config:
             "tensor_parallel_size",
             "must be 1, 2, 4 or 8",
         )
+        _check(self.tp_allreduce in TP_ALLREDUCE, "tp_allreduce", f"must be one of {TP_ALLREDUCE}")
         _check(
             self.cuda_graphs or not self.cuda_graphs_mixed, "cuda_graphs_mixed", "needs cuda_graphs"
         )
