@@ -164,6 +164,8 @@ class Engine:
     def _build(self, cfg: Config) -> None:
         """The constructor after the model: what every tensor-parallel rank builds alike."""
         self.spec: ModelSpec = self.model.spec
+        if self.tp is not None:  # before any graph captures the model's all-reduces
+            self.tp.use_allreduce(cfg.tp_allreduce, self.model.dtype)
         self.depth = cfg.depth  # 1 with ngram-cpu (synchronous, as vLLM), else batches_in_flight
         n = cfg.max_num_seqs
         max_tokens = max(cfg.max_num_batched_tokens, n)

@@ -531,7 +531,11 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         "--max-bytes", type=int, default=256 * 2**20, help="largest message (default 256 MiB)"
     )
     p.add_argument("--samples", type=int, default=20, help="timed samples per size (median)")
-    p.add_argument("--modes", default="graph,eager", help="graph and/or eager calls")
+    p.add_argument(
+        "--modes",
+        default="graph,eager,oneshot",
+        help="graph, eager and/or oneshot calls (the CPU: eager only)",
+    )
     p.add_argument("--dtype", default="bfloat16", help="element type (default bfloat16)")
     p.add_argument("--backend", default="nccl", choices=("nccl", "gloo"), help="gloo: CPU test")
     p.add_argument(

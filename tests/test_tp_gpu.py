@@ -90,9 +90,10 @@ def test_tp2_engines_closed_and_built_again_in_one_process():
     assert time.monotonic() - t1 < 20 and gone(pids) and not dist.is_initialized()
 
 
-def last_decode_logits(tp: int) -> tuple[torch.Tensor, int]:
+def last_decode_logits(tp: int, **kw) -> tuple[torch.Tensor, int]:
     """Logits [BATCH, vocab] of the last decode step (a graph replay), and the graphed steps."""
-    cfg = make_cfg(device="cuda", model="small", tensor_parallel_size=tp, batches_in_flight=2)
+    cfg = make_cfg(device="cuda", model="small", tensor_parallel_size=tp, batches_in_flight=2,
+                   **kw)  # fmt: skip
     eng = Engine(cfg)
     try:
         eng.run(forced_requests(eng.spec.vocab_size), arrival="asap")
@@ -105,9 +106,11 @@ def last_decode_logits(tp: int) -> tuple[torch.Tensor, int]:
         eng.close()
 
 
-def test_tp2_bf16_logits_match_tp1_with_cuda_graphs():
+@pytest.mark.parametrize("allreduce", ["nccl", "oneshot"])
+def test_tp2_bf16_logits_match_tp1_with_cuda_graphs(allreduce):
+    """Both all-reduce algorithms (config key tp_allreduce) captured in the decode graphs."""
     ref, graphed1 = last_decode_logits(1)
-    got, graphed2 = last_decode_logits(2)
+    got, graphed2 = last_decode_logits(2, tp_allreduce=allreduce)
     assert graphed1 > 0 and graphed2 == graphed1
     scale = ref.abs().max()
     assert (got - ref).abs().max() <= 3e-2 * scale, float((got - ref).abs().max() / scale)
@@ -142,3 +145,21 @@ def test_tp2_decode_with_2_in_flight_and_workers_exit(mixed):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_oneshot_allreduce_takes_the_small_messages_of_its_dtype():
+    """A TP 2 engine with tp_allreduce=oneshot exchanged its 8 MiB symmetric-memory buffer and
+    sends decode-sized bf16 messages through it, larger ones and other dtypes to NCCL (the
+    kernel's sums against NCCL's: `replay allreduce`'s oneshot mode checks them on every rank,
+    tests/test_allreduce_sweep.py)."""
+    eng = Engine(make_cfg(device="cuda", model="small", tensor_parallel_size=2,
+                          tp_allreduce="oneshot"))  # fmt: skip
+    try:
+        one = eng.model.comm.oneshot
+        assert one is not None and one.max_bytes == 8 << 20
+        assert one.takes(torch.empty(64, 4096, device="cuda", dtype=torch.bfloat16))
+        assert not one.takes(torch.empty(8 << 20, device="cuda", dtype=torch.bfloat16))
+        assert not one.takes(torch.empty(64, 4096, device="cuda", dtype=torch.float32))
+        assert eng.run([RequestInput("o", 24, 8)], arrival="asap")[0].token_ids
+    finally:
+        eng.close()

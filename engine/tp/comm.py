@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from bubblesim.core.collectives import oneshot_max_bytes
 from engine.tp.ring import PAYLOAD_WORDS, HeaderRing, part_offsets
 from engine.tp.watchdog import SHUTDOWN_S, deadline
 
@@ -63,14 +64,43 @@ class Comm:
         # a step past its deadline (engine.tp.watchdog): rank 0 kills the workers, a worker exits
         self.on_expiry: Callable[[], None] | None = None
         self.peers_alive: Callable[[], bool] | None = None  # rank 0: every worker still runs
+        self.oneshot: OneShot | None = None  # the model's small all-reduces (use_allreduce)
+        self._oneshot_buffer: OneShot | None = None  # kept across engines once exchanged
 
     @property
     def is_driver(self) -> bool:
         return self.rank == 0
 
     # ---- the model's collectives (device group) ----------------------------------------------
+    def use_allreduce(self, algorithm: str, dtype: torch.dtype) -> None:
+        """Every rank, in the same order (an engine's build, before its graphs are captured):
+        the model's all-reduces of `dtype` take `algorithm` (config key tp_allreduce,
+        bubblesim.core.collectives). The first "oneshot" allocates this rank's symmetric-memory
+        buffer and exchanges its handle with the peers (collective); later engines reuse it.
+        Without CUDA symmetric memory (the CPU, gloo) "oneshot" falls back to the process
+        group's all-reduce and says so once."""
+        max_bytes = oneshot_max_bytes(algorithm, self.size)
+        if max_bytes == 0:
+            self.oneshot = None
+            return
+        if self.device.type != "cuda" or not OneShot.available():
+            if self.rank == 0 and not _warned:
+                _warned.append(True)
+                print("tp_allreduce=oneshot: no CUDA symmetric memory here; using the process "
+                      "group's all-reduce")  # fmt: skip
+            self.oneshot = None
+            return
+        have = self._oneshot_buffer
+        if have is None or have.dtype != dtype or have.max_bytes < max_bytes:
+            have = self._oneshot_buffer = OneShot(self.device, dtype, max_bytes)
+        self.oneshot = have
+
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks, in place."""
+        """Sum over ranks: the one-shot kernel's new tensor for a small enough message of its
+        dtype (use_allreduce), else NCCL's ring in place. Callers use the returned tensor."""
+        one = self.oneshot
+        if one is not None and one.takes(x):
+            return one(x)
         dist.all_reduce(x)
         return x
 
@@ -165,3 +195,46 @@ class Comm:
             workers.stop(self)
         finally:
             self.ring.close()
+
+
+_warned: list[bool] = []  # the CPU fallback of tp_allreduce=oneshot was announced
+
+
+class OneShot:
+    """A one-shot all-reduce through torch symmetric memory (torch.ops.symm_mem): each rank
+    copies its message into its buffer, every rank waits at a cross-GPU barrier, reads the
+    message from every peer's buffer over NVLink and sums, then a second barrier says every
+    peer is done reading, so the one buffer is free for the next call. One kernel, one launch:
+    capturable in a CUDA graph (the buffer's address is fixed for the group's lifetime)."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, max_bytes: int) -> None:
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        group = dist.group.WORLD
+        assert group is not None
+        self.group_name = group.group_name
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+        if enable is not None:  # older releases must be told; newer ones ignore it
+            enable(self.group_name)
+        self.dtype, self.max_bytes = dtype, max_bytes
+        self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
+        symm_mem.rendezvous(self.buffer, self.group_name)
+
+    @staticmethod
+    def available() -> bool:
+        ops = getattr(torch.ops, "symm_mem", None)
+        return torch.cuda.is_available() and hasattr(ops, "one_shot_all_reduce_copy")
+
+    def takes(self, x: torch.Tensor) -> bool:
+        return (
+            x.dtype == self.dtype
+            and x.numel() * x.element_size() <= self.max_bytes
+            and x.is_contiguous()
+        )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel()
+        out = torch.ops.symm_mem.one_shot_all_reduce_copy(
+            self.buffer[:n], x.view(-1), "sum", self.group_name
+        )
+        return out.view(x.shape)

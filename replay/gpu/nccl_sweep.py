@@ -6,7 +6,12 @@ localhost (gloo on the CPU for the tests: times are then meaningless, the plumbi
 Per message size, in each mode:
   graph  `iters` all-reduces captured in one CUDA graph and replayed, as the engine's decode
          graphs hold them (no launch cost per call);
-  eager  `iters` all-reduces launched back to back (mixed steps run eagerly).
+  eager  `iters` all-reduces launched back to back (mixed steps run eagerly);
+  oneshot  as graph, through the engine's one-shot kernel over symmetric memory
+         (engine.tp.comm.OneShot, config key tp_allreduce), on the sizes the shared rule sends
+         to it (bubblesim.core.collectives); before timing, each size's one-shot sum of
+         rank-seeded random values is checked against NCCL's on every rank (a mismatch fails
+         the mode with a note).
 A sample: barrier, synchronize, time the `iters` calls (CUDA events; perf_counter on the CPU),
 synchronize; the sample's per-call time is the slowest rank's (an all-reduce MAX of the ranks'
 times). One untimed sample first (NCCL sets up its channels, the graph is captured). Rank 0
@@ -33,9 +38,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bubblesim.core.collectives import oneshot_max_bytes
+from engine.tp.comm import OneShot
 from replay.analysis.allreducefit import write_sweep
 
-MODES: tuple[str, ...] = ("graph", "eager")
+MODES: tuple[str, ...] = ("graph", "eager", "oneshot")
+ONESHOT_RTOL = 2e-2  # bf16 sums of n values in another order: a few units of the last place
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TARGET_BYTES_PER_SAMPLE = 64 * 2**20  # calls per sample: about this many bytes reduced
 MAX_ITERS = 50
@@ -101,10 +109,17 @@ def _timer(cuda: bool) -> Callable[[Callable[[], None]], float]:
     return gpu
 
 
-def _calls(mode: str, x: torch.Tensor, iters: int) -> Callable[[], None]:
-    """What one sample runs: `iters` all-reduces of x, eagerly or as one graph replay."""
+def _calls(
+    mode: str, x: torch.Tensor, iters: int, one: OneShot | None = None
+) -> Callable[[], None]:
+    """What one sample runs: `iters` all-reduces of x, eagerly or as one graph replay (the
+    one-shot kernel's for mode oneshot)."""
 
     def eager() -> None:
+        if one is not None:
+            for _ in range(iters):
+                one(x)
+            return
         for _ in range(iters):
             dist.all_reduce(x)
 
@@ -140,14 +155,23 @@ def _worker(rank: int, job: _Job) -> None:
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     try:
-        elem = torch.tensor([], dtype=DTYPES[job.dtype]).element_size()
+        dtype = DTYPES[job.dtype]
+        elem = torch.tensor([], dtype=dtype).element_size()
+        one_max = oneshot_max_bytes("oneshot", job.world_size)
         for mode in job.modes:
+            one = None
+            if mode == "oneshot":
+                one = OneShot(device, dtype, one_max)  # collective: every rank, same order
             for nbytes in job.sizes:
+                if mode == "oneshot" and nbytes > one_max:
+                    continue
                 iters = iters_for(nbytes)
-                x = torch.ones(max(1, nbytes // elem), dtype=DTYPES[job.dtype], device=device)
+                x = torch.ones(max(1, nbytes // elem), dtype=dtype, device=device)
                 fn: Callable[[], None] | None = None
                 try:
-                    fn = _calls(mode, x, iters)
+                    if one is not None:
+                        _check_oneshot(one, x.numel(), rank)
+                    fn = _calls(mode, x, iters, one)
                 except Exception as e:  # noqa: BLE001 - a mode this stack cannot run
                     notes.append(f"mode {mode} at {nbytes} bytes failed: {type(e).__name__}: {e}")
                 ok = torch.tensor([1.0 if fn is not None else 0.0], device=device)
@@ -185,6 +209,21 @@ def _worker(rank: int, job: _Job) -> None:
         dist.destroy_process_group()
 
 
+def _check_oneshot(one: OneShot, numel: int, rank: int) -> None:
+    """The one-shot sum of rank-seeded random values against NCCL's, on this rank."""
+    g = torch.Generator(device=one.buffer.device).manual_seed(1000 + rank)
+    x = torch.randn(numel, generator=g, device=one.buffer.device).to(one.dtype)
+    got = one(x).float()
+    ref = x.clone()
+    dist.all_reduce(ref)
+    err = (got - ref.float()).abs().max().item()
+    scale = ref.float().abs().max().item() or 1.0
+    if err > ONESHOT_RTOL * scale:
+        raise AssertionError(
+            f"one-shot sum differs from NCCL's by {err:.3g} (max |sum| {scale:.3g})"
+        )
+
+
 @dataclass
 class SweepResult:
     path: Path
@@ -213,7 +252,7 @@ def sweep(
             raise ValueError(f"--gpus {max(world_sizes)}: this host has {have} GPU(s)")
         modes = tuple(modes)
     else:
-        modes = tuple(m for m in modes if m == "eager")  # no CUDA graphs on the CPU
+        modes = tuple(m for m in modes if m == "eager")  # no CUDA graphs nor symmetric memory
     device = torch.cuda.get_device_name(0) if cuda else "cpu"
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
