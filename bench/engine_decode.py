@@ -4,6 +4,7 @@ decode with 1 vs 2 batches in flight; prints a table, writes JSON rows with --js
     python bench/engine_decode.py [--json PATH]                 # H100: llama3-8b, llama3.2-1b
     python bench/engine_decode.py --device cpu --cases tiny:1,4 # checks the script runs
     python bench/engine_decode.py --tp 2 --cases llama3-8b:1,64    # tensor parallel, 2 GPUs
+    python bench/engine_decode.py --tp 2 --allreduce oneshot ...    # the one-shot all-reduce
 
 Each case serves `batch` requests of CONTEXT prompt tokens and DECODE output tokens through
 `engine.Engine` (random weights, bf16, CUDA graphs on, asap arrivals) and reads the engine's own
@@ -85,6 +86,7 @@ def make_engine(
     max_model_len: int = 2048,
     context: int = CONTEXT,
     tp: int = 1,
+    allreduce: str = "nccl",
 ) -> Engine:
     per_req = -(-(context + DECODE + 1) // BLOCK_SIZE)
     cfg = Config(
@@ -101,6 +103,7 @@ def make_engine(
         batches_in_flight=depth,
         arrival="asap",
         tensor_parallel_size=tp,
+        tp_allreduce=allreduce,
     )
     eng = Engine(cfg)
     if tp > 1:
@@ -136,6 +139,7 @@ def measure(eng: Engine, batch: int, bandwidth: float, context: int = CONTEXT) -
         "batch": batch,
         "batches_in_flight": eng.depth,
         "tensor_parallel_size": tp,
+        "tp_allreduce": eng.cfg.tp_allreduce if tp > 1 else "",
         "step_ms": round(step_ms, 4),
         "wall_ms": round(float(wall_ms), 4),
         "floor_ms": round(floor_ms, 4),
@@ -222,6 +226,9 @@ def main() -> int:
         "--max-model-len", type=int, default=2048, help="the engine's max_model_len (graphs' bound)"
     )
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (GPUs per engine)")
+    ap.add_argument(
+        "--allreduce", default="nccl", help="tp_allreduce: nccl | oneshot (with --tp > 1)"
+    )
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument(
         "--profile", type=Path, help="folder: a torch.profiler kernel table per case (batch <= 8)"
@@ -245,7 +252,7 @@ def main() -> int:
                 t0 = time.perf_counter()
                 eng = make_engine(
                     model, max(batches), depth, args.device, args.max_model_len, args.context,
-                    args.tp,
+                    args.tp, args.allreduce,
                 )  # fmt: skip
                 print(f"{model} depth {depth}: engine ready in {time.perf_counter() - t0:.1f} s")
                 for batch in batches:
@@ -276,14 +283,15 @@ def main() -> int:
                     print(f"{model} depth {depth}: engine closed in "
                           f"{time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
     print()
-    head = f"{'model':<14}{'tp':>3}{'batch':>6}{'depth':>6}{'step_ms':>10}{'wall_ms':>10}"
+    head = f"{'model':<14}{'tp':>3}{'allreduce':>10}{'batch':>6}{'depth':>6}"
+    head += f"{'step_ms':>10}{'wall_ms':>10}"
     head += f"{'floor_ms':>10}{'ratio':>8}{'busy':>8}"
     print(head)
     for r in results:
         if "error" in r:
             continue
         print(
-            f"{r['model']:<14}{r['tensor_parallel_size']:>3}{r['batch']:>6}"
+            f"{r['model']:<14}{r['tensor_parallel_size']:>3}{r['tp_allreduce']:>10}{r['batch']:>6}"
             f"{r['batches_in_flight']:>6}{r['step_ms']:>10.3f}"
             f"{r['wall_ms']:>10.3f}{r['floor_ms']:>10.3f}{r['ratio']:>8.2f}"
             f"{r['busy_fraction']:>8.3f}"
