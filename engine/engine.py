@@ -70,7 +70,14 @@ from engine.requests import (
 from engine.sampler import Sampler, SampleRows
 from engine.spec.decoder import SpecDecoder
 from engine.spec.inputs import SpecInputBuffers
-from engine.tp.comm import OP_END_ENGINE, OP_ENGINE, OP_STEP, OP_WARM_FORWARDS, Comm
+from engine.tp.comm import (
+    OP_END_ENGINE,
+    OP_ENGINE,
+    OP_STEP,
+    OP_WARM_FORWARDS,
+    Comm,
+    check_oneshot,
+)
 from engine.tp.watchdog import ENGINE_S, SHUTDOWN_S, deadline
 
 CPU_KV_BYTES = 64 << 20  # the KV budget on CPU, where free memory says little
@@ -122,6 +129,8 @@ class Engine:
                 "config key 'tensor_parallel_size': speculative decoding is not built for "
                 "tensor parallelism"
             )
+        if tp > 1 and cfg.tp_allreduce == "oneshot":
+            check_oneshot(None if model is None else model.comm)
         self._owns_tp = model is None and tp > 1  # started the workers: close() stops them
         self.model = model if model is not None else build_model(cfg, self.max_model_len)
         self.tp: Comm | None = self.model.comm  # None without tensor parallelism

@@ -93,6 +93,8 @@ class Comm:
         have = self._oneshot_buffer
         if have is None or have.dtype != dtype or have.max_bytes < max_bytes:
             have = self._oneshot_buffer = OneShot(self.device, dtype, max_bytes)
+            if self.rank == 0:
+                _oneshot_groups.append(weakref.ref(self))
         self.oneshot = have
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -198,6 +200,23 @@ class Comm:
 
 
 _warned: list[bool] = []  # the CPU fallback of tp_allreduce=oneshot was announced
+# rank 0: the group whose symmetric memory this process exchanged (at most one: check_oneshot)
+_oneshot_groups: list[weakref.ref] = []
+
+
+def check_oneshot(comm: Comm | None) -> None:
+    """Rank 0, before an engine with tp_allreduce=oneshot tells its workers anything: refuse a
+    second tensor-parallel group in one process. On 2 x H100 (torch 2.11, 2026-11-26) the first
+    group's one-shot engine ran and closed, but the next group's symmetric-memory exchange in
+    the same process never returned (test and bench both hung there): torch keeps the first
+    group's registration under a group name the next group reuses. An engine on the same
+    group (replay's shared model) is fine. Raises ValueError naming the key."""
+    if any(comm is None or r() is not comm for r in _oneshot_groups):
+        raise ValueError(
+            "config key 'tp_allreduce': oneshot serves one tensor-parallel group per process "
+            "(a second group's symmetric-memory exchange hangs under torch 2.11); start a new "
+            "process, or use nccl"
+        )
 
 
 class OneShot:
