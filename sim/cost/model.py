@@ -113,7 +113,7 @@ class CostModel:
         mixed = prof["gpu_pass"].get("mixed")
         derived_m = self._mixed_derived(mixed, where) if mixed is not None else {}
         # a graphed mixed step all-reduces its bucket's tokens: the bucket picks the algorithm
-        message = mixed_graph_tokens if self._mixed_graphs else None
+        message = _mixed_message_tokens if self._mixed_graphs else None
         self._gpu_mixed = self._gpu_fn(mixed, gpu_extra, derived_m, message)
         self._mixed_ms_per_token = self._per_token_ms(mixed)
         # the same with the one-shot model, for buckets it takes (never when self._oneshot is None)
@@ -376,6 +376,11 @@ class CostModel:
         ms_per_byte = 1e3 / (self.gpu.hbm_gb_per_s * 1e9 * mem_eff)
         per_req_bytes = self.model.max_context * n_values * params["bytes_per_position"]
         return {"intercept": n_values * params["ms_per_n"], "num_reqs": per_req_bytes * ms_per_byte}
+
+
+def _mixed_message_tokens(s: Any) -> int:
+    """Tokens of a graphed mixed step's all-reduce messages: its graph's bucket."""
+    return mixed_graph_tokens(s.num_tokens)
 
 
 def _check_identity(
