@@ -263,7 +263,7 @@ def fit_profile(
     `res` (the NCCL rows of `mode`), gpu_pass.allreduce_oneshot from `oneshot`, each if
     given."""
     meta = sweep.meta
-    where = f"of {source} ({meta.get('device', '?')}, {meta.get('backend', '?')})"
+    where = f"{source} ({meta.get('device', '?')}, {meta.get('backend', '?')})"
     notes, gpu_pass = [], {}
     for key, fit, rows in (
         ("allreduce", res, mode),
@@ -282,7 +282,7 @@ def fit_profile(
         "version": PROFILE_VERSION,
         "gpu": str(meta.get("gpu", "")) or None,
         "date": dt.date.today().isoformat(),
-        "notes": f"{'; '.join(notes)} {where}",
+        "notes": f"{where}: {'; '.join(notes)}",
         "source_runs": [source],
         "gpu_pass": gpu_pass,
     }
