@@ -338,28 +338,53 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
 
 def cmd_allreduce_fit(args: argparse.Namespace) -> int:
     # lazy: the fit needs numpy and pyarrow, never torch
-    from replay.analysis.allreducefit import SweepFileError, fit_profile, fit_sweep, read_sweep
+    from replay.analysis.allreducefit import (
+        ONESHOT_MODE,
+        SweepFileError,
+        fit_profile,
+        fit_sweep,
+        fit_sweep_oneshot,
+        has_mode,
+        read_sweep,
+    )
     from sim.cost import save_profile
 
     try:
         sw = read_sweep(args.sweep)
-        res = fit_sweep(sw, args.mode, args.gpu)
+        oneshot = has_mode(sw, ONESHOT_MODE)
+        # a one-shot-only sweep fits only its key; else the NCCL rows as before
+        nccl = has_mode(sw, args.mode) or not oneshot
+        res = fit_sweep(sw, args.mode, args.gpu) if nccl else None
+        one = fit_sweep_oneshot(sw, args.gpu) if oneshot else None
     except SweepFileError as e:
         raise UsageError(str(e)) from None
-    prof = fit_profile(sw, res, args.mode, str(args.sweep))
+    prof = fit_profile(sw, res, args.mode, str(args.sweep), one)
     if prof["gpu"] is None:
         del prof["gpu"]
     out = Path(args.output or Path(args.sweep).with_suffix(".profile.json"))
     save_profile(out, prof)
-    p = res.params
-    print(
-        f"gpu_pass.allreduce: latency_ms {p['latency_ms']:.5f} + latency_ms_per_peer "
-        f"{p['latency_ms_per_peer']:.5f} x (n - 1), bw_efficiency {p['bw_efficiency']:.3f} "
-        f"({res.rows} rows, world sizes {res.world_sizes}; relative error rms "
-        f"{100 * res.rms_rel:.1f} %, max {100 * res.max_rel:.1f} %)"
-    )
-    for note in res.notes:
-        print(f"note: {note}")
+    if res is None:
+        print(f"note: no '{args.mode}' rows: gpu_pass.allreduce not fitted")
+    else:
+        p = res.params
+        print(
+            f"gpu_pass.allreduce: latency_ms {p['latency_ms']:.5f} + latency_ms_per_peer "
+            f"{p['latency_ms_per_peer']:.5f} x (n - 1), bw_efficiency {p['bw_efficiency']:.3f} "
+            f"({res.rows} rows, world sizes {res.world_sizes}; relative error rms "
+            f"{100 * res.rms_rel:.1f} %, max {100 * res.max_rel:.1f} %)"
+        )
+        for note in res.notes:
+            print(f"note: {note}")
+    if one is not None:
+        p = one.params
+        print(
+            f"gpu_pass.allreduce_oneshot: latency_ms {p['latency_ms']:.5f} + (n - 1) x bytes "
+            f"read, bw_efficiency {p['bw_efficiency']:.3f} ({one.rows} rows within the "
+            f"one-shot limits, world sizes {one.world_sizes}; relative error rms "
+            f"{100 * one.rms_rel:.1f} %, max {100 * one.max_rel:.1f} %)"
+        )
+        for note in one.notes:
+            print(f"note: {note}")
     print(f"profile -> {out}")
     return 0
 
@@ -546,10 +571,17 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_allreduce)
 
     p = sub.add_parser(
-        "allreduce-fit", help="fit the sim's gpu_pass.allreduce keys from an all-reduce sweep"
+        "allreduce-fit",
+        help="fit the sim's gpu_pass.allreduce keys (and allreduce_oneshot from 'oneshot' rows) "
+        "from an all-reduce sweep",
     )
     p.add_argument("sweep", help="a `replay allreduce` parquet file")
-    p.add_argument("--mode", default="graph", choices=("graph", "eager"), help="rows to fit")
+    p.add_argument(
+        "--mode",
+        default="graph",
+        choices=("graph", "eager"),
+        help="NCCL rows to fit (a sweep's 'oneshot' rows always fit allreduce_oneshot)",
+    )
     p.add_argument("--gpu", help="bubblesim.core.gpus preset (default: the sweep's)")
     p.add_argument("-o", "--output", help="profile JSON (default SWEEP.profile.json)")
     p.set_defaults(func=cmd_allreduce_fit)

@@ -15,6 +15,12 @@ with moved_bytes = 2 (n - 1) / n x bytes and c = 1 / bw_efficiency. Rows are wei
 world size the per-peer latency is not identifiable: it is set to 0 and said so. An efficiency
 above 1 (NVLink SHARP all-reduces beat the ring's bytes) is capped at 1, and said so. Pure
 numpy and pyarrow: runs where the sweep ran (no polars there).
+
+Rows of mode "oneshot" (the one-shot kernel, config tp_allreduce "oneshot") fit the profile's
+`gpu_pass.allreduce_oneshot` the same way, over only the sizes the shared rule sends to the
+kernel on their world size (bubblesim.core.collectives.uses_oneshot; larger ones take NCCL):
+
+    ms = latency_ms + c x (n - 1) x bytes / link_bytes_per_ms,   bw_efficiency = 1 / c
 """
 
 from __future__ import annotations
@@ -30,14 +36,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bubblesim.core.atomic import replacing
+from bubblesim.core.collectives import uses_oneshot
 from bubblesim.core.gpus import get_gpu
-from sim.cost.collective import allreduce_moved_bytes
+from sim.cost.collective import allreduce_moved_bytes, oneshot_moved_bytes
 from sim.cost.defaults import PROFILE_VERSION
 
 META_KEY = b"bubblesim-allreduce"
 FORMAT_VERSION = 1
 COLUMNS: dict[str, pa.DataType] = {
-    "mode": pa.string(),  # "graph" (calls replayed from one CUDA graph) or "eager"
+    # "graph" (NCCL calls replayed from one CUDA graph), "eager", or "oneshot" (the one-shot
+    # kernel, config tp_allreduce "oneshot")
+    "mode": pa.string(),
     "world_size": pa.int64(),
     "bytes": pa.int64(),  # message size of one call (the tensor reduced)
     "iters": pa.int64(),  # calls per sample
@@ -46,6 +55,9 @@ COLUMNS: dict[str, pa.DataType] = {
     "ms_min": pa.float64(),
     "ms_max": pa.float64(),
 }
+
+
+ONESHOT_MODE = "oneshot"
 
 
 class SweepFileError(ValueError):
@@ -154,12 +166,82 @@ def fit_allreduce(
     )
 
 
-def fit_sweep(sweep: Sweep, mode: str = "graph", gpu: str | None = None) -> AllreduceFit:
-    """Fit one mode's rows of a sweep, against the GPU preset named by `gpu` or the file."""
+def fit_oneshot(
+    world_size: np.ndarray, nbytes: np.ndarray, ms: np.ndarray, link_gb_per_s: float
+) -> AllreduceFit:
+    """Fit the one-shot kernel's latency_ms and bw_efficiency (module doc) to measured calls,
+    over the rows whose size the rule sends to it on their world size (the others ignored)."""
+    n = np.asarray(world_size, dtype=np.int64)
+    b = np.asarray(nbytes, dtype=np.int64)
+    t = np.asarray(ms, dtype=np.float64)
+    rule = np.array([uses_oneshot(ONESHOT_MODE, int(x), int(k)) for x, k in zip(b, n)], bool)
+    keep = rule & np.isfinite(t) & (t > 0)
+    if keep.sum() < 3:
+        raise SweepFileError(
+            f"the one-shot fit needs 3 or more timed calls of sizes the rule sends to the kernel "
+            f"(bubblesim.core.collectives.ONESHOT_MAX_BYTES), got {int(keep.sum())}"
+        )
+    if link_gb_per_s <= 0:
+        raise SweepFileError("the GPU has no link bandwidth (bubblesim.core.gpus link_gb_per_s)")
+    n, b, t = n[keep], b[keep].astype(np.float64), t[keep]
+    link_bytes_per_ms = link_gb_per_s * 1e9 / 1e3
+    x_bw = oneshot_moved_bytes(b, n) / link_bytes_per_ms  # ms at 100 %
+    design = np.stack([np.ones_like(t), x_bw], 1)
+    w = 1.0 / t
+    coef, *_ = np.linalg.lstsq(design * w[:, None], t * w, rcond=None)
+    lat, c = float(coef[0]), float(coef[1])
+    if c <= 0:
+        raise SweepFileError(
+            "the one-shot bandwidth term fitted <= 0: the sweep needs a wider range of sizes"
+        )
+    notes: list[str] = []
+    eff = 1.0 / c
+    if eff > 1.0:
+        notes.append(
+            f"one-shot bw_efficiency fitted {eff:.3f} > 1 (read the peers' copies faster than "
+            f"{link_gb_per_s:g} GB/s): capped at 1"
+        )
+        eff = 1.0
+    if lat < 0:
+        notes.append(f"the one-shot latency fitted < 0 ({lat:.4g} ms): set to 0")
+        lat = 0.0
+    sizes = sorted({int(v) for v in n})
+    pred = lat + x_bw / eff
+    rel = (pred - t) / t
+    return AllreduceFit(
+        {"latency_ms": lat, "bw_efficiency": eff},
+        sizes,
+        len(t),
+        float(np.sqrt(np.mean(rel**2))),
+        float(np.max(np.abs(rel))),
+        notes,
+    )
+
+
+def _gpu_spec(sweep: Sweep, gpu: str | None) -> Any:
     name = gpu or sweep.meta.get("gpu")
     if not name:
         raise SweepFileError("the sweep names no GPU preset: give --gpu")
-    spec = get_gpu(str(name))
+    return get_gpu(str(name))
+
+
+def has_mode(sweep: Sweep, mode: str) -> bool:
+    return bool((sweep.cols["mode"] == mode).any())
+
+
+def fit_sweep_oneshot(sweep: Sweep, gpu: str | None = None) -> AllreduceFit:
+    """Fit the sweep's "oneshot" rows (fit_oneshot), against the GPU preset named by `gpu` or
+    the file."""
+    spec = _gpu_spec(sweep, gpu)
+    if not has_mode(sweep, ONESHOT_MODE):
+        raise SweepFileError(f"the sweep has no '{ONESHOT_MODE}' rows")
+    c, sel = sweep.cols, sweep.cols["mode"] == ONESHOT_MODE
+    return fit_oneshot(c["world_size"][sel], c["bytes"][sel], c["ms"][sel], spec.link_gb_per_s)
+
+
+def fit_sweep(sweep: Sweep, mode: str = "graph", gpu: str | None = None) -> AllreduceFit:
+    """Fit one mode's rows of a sweep, against the GPU preset named by `gpu` or the file."""
+    spec = _gpu_spec(sweep, gpu)
     modes = sweep.cols["mode"]
     sel = modes == mode
     if not sel.any():
@@ -169,19 +251,38 @@ def fit_sweep(sweep: Sweep, mode: str = "graph", gpu: str | None = None) -> Allr
     return fit_allreduce(c["world_size"][sel], c["bytes"][sel], c["ms"][sel], spec.link_gb_per_s)
 
 
-def fit_profile(sweep: Sweep, res: AllreduceFit, mode: str, source: str) -> dict[str, Any]:
+def fit_profile(
+    sweep: Sweep,
+    res: AllreduceFit | None,
+    mode: str,
+    source: str,
+    oneshot: AllreduceFit | None = None,
+) -> dict[str, Any]:
     """A partial cost profile with the fitted keys (merge it over another with
-    sim.cost.merge_profile, or pass it as the config's profile)."""
+    sim.cost.merge_profile, or pass it as the config's profile): gpu_pass.allreduce from
+    `res` (the NCCL rows of `mode`), gpu_pass.allreduce_oneshot from `oneshot`, each if
+    given."""
     meta = sweep.meta
+    where = f"{source} ({meta.get('device', '?')}, {meta.get('backend', '?')})"
+    notes, gpu_pass = [], {}
+    for key, fit, rows in (
+        ("allreduce", res, mode),
+        ("allreduce_oneshot", oneshot, ONESHOT_MODE),
+    ):
+        if fit is None:
+            continue
+        gpu_pass[key] = fit.params
+        notes.append(
+            f"gpu_pass.{key} fitted on {fit.rows} '{rows}' rows, world sizes "
+            f"{fit.world_sizes}; rms rel error {100 * fit.rms_rel:.1f} %"
+        )
+    if not gpu_pass:
+        raise SweepFileError("nothing to fit: no NCCL and no one-shot fit")
     return {
         "version": PROFILE_VERSION,
         "gpu": str(meta.get("gpu", "")) or None,
         "date": dt.date.today().isoformat(),
-        "notes": (
-            f"gpu_pass.allreduce fitted on {res.rows} '{mode}' rows of {source} "
-            f"({meta.get('device', '?')}, {meta.get('backend', '?')}, world sizes "
-            f"{res.world_sizes}; rms rel error {100 * res.rms_rel:.1f} %)"
-        ),
+        "notes": f"{where}: {'; '.join(notes)}",
         "source_runs": [source],
-        "gpu_pass": {"allreduce": res.params},
+        "gpu_pass": gpu_pass,
     }

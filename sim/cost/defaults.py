@@ -76,6 +76,20 @@ DEFAULTS: dict[str, Any] = {
             "latency_ms_per_peer": 1.5 * US,
             "bw_efficiency": 0.55,
         },
+        # tp_allreduce = "oneshot" (sim.cost.collective): a message the shared rule sends to the
+        # one-shot kernel (bubblesim.core.collectives: up to 8 MiB on 2 GPUs, 512 KiB on 4-8)
+        # costs latency_ms + (n - 1) x bytes / (link_gb_per_s x bw_efficiency), every rank
+        # reading the n - 1 peers' copies. ESTIMATES, not measured here, until `replay
+        # allreduce-fit` fits them from a sweep's "oneshot" rows: 6 us is the upper end of
+        # SGLang's one-shot custom all-reduce on H100 at 512 B (3.7 / 4.8 / 5.9 us on 2 / 4 / 8
+        # GPUs, eager, sgl-project/sglang PR 2904; NCCL there: 9-10 us); 0.5 of the link is a
+        # placeholder (the same table's 32 KiB -> 512 KiB rise on 2 GPUs, 8 us for 480 KiB read,
+        # includes a copy of the input into the shared buffer and implies ~0.15: an optimistic
+        # default for the largest one-shot messages).
+        "allreduce_oneshot": {
+            "latency_ms": 6.0 * US,
+            "bw_efficiency": 0.5,
+        },
         # Optional fitted linear models that replace the roofline (see linear.py), per kind:
         # "decode": pure-decode steps (no prefill request), "mixed": any step with a prefill.
     },

@@ -20,7 +20,7 @@ gpu_pass_ms assumes a shape with at least one query token; CPU phases accept an 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bubblesim.core.config import Config
@@ -80,12 +80,17 @@ class CostModel:
         self.tp = tp
         gp = prof["gpu_pass"]
         self.roofline = Roofline(self.model, self.gpu, config.dtype, gp["roofline"], tp)
-        self.collectives = Collectives(self.gpu, tp, gp["allreduce"])
+        self.collectives = Collectives(
+            self.gpu, tp, gp["allreduce"], gp["allreduce_oneshot"], config.tp_allreduce
+        )
         self._collective_model = self.collectives.pass_model(self.model, config.dtype)
+        # tp_allreduce "oneshot": passes whose all-reduce message is small enough take the
+        # one-shot kernel's model instead (None with "nccl": one linear model, as before)
+        self._oneshot = self.collectives.oneshot_pass(self.model, config.dtype)
         gpu_extra = add_linear(*(prof["terms"][t] for t in terms if term_target(t) == GPU_TARGET))
         decode = prof["gpu_pass"].get("decode")
         derived = self._decode_derived(decode, where) if decode is not None else {}
-        self._gpu_decode = self._gpu_fn(decode, gpu_extra, derived)
+        self._gpu_decode = self._gpu_fn(decode, gpu_extra, derived, self._decode_message_tokens)
         # spec verify steps (decode with drafts) run another attention kernel (paged_attention):
         # a `verify` model, if the profile has one, takes them from the decode model
         verify = prof["gpu_pass"].get("verify")
@@ -107,8 +112,13 @@ class CostModel:
         )
         mixed = prof["gpu_pass"].get("mixed")
         derived_m = self._mixed_derived(mixed, where) if mixed is not None else {}
-        self._gpu_mixed = self._gpu_fn(mixed, gpu_extra, derived_m)
-        self._mixed_ms_per_token = self._per_token_ms(prof["gpu_pass"].get("mixed"))
+        # a graphed mixed step all-reduces its bucket's tokens: the bucket picks the algorithm
+        message = _mixed_message_tokens if self._mixed_graphs else None
+        self._gpu_mixed = self._gpu_fn(mixed, gpu_extra, derived_m, message)
+        self._mixed_ms_per_token = self._per_token_ms(mixed)
+        # the same with the one-shot model, for buckets it takes (never when self._oneshot is None)
+        self._oneshot_tokens = 0 if self._oneshot is None else self._oneshot.max_tokens
+        self._mixed_ms_per_token_oneshot = self._per_token_ms(mixed, oneshot=True)
         self._mixed_ms_per_row = self.roofline.lm_ms_per_row + self.roofline.logits_ms_per_row
         self._max_rows = config.max_num_seqs
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
@@ -160,9 +170,14 @@ class CostModel:
                 bucket = mixed_graph_tokens(shape.num_tokens)
                 gen = shape.decode_tokens + shape.num_prefill_reqs  # the roofline's rows
                 rows = mixed_graph_rows(gen, bucket, self._max_rows) - gen
+                per_token = (
+                    self._mixed_ms_per_token_oneshot
+                    if bucket <= self._oneshot_tokens
+                    else self._mixed_ms_per_token
+                )
                 return (
                     self._gpu_mixed(shape)
-                    + self._mixed_ms_per_token * (bucket - shape.num_tokens)
+                    + per_token * (bucket - shape.num_tokens)
                     + self._mixed_ms_per_row * max(rows, 0)
                 )
             return self._gpu_mixed(shape)
@@ -240,14 +255,38 @@ class CostModel:
         fit: Mapping[str, Any] | None,
         extra: Mapping[str, float],
         derived: Derived | None = None,
+        message: Callable[[Any], int] | None = None,
     ) -> LinearFn:
+        """A GPU pass model: the fit (which holds the collectives it was measured with) plus
+        `extra`, else the roofline plus `extra` plus the pass's collectives. With one-shot
+        all-reduces those are piecewise: the one-shot model for a pass whose all-reduce
+        message (`message(shape)` tokens, default num_tokens) is within the rule's limit."""
         if fit is not None:
             return compile_model(add_to_model(fit, extra), derived)
-        extra = add_linear(extra, self._collective_model)
-        if not extra:
-            return self.roofline
-        roof, add = self.roofline, compile_linear(extra)
-        return lambda s: roof(s) + add(s)
+        ring = add_linear(extra, self._collective_model)
+        if self._oneshot is None:  # one linear model (tp_allreduce "nccl", one GPU)
+            if not ring:
+                return self.roofline
+            roof, add = self.roofline, compile_linear(ring)
+            return lambda s: roof(s) + add(s)
+        roof, add_ring = self.roofline, compile_linear(ring)
+        add_one = compile_linear(add_linear(extra, self._oneshot.model))
+        limit = self._oneshot.max_tokens
+        if message is None:
+            return lambda s: roof(s) + (add_one(s) if s.num_tokens <= limit else add_ring(s))
+        tokens = message
+        return lambda s: roof(s) + (add_one(s) if tokens(s) <= limit else add_ring(s))
+
+    def _decode_message_tokens(self, s: Any) -> int:
+        """Tokens of a pure decode pass's all-reduce messages, which pick their algorithm: a
+        graph's captured rows x query tokens (engine.graphs pads the batch to its bucket),
+        else the batch's. (The cost itself follows the batch's tokens, as the roofline's.)"""
+        c = self.config
+        if not self.graphed(s, c.cuda_graphs):
+            return int(s.num_tokens)
+        q = 1 + self._graph_drafts
+        cap = max(c.max_num_batched_tokens, c.max_num_seqs)  # engine.graphs: its input rows
+        return decode_graph_rows(s.num_reqs, c.max_num_seqs, cap, q) * q
 
     def _with_history(self, decode: LinearFn, params: Mapping[str, Any]) -> LinearFn:
         """`decode` plus the penalties of steps with needs-history rows (defaults.py
@@ -306,10 +345,11 @@ class CostModel:
         heads = (self.model.num_heads // self.tp, self.model.kv_heads_per_rank(self.tp))
         return mixed_derived(*heads, sms, flat=self._mixed_graphs)  # one rank's heads
 
-    def _per_token_ms(self, fit: Mapping[str, Any] | None) -> float:
+    def _per_token_ms(self, fit: Mapping[str, Any] | None, oneshot: bool = False) -> float:
         """GPU ms per query token of a mixed step: the fitted num_tokens (+ prefill_tokens)
         coefficient (+ a token spline's mean slope over its knots), else the roofline's
-        marginal cost of one more prefill token."""
+        marginal cost of one more prefill token plus the collectives' (`oneshot`: the one-shot
+        model's, if there is one)."""
         if fit is not None:
             first: Mapping[str, Any] = branches(fit)[0]  # a max form's: the GEMMs' (mixedfit)
             per = float(first.get("num_tokens", 0.0)) + float(first.get("prefill_tokens", 0.0))
@@ -320,7 +360,10 @@ class CostModel:
         one = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=512, kv_read_tokens=512)
         two = BatchShape(num_reqs=1, num_prefill_reqs=1, prefill_tokens=1024, kv_read_tokens=512)
         roof = (self.roofline(two) - self.roofline(one)) / 512
-        coll = self._collective_model.get("num_tokens")  # padded tokens are all-reduced too
+        coll_model = self._collective_model
+        if oneshot and self._oneshot is not None:
+            coll_model = self._oneshot.model
+        coll = coll_model.get("num_tokens")  # padded tokens are all-reduced too
         return roof + coll if coll is not None else roof
 
     def _ngram_gpu_model(self, params: Mapping[str, Any]) -> dict[str, float]:
@@ -333,6 +376,11 @@ class CostModel:
         ms_per_byte = 1e3 / (self.gpu.hbm_gb_per_s * 1e9 * mem_eff)
         per_req_bytes = self.model.max_context * n_values * params["bytes_per_position"]
         return {"intercept": n_values * params["ms_per_n"], "num_reqs": per_req_bytes * ms_per_byte}
+
+
+def _mixed_message_tokens(s: Any) -> int:
+    """Tokens of a graphed mixed step's all-reduce messages: its graph's bucket."""
+    return mixed_graph_tokens(s.num_tokens)
 
 
 def _check_identity(

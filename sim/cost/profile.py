@@ -39,12 +39,13 @@ PARAM_TABLES = (
     "gpu_pass.idle_start",
     "gpu_pass.history",
     "gpu_pass.allreduce",
+    "gpu_pass.allreduce_oneshot",
     "launch",
     "ngram_gpu",
     "sync_wait",
 )
 # gpu_pass's, merged key by key
-GPU_PARAM_TABLES = ("roofline", "idle_start", "history", "allreduce")
+GPU_PARAM_TABLES = ("roofline", "idle_start", "history", "allreduce", "allreduce_oneshot")
 GPU_FIT_KINDS = ("decode", "mixed", "verify")
 EFFICIENCY_KEYS = (
     "mem_efficiency",
