@@ -67,8 +67,8 @@ def test_fit_recovers_the_one_shot_parameters_over_the_rule_s_sizes() -> None:
     for k, v in ONE.items():
         assert res.params[k] == pytest.approx(v, rel=1e-6), k
     assert set(res.params) == {"latency_ms", "bw_efficiency"}
-    # 1 KiB .. 8 MiB on 2 GPUs (14 sizes), 1 KiB .. 512 KiB on 4 and 8 (10 each)
-    assert res.rows == 14 + 10 + 10 and res.world_sizes == [2, 4, 8]
+    # 1 KiB .. 2 MiB on 2 GPUs (12 sizes), 1 KiB .. 512 KiB on 4 and 8 (10 each)
+    assert res.rows == 12 + 10 + 10 and res.world_sizes == [2, 4, 8]
     assert res.rms_rel < 1e-9 and not res.notes
     noisy = fit_oneshot(*_arrays(rows(noise=0.03)), link_gb_per_s=450.0)
     assert noisy.params["bw_efficiency"] == pytest.approx(0.41, rel=0.1)
@@ -91,11 +91,11 @@ def test_cli_writes_both_keys_and_the_sim_reads_them(
     assert replay_main(["allreduce-fit", str(path), "-o", str(tmp_path / "p.json")]) == 0
     out = capsys.readouterr().out
     assert "gpu_pass.allreduce: latency_ms 0.00720" in out
-    assert "gpu_pass.allreduce_oneshot: latency_ms 0.00430" in out and "34 rows" in out
+    assert "gpu_pass.allreduce_oneshot: latency_ms 0.00430" in out and "32 rows" in out
     prof = load_profile(tmp_path / "p.json")
     assert prof["gpu_pass"]["allreduce"]["bw_efficiency"] == pytest.approx(0.73, rel=1e-6)
     assert prof["gpu_pass"]["allreduce_oneshot"]["bw_efficiency"] == pytest.approx(0.41, rel=1e-6)
-    assert "allreduce_oneshot fitted on 34 'oneshot' rows" in prof["notes"]
+    assert "allreduce_oneshot fitted on 32 'oneshot' rows" in prof["notes"]
     cfg = Config(model="llama3-70b", gpu="h100", tensor_parallel_size=4, tp_allreduce="oneshot")
     cm = CostModel(cfg, prof)
     want = Collectives(get_gpu("h100"), 4, RING, ONE, "oneshot")

@@ -98,9 +98,9 @@ def last_decode_logits(tp: int, **kw) -> tuple[torch.Tensor, int]:
     try:
         one = eng.model.comm.oneshot if tp > 1 else None
         if kw.get("tp_allreduce") == "oneshot":  # decode-sized bf16 messages take the kernel
-            assert one is not None and one.max_bytes == 8 << 20
+            assert one is not None and one.max_bytes == 2 << 20
             assert one.takes(torch.empty(64, 4096, device="cuda", dtype=torch.bfloat16))
-            assert not one.takes(torch.empty(8 << 20, device="cuda", dtype=torch.bfloat16))
+            assert not one.takes(torch.empty(2 << 20, device="cuda", dtype=torch.bfloat16))
             assert not one.takes(torch.empty(64, 4096, device="cuda", dtype=torch.float32))
         eng.run(forced_requests(eng.spec.vocab_size), arrival="asap")
         assert eng.graphs is not None

@@ -15,7 +15,7 @@ parameters are the profile's `gpu_pass.allreduce`; `replay allreduce-fit` fits t
 measured NCCL sweep (replay/gpu/nccl_sweep.py). With one GPU every collective costs 0.
 
 One-shot all-reduce (config `tp_allreduce = "oneshot"`): a message the shared rule sends to it
-(bubblesim.core.collectives.uses_oneshot: up to 8 MiB on 2 GPUs, 512 KiB on 4-8) is one kernel
+(bubblesim.core.collectives.uses_oneshot: up to 2 MiB on 2 GPUs, 512 KiB on 4-8) is one kernel
 in which every rank reads the n - 1 peers' copies and sums them:
 
   t = latency_ms + (n - 1) x S / (link bandwidth x bw_efficiency)

@@ -77,7 +77,7 @@ DEFAULTS: dict[str, Any] = {
             "bw_efficiency": 0.55,
         },
         # tp_allreduce = "oneshot" (sim.cost.collective): a message the shared rule sends to the
-        # one-shot kernel (bubblesim.core.collectives: up to 8 MiB on 2 GPUs, 512 KiB on 4-8)
+        # one-shot kernel (bubblesim.core.collectives: up to 2 MiB on 2 GPUs, 512 KiB on 4-8)
         # costs latency_ms + (n - 1) x bytes / (link_gb_per_s x bw_efficiency), every rank
         # reading the n - 1 peers' copies. ESTIMATES, not measured here, until `replay
         # allreduce-fit` fits them from a sweep's "oneshot" rows: 6 us is the upper end of
