@@ -65,12 +65,14 @@ def test_validation_names_the_key(host: object, key: str) -> None:
 
 
 def test_process_has_its_variance_and_correlation_whatever_the_order() -> None:
-    """Mean 1, log sd and autocorrelation of a sum of OU processes; reading the times out of
-    order (a jump back to an earlier chunk, another instance) gives the same values."""
+    """Mean 1 over a host-bound loop's steps (1 / mean of 1 / m over time), log sd and
+    autocorrelation of a sum of OU processes; reading the times out of order (a jump back to
+    an earlier chunk, another instance) gives the same values."""
     hs = HostSpeed([0.2], [0.5], seed=3)
     t = np.arange(0, 400.0, 0.01)
     m = np.array([hs.at(x) for x in t])
-    assert m.mean() == pytest.approx(1.0, abs=0.03)
+    assert 1 / np.mean(1 / m) == pytest.approx(1.0, abs=0.03)
+    assert m.mean() == pytest.approx(math.exp(0.04), abs=0.03)
     x = np.log(m)
     assert x.std() == pytest.approx(0.2, rel=0.1)
     lag = int(0.5 / 0.01)

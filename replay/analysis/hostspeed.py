@@ -189,14 +189,18 @@ def fit_host_speed(
 
 
 ACF_LAGS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+MIN_PAIRS = 50
 
 
 def run_report(series: SpeedSeries, bins: np.ndarray) -> dict[str, Any]:
     """One run's steps, bins, log-speed sd (steps, bins) and the bins' autocorrelation at
-    ACF_LAGS_S (its own mean out)."""
+    ACF_LAGS_S (its own mean out; None at a lag with fewer than MIN_PAIRS pairs of bins)."""
     ok = np.isfinite(bins)
-    cov, _ = autocovariance([bins], int(round(max(ACF_LAGS_S) / BIN_S)))
-    acf = {f"{lag:g}": float(cov[int(round(lag / BIN_S))] / cov[0]) for lag in ACF_LAGS_S}
+    cov, pairs = autocovariance([bins], int(round(max(ACF_LAGS_S) / BIN_S)))
+    acf: dict[str, float | None] = {}
+    for lag in ACF_LAGS_S:
+        k = int(round(lag / BIN_S))
+        acf[f"{lag:g}"] = float(cov[k] / cov[0]) if pairs[k] >= MIN_PAIRS else None
     return {
         "steps": int(series.t_s.size),
         "bins": int(ok.sum()),
@@ -213,7 +217,7 @@ def describe_host_speed(report: Mapping[str, Any]) -> str:
     )
     runs = "; ".join(
         f"{str(path).rstrip('/').rsplit('/', 1)[-1]} "
-        + " ".join(f"{lag}s {r:.2f}" for lag, r in rep["acf"].items())
+        + " ".join(f"{lag}s {r:.2f}" for lag, r in rep["acf"].items() if r is not None)
         for path, rep in report["runs"].items()
     )
     return (

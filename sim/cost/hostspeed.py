@@ -8,8 +8,11 @@ cannot make that, and it moves a whole request's TPOT. Profile key `host_speed`:
 
 The log of the speed is a sum of independent stationary Ornstein-Uhlenbeck processes, one per
 (sigma, tau_s) pair: standard deviation sigma, autocorrelation exp(-lag / tau_s). The
-multiplier is exp(sum of the processes - sum sigma^2 / 2), mean 1, so the phases keep their
-linear models' means. A step's launch phases (schedule .. draft) take the multiplier at the
+multiplier is exp(sum of the processes + sum sigma^2 / 2): its mean over the steps of a
+host-bound loop (whose steps come at a rate ~ 1 / multiplier: fewer in the slow stretches) is
+1, so there the phases keep their linear models' means, which are means over the measured steps
+(the mean over time is exp(sum sigma^2); a GPU-bound loop, whose steps come at the GPU's pace,
+hides the phases behind the GPU anyway). A step's launch phases (schedule .. draft) take the multiplier at the
 step's start, process_outputs at its own start (sim.clock.StepClock.step); GC pauses and waits
 are not multiplied. `cpu_spread` (optional): the phases' per-step spread around the host's
 speed, which replaces the top-level `cpu_spread` while `host_speed` is on (the top-level one
@@ -115,7 +118,7 @@ class HostSpeed:
             for j, (a, b, e) in enumerate(coefs):
                 x[j] = a * x[j] + b * e[k]
                 tot += x[j]
-            out[k] = exp(tot - half)
+            out[k] = exp(tot + half)
         if c == len(self.ends):
             self.ends.append(x)
         return out
