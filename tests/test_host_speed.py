@@ -182,3 +182,20 @@ def test_calibrate_recovers_a_known_host_speed(tmp_path: Path) -> None:
     iqr = [np.interp(0.9, t["p"], t["ratio"]) - np.interp(0.1, t["p"], t["ratio"])
            for t in (around, plain)]  # fmt: skip
     assert iqr[0] < iqr[1]
+    assert "host_speed" not in calibrate([tmp_path / "run"], host_speed=False).profile
+
+
+def test_fit_ou_recovers_two_time_scales() -> None:
+    """The autocovariance of a sum of two OU processes (lags >= 1 bin): both components,
+    within the grid's resolution; one that fits no positive variance is left out."""
+    from replay.analysis.hostspeed import BIN_S, fit_ou
+
+    lag = np.arange(81) * BIN_S
+    cov = 0.02 * np.exp(-lag / 0.15) + 0.01 * np.exp(-lag / 2.0)
+    cov[0] += 0.01  # the steps' own noise: lag 0 only
+    got = fit_ou(cov, np.full(81, 500.0), BIN_S)
+    assert len(got) == 2
+    (s1, t1), (s2, t2) = sorted(got, key=lambda c: c[1])
+    assert (s1**2, t1) == (pytest.approx(0.02, rel=0.05), pytest.approx(0.15, rel=0.05))
+    assert (s2**2, t2) == (pytest.approx(0.01, rel=0.05), pytest.approx(2.0, rel=0.05))
+    assert fit_ou(-np.abs(cov), np.full(81, 500.0), BIN_S) == []
