@@ -12,12 +12,12 @@ multiplier is exp(sum of the processes + sum sigma^2 / 2): its mean over the ste
 host-bound loop (whose steps come at a rate ~ 1 / multiplier: fewer in the slow stretches) is
 1, so there the phases keep their linear models' means, which are means over the measured steps
 (the mean over time is exp(sum sigma^2); a GPU-bound loop, whose steps come at the GPU's pace,
-hides the phases behind the GPU anyway). A step's launch phases (schedule .. draft) take the multiplier at the
-step's start, process_outputs at its own start (sim.clock.StepClock.step); GC pauses and waits
-are not multiplied. `cpu_spread` (optional): the phases' per-step spread around the host's
-speed, which replaces the top-level `cpu_spread` while `host_speed` is on (the top-level one
-holds the slow variation too). No `host_speed` (the default): no multiplier, the simulator's
-arithmetic is unchanged.
+hides the phases behind the GPU anyway). A step's launch phases (schedule .. draft) take the
+multiplier at the step's start, process_outputs at its own start (sim.clock.StepClock.step);
+GC pauses and waits are not multiplied. `cpu_spread` (optional): the phases' per-step spread
+around the host's speed, which replaces the top-level `cpu_spread` while `host_speed` is on
+(the top-level one holds the slow variation too). No `host_speed` (the default): no
+multiplier, the simulator's arithmetic is unchanged.
 
 The processes are drawn on a grid of GRID_S seconds (exact AR(1) steps, constant between grid
 points) in chunks of CHUNK points, chunk c's innovations from a `numpy.random.Generator`
