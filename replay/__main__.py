@@ -166,6 +166,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             shapes_kinds=kinds,
             gpu_model=args.gpu_model,
             spread=not args.no_spread,
+            host_speed=not args.no_host_speed,
         )
         checks = {}
         if args.check:
@@ -484,6 +485,12 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         action="store_true",
         help="leave out the CPU phases' measured spread (profile key cpu_spread): every step "
         "then takes the linear models' time",
+    )
+    p.add_argument(
+        "--no-host-speed",
+        action="store_true",
+        help="leave out the host's slowly varying speed (profile key host_speed): the CPU "
+        "phases then vary step by step only, by cpu_spread",
     )
     p.set_defaults(func=cmd_calibrate)
 

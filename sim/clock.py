@@ -10,9 +10,11 @@ A step's costs come as one list in COSTS order (sim.fast.costs.StepCosts builds 
 shape): the CPU phases' seconds (launch with launch_ms), the GPU pass's and the GPU drafter's
 seconds, the phases' net tracked objects (the GC model's input), and whether the forward is
 one CUDA graph. A phase of step i takes its seconds x the CPU spread's multiplier of
-(i, phase) (sim.cost.spread; none: x 1 is skipped, which changes no bit), then any collection
-its allocations trigger (the pause is part of the phase's interval, as the engine's timers see
-it). Waits (`sync`) end `wake_s` after their event (cost.sync_wake_s).
+(i, phase) (sim.cost.spread; none: x 1 is skipped, which changes no bit) and, with a host speed
+(`spread.host`, sim.cost.hostspeed), x its multiplier at the step's start (process_outputs:
+at its own), then any collection its allocations trigger (the pause is part of the phase's
+interval, as the engine's timers see it). Waits (`sync`) end `wake_s` after their event
+(cost.sync_wake_s).
 """
 
 from __future__ import annotations
@@ -139,6 +141,10 @@ class StepClock:
                 s_launch *= sp.at(_LAUNCH, step)
                 s_sample *= sp.at(_SAMPLE, step)
                 s_draft *= sp.at(_DRAFT, step)
+                if sp.host is not None:  # the host's speed at the step's start (hostspeed.py)
+                    h = sp.host.at(t0)
+                    s_sched, s_prep, s_launch = s_sched * h, s_prep * h, s_launch * h
+                    s_sample, s_draft = s_sample * h, s_draft * h
             cpu += s_sched
             if a_sched > 0:  # allocations: maybe a collection
                 cpu = self._collect(cpu, a_sched, P.SCHEDULE, step - 1)
@@ -185,6 +191,8 @@ class StepClock:
             po0 = cpu
             if sp is not None:
                 po_s *= sp.at(_PO, done_step)
+                if sp.host is not None:  # the host's speed at the phase's start
+                    po_s *= sp.host.at(cpu)
             cpu += po_s
             if po_objs > 0:  # _collect, inlined: most steps allocate here, few collect
                 gc = self.gc

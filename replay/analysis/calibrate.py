@@ -73,6 +73,7 @@ from bubblesim.core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS
 from bubblesim.core.runfmt import Run, load_run
 from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
+from replay.analysis.hostspeed import describe_host_speed, fit_host_speed
 from replay.analysis.idle_start import fit_idle_start
 from replay.analysis.level import TOLERANCE as LEVEL_TOLERANCE
 from replay.analysis.level import level_curve, scaled_by
@@ -96,6 +97,7 @@ from replay.analysis.sweepmeta import measures_steps
 from replay.analysis.syncwake import fit_sync_wake
 from sim.cost import merge_profile, resolve_profile, save_profile, validate_profile
 from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
+from sim.cost.hostspeed import HOST_KEY
 from sim.cost.profile import TP_KEY
 from sim.cost.spread import SPREAD_KEY
 from sim.cost.terms import BROADCAST_TERM, TERM_NAMES, term_target
@@ -240,6 +242,7 @@ class Calibration:
     shapes: list[str] = field(default_factory=list)  # shape sweep files used
     verdict: str = ""  # held-back sweep points, one line (piecewise GPU models only)
     spread: dict[str, Any] = field(default_factory=dict)  # cpu_spread fit report, per phase
+    host_speed: dict[str, Any] = field(default_factory=dict)  # host_speed fit report
 
 
 def _recorded_terms(
@@ -263,6 +266,7 @@ def calibrate(
     shapes_kinds: Sequence[str] = ("mixed",),
     gpu_model: str = "auto",
     spread: bool = True,
+    host_speed: bool = True,
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
     (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
@@ -270,7 +274,8 @@ def calibrate(
     whose sweep rows may join the linear fits (the others are only reported). `gpu_model`:
     replay.analysis.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps).
     `spread`: fit the CPU phases' spread around the fitted models (`cpu_spread`,
-    replay.analysis.spread)."""
+    replay.analysis.spread). `host_speed` (with `spread`): fit the host's slowly varying speed
+    and the phases' spread around it (`host_speed`, replay.analysis.hostspeed)."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise CalibrationError("calibrate needs at least one run folder")
@@ -402,6 +407,15 @@ def calibrate(
         if tables:
             prof[SPREAD_KEY] = tables
             used = merge_profile(base, prof) if base else prof
+    host_report: dict[str, Any] = {}
+    if spread and host_speed:  # the same predictions: cpu_spread changes none of them
+        resolved = resolve_profile(used)
+        hs, speed, host_report = fit_host_speed(resolved, runs, steps, notes)
+        if hs is not None:
+            around, _ = fit_spread(resolved, runs, steps, [], speed)
+            prof[HOST_KEY] = {**hs, **({SPREAD_KEY: around} if around else {})}
+            used = merge_profile(base, prof) if base else prof
+            notes.append(describe_host_speed(host_report))
     quality = evaluate(used, runs, steps)
     quality.update(_gpu_fit_quality(used, joined, joined_y, fit_rows, len(steps)))
     if straggler:
@@ -412,7 +426,7 @@ def calibrate(
     if history_report is not None:
         quality["gpu_pass.history"] = history_report
     paths = list(sweep.paths) if sweep is not None else []
-    return Calibration(prof, quality, notes, paths, pw.verdict, spread_report)
+    return Calibration(prof, quality, notes, paths, pw.verdict, spread_report, host_report)
 
 
 def _envelope(
@@ -803,5 +817,7 @@ def write_calibration(cal: Calibration, path: str | Path, checks: dict[str, Any]
         report["shapes"] = cal.shapes
     if cal.spread:
         report["cpu_spread"] = cal.spread
+    if cal.host_speed:
+        report[HOST_KEY] = cal.host_speed
     text = json.dumps(report, indent=2, allow_nan=False) + "\n"
     return atomic_file(p.with_name(p.stem + ".fit.json"), text)

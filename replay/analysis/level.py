@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from bubblesim.core.runfmt import Run
+from sim.cost.profile import TP_KEY
 
 from .steps import CLEAN_TOL_S, predicted_gpu_ms, run_config
 
@@ -116,7 +117,8 @@ def _ratios(runs: Sequence[Run], decode: Mapping[str, Any]) -> tuple[np.ndarray,
             continue
         rows = rows[:: max(1, rows.size // MAX_SAMPLES)]
         meas = (s["gpu_end_s"][rows] - s["gpu_start_s"][rows]) * 1e3
-        pred = predicted_gpu_ms(run, {"version": 1, "gpu_pass": {"decode": decode}}, s, rows)
+        fit = {"version": 1, TP_KEY: cfg.tensor_parallel_size, "gpu_pass": {"decode": decode}}
+        pred = predicted_gpu_ms(run, fit, s, rows)
         ok = pred > 0
         ratios.append(meas[ok] / pred[ok])
         nrows.append(s["decode_tokens"][rows][ok].astype(np.float64))

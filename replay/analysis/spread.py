@@ -38,14 +38,19 @@ def weighted_quantiles(x: np.ndarray, w: np.ndarray, p: Sequence[float]) -> np.n
 
 
 def fit_spread(
-    prof: Mapping[str, Any], runs: Sequence[Run], steps: Steps, notes: list[str]
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:
+    prof: Mapping[str, Any], runs: Sequence[Run], steps: Steps, notes: list[str],
+    speed: np.ndarray | None = None,
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any]]:  # fmt: skip
     """`cpu_spread` of a resolved profile on `runs` and its report (per phase: steps, the
-    ratio's mean unweighted and weighted, the scale applied, the table)."""
+    ratio's mean unweighted and weighted, the scale applied, the table). `speed`: each step's
+    estimated host speed (replay.analysis.hostspeed), the predictions are multiplied by: the
+    spread around the host's speed (`host_speed.cpu_spread`)."""
     spread: dict[str, dict[str, list[float]]] = {}
     report: dict[str, Any] = {}
     probs = [*SPREAD_P[:-1], TOP_P]
     for phase, y, rows, pred in phase_predictions(prof, runs, steps):
+        if speed is not None:
+            pred = pred * speed[rows]
         ok = pred > 0
         if ok.sum() < MIN_STEPS:
             notes.append(

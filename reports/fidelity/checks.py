@@ -35,7 +35,7 @@ CONFIG_KEYS = ["model", "num_kv_blocks", "batches_in_flight", "max_num_seqs", "c
                "max_num_batched_tokens", "block_size", "chunked_prefill", "prefix_caching",
                "gc_freeze", "optimistic_spec_decode", "preallocated_backup_tokens",
                "accepted_count_by_sum", "reverse_placeholder_scan", "arrival",
-               "cuda_graphs_mixed"]  # fmt: skip
+               "cuda_graphs_mixed", "tensor_parallel_size", "tp_allreduce"]  # fmt: skip
 
 
 def sh(*args: str) -> None:

@@ -23,6 +23,7 @@ from bubblesim.core.phases import CPU_PHASES
 
 from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
 from .envelope import EnvelopeError, check_envelope
+from .hostspeed import HOST_KEY, HostSpeedError, check_host_speed
 from .linear import DECODE_TERMS, LINEAR_TERMS, MAX_KEY, MIXED_TERMS
 from .spread import SPREAD_KEY, SpreadError, check_spread
 from .table import NONLINEAR_KEYS, TABLE_KEY, TableError, check_spline, check_table
@@ -66,6 +67,7 @@ TOP_KEYS = (
     "launch",
     "cpu_phases",
     SPREAD_KEY,
+    HOST_KEY,
     "terms",
     "ngram_gpu",
     "sync",
@@ -176,16 +178,26 @@ def _check_gc(where: str, value: Any) -> None:
                 raise _fail(where, f"gc.{k}[{g}]", f"must be >= 0, got {x!r}")
 
 
-def _check_spread(where: str, value: Any) -> None:
+def _check_spread(where: str, value: Any, name: str = SPREAD_KEY) -> None:
     """`cpu_spread`: per CPU phase, a quantile table of measured / predicted (sim.cost.spread)."""
-    table = _table(where, SPREAD_KEY, value)
-    _known(where, f"{SPREAD_KEY}.", table, CPU_PHASES)
+    table = _table(where, name, value)
+    _known(where, f"{name}.", table, CPU_PHASES)
     for phase, t in table.items():
         try:
             check_spread(t)
         except SpreadError as e:
-            key = f"{SPREAD_KEY}.{phase}" + (f".{e.key}" if e.key else "")
+            key = f"{name}.{phase}" + (f".{e.key}" if e.key else "")
             raise _fail(where, key, e.why) from None
+
+
+def _check_host_speed(where: str, value: Any) -> None:
+    """`host_speed`: the host's slowly varying speed (sim.cost.hostspeed)."""
+    try:
+        spread = check_host_speed(value)
+    except HostSpeedError as e:
+        raise _fail(where, HOST_KEY + (f".{e.key}" if e.key else ""), e.why) from None
+    if spread is not None:
+        _check_spread(where, spread, f"{HOST_KEY}.{SPREAD_KEY}")
 
 
 def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any]:
@@ -230,6 +242,8 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
             _check_linear_map(where, key, prof[key], names)
     if SPREAD_KEY in prof:
         _check_spread(where, prof[SPREAD_KEY])
+    if HOST_KEY in prof:
+        _check_host_speed(where, prof[HOST_KEY])
     if "sync" in prof:
         _check_linear(where, "sync", prof["sync"])
     if "gc" in prof:

@@ -19,6 +19,10 @@ The multipliers of a phase come in blocks of BLOCK_STEPS steps, block b drawn fr
 fast path (sim.fast) asks for it, so both see the same value and
 stay bit-identical. `stream` tells replicas behind a router apart. No `cpu_spread` (the
 default): no multiplier, the simulator's arithmetic is unchanged.
+
+With a `host_speed` (sim.cost.hostspeed) the tables are `host_speed.cpu_spread` (the spread
+around the host's speed; none: the top-level `cpu_spread`) and `PhaseSpread.host` holds the
+speed, which sim.clock.StepClock multiplies the phases by as well.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from bubblesim.core.phases import CPU_PHASES
+
+from .hostspeed import HOST_KEY, HostSpeed, host_speed
 
 if TYPE_CHECKING:
     import numpy as np
@@ -101,7 +107,11 @@ class PhaseSpread:
     without a table: 1.0); `ensure(first, last)` moves the window to cover those steps (whole
     blocks, the earlier ones dropped). The loops index it as `window[i][step - lo]`."""
 
-    def __init__(self, spread: Mapping[str, Any], seed: int, stream: int = 0) -> None:
+    def __init__(
+        self, spread: Mapping[str, Any], seed: int, stream: int = 0, host: HostSpeed | None = None
+    ) -> None:
+        """`host`: the host's speed (None: off), multiplied in by sim.clock.StepClock."""
+        self.host = host
         self.tables = [spread.get(phase) for phase in CPU_PHASES]
         self.key = (int(seed), int(stream))
         self.lo = self.hi = 0
@@ -141,6 +151,12 @@ class PhaseSpread:
 
 
 def phase_spread(profile: Mapping[str, Any], seed: int, stream: int = 0) -> PhaseSpread | None:
-    """The multipliers of a resolved profile's `cpu_spread`, or None when it has none."""
+    """The multipliers of a resolved profile's `cpu_spread` and `host_speed`, or None when it
+    has neither."""
     spread = profile.get(SPREAD_KEY) or {}
-    return PhaseSpread(spread, seed, stream) if spread else None
+    host = host_speed(profile, seed, stream)
+    if host is not None:
+        spread = profile[HOST_KEY].get(SPREAD_KEY, spread)
+    if not spread and host is None:
+        return None
+    return PhaseSpread(spread, seed, stream, host)
