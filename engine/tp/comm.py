@@ -18,6 +18,7 @@ cost on rank 0.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
@@ -233,8 +234,10 @@ class OneShot:
         assert group is not None
         self.group_name = group.group_name
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-        if enable is not None:  # older releases must be told; newer ones ignore it
-            enable(self.group_name)
+        if enable is not None:  # older releases must be told; newer ones warn that it is moot
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                enable(self.group_name)
         self.dtype, self.max_bytes = dtype, max_bytes
         self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, self.group_name)
