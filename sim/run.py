@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from bubblesim.core.atomic import temp_dir
 from bubblesim.core.config import Config
 from bubblesim.core.gpus import get_gpu
 from bubblesim.core.models import get_model, with_context
@@ -123,11 +125,79 @@ def simulate(
     `timeline_steps` steps, None for all, from the first step at or after `timeline_from_s`;
     without step records when `steps` is False: `write_run`). `progress` counts simulated
     seconds out of the trace's arrival span. A `scenario` the config came from is recorded in
-    the summary (`scenario`: the trace and the keys it set)."""
+    the summary (`scenario`: the trace and the keys it set).
+
+    With `out_dir`, the step records go to a spill folder beside it as the run goes (bounded
+    memory: bubblesim.core.runfmt.spill), removed once the folder is written or on error."""
+    cost = cost or load_cost_model(cfg)
+    spill = None
+    if out_dir is not None:
+        Path(out_dir).parent.mkdir(parents=True, exist_ok=True)
+        spill = temp_dir(Path(out_dir))
+    try:
+        return _simulate(
+            cfg, trace_path, out_dir, progress, cost, timeline_steps, timeline_from_s, steps,
+            scenario, spill,
+        )  # fmt: skip
+    finally:
+        if spill is not None:
+            shutil.rmtree(spill, ignore_errors=True)
+
+
+def _simulate(
+    cfg: Config,
+    trace_path: str | Path,
+    out_dir: str | Path | None,
+    progress: Progress | None,
+    cost: CostModel,
+    timeline_steps: int | None,
+    timeline_from_s: float,
+    steps: bool,
+    scenario: Scenario | None,
+    spill: Path | None,
+) -> SimResult:
+    rec, extra, wall_s, num_blocks = _run_loop(cfg, trace_path, progress, cost, spill)
+    if scenario is not None:
+        extra["scenario"] = {"trace": scenario.trace, "keys": scenario.flat()}
+    # the recorder's own columns become the Recording's: the folder is written with one copy
+    frozen = rec.freeze(release=True) if out_dir is not None or cost.envelope else None
+    if frozen is not None and cost.envelope:
+        extra["cost_envelope"] = envelope_share(cost.envelope, frozen)
+    summary: dict[str, Any]
+    if out_dir is not None:
+        assert frozen is not None
+        if progress is not None:
+            progress.phase("writing run folder")
+        extra["overload"] = overload_of(frozen.arrival, frozen.first_token, frozen.finish)
+        summary = write_run(
+            out_dir,
+            frozen,
+            config=cfg,
+            trace=trace_info(trace_path),
+            source={"kind": "sim"},
+            extra=extra,
+            timeline_max_steps=timeline_steps,
+            timeline_from_s=timeline_from_s,
+            steps=steps,
+        )
+    else:
+        summary = {"extra": extra}
+    return SimResult(summary, rec, wall_s, num_blocks)
+
+
+def _run_loop(
+    cfg: Config,
+    trace_path: str | Path,
+    progress: Progress | None,
+    cost: CostModel,
+    spill: Path | None,
+) -> tuple[RunRecorder, dict[str, Any], float, int]:
+    """The step loop over the trace: (recorder, the summary's `sim` facts, loop wall seconds,
+    KV blocks). The trace, the requests and the model's state are dropped on return, before
+    the run folder is written."""
     model = with_context(get_model(cfg.model), cfg.max_model_len)
     trace = read_trace(trace_path, model)
     gpu = get_gpu(cfg.gpu)
-    cost = cost or load_cost_model(cfg)
     why = fit_error(cfg, model, gpu)
     if why is not None:
         raise TraceError(why)
@@ -138,7 +208,7 @@ def simulate(
         why = sched.check_fits(r)
         if why is not None:
             raise TraceError(f"trace '{trace_path}' request {r.request_id!r}: {why}")
-    rec = RunRecorder()
+    rec = RunRecorder(spill_dir=spill)
     rec.add_requests([r.request_id for r in requests], [r.arrival_s for r in requests])
     gc = GCModel(cfg.gc, cfg.gc_freeze, cost.gc_pause_ms)
     accept = acceptance_for(cfg, trace)
@@ -164,29 +234,4 @@ def simulate(
             else "defaults",
         }
     }
-    if scenario is not None:
-        extra["scenario"] = {"trace": scenario.trace, "keys": scenario.flat()}
-    # the recorder's own columns go once copied: the folder is written with one copy in memory
-    frozen = rec.freeze(release=True) if out_dir is not None or cost.envelope else None
-    if frozen is not None and cost.envelope:
-        extra["cost_envelope"] = envelope_share(cost.envelope, frozen)
-    summary: dict[str, Any]
-    if out_dir is not None:
-        assert frozen is not None
-        if progress is not None:
-            progress.phase("writing run folder")
-        extra["overload"] = overload_of(frozen.arrival, frozen.first_token, frozen.finish)
-        summary = write_run(
-            out_dir,
-            frozen,
-            config=cfg,
-            trace=trace_info(trace_path),
-            source={"kind": "sim"},
-            extra=extra,
-            timeline_max_steps=timeline_steps,
-            timeline_from_s=timeline_from_s,
-            steps=steps,
-        )
-    else:
-        summary = {"extra": extra}
-    return SimResult(summary, rec, wall_s, num_blocks)
+    return rec, extra, wall_s, num_blocks

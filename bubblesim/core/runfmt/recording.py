@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.runfmt.spill import release
 from bubblesim.core.runfmt.stats import FloatArray
 
 IntArray = np.ndarray
@@ -72,6 +73,7 @@ def validate(rec: Recording) -> None:
         _fail_first(np.isnan(s) != np.isnan(e), f"step {{i}}: phase {name!r} has one end only")
         _fail_first(e < s, f"step {{i}}: phase {name!r} ends before it starts")
         _fail_first(np.isinf(s) | np.isinf(e), f"step {{i}}: phase {name!r} time is infinite")
+        release(rec.phase_start, rec.phase_end)  # a spilled run's maps: one column at a time
     gs, ge = rec.gpu_start, rec.gpu_end
     _fail_first(np.isnan(gs) != np.isnan(ge), "step {i}: GPU interval has one end only")
     _fail_first(ge < gs, "step {i}: GPU interval ends before it starts")
@@ -83,6 +85,7 @@ def validate(rec: Recording) -> None:
     n = rec.num_steps
     _fail_first((rec.gc_step < -1) | (rec.gc_step >= n), "GC pause {i}: step out of range")
     _fail_first(rec.accepted < 0, "step {i}: negative accepted draft tokens")
+    release(rec.gpu_start, rec.gpu_end, rec.accepted, rec.sync_start, rec.sync_end)
 
     _fail_first(~np.isfinite(rec.arrival), "request row {i}: arrival_s is not finite")
     _fail_first(rec.first_token < rec.arrival, "request row {i}: first token before arrival")
