@@ -187,3 +187,31 @@ def test_failed_run_leaves_no_spill_folder(tmp_path):
         with pytest.raises(RuntimeError, match="disk full"):
             run.simulate(cfg, trace, out)
     assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_bubbles_from_the_activities_near_the_gaps_are_the_whole_runs(tmp_path, monkeypatch):
+    """account_bubbles keeps only the CPU activities that overlap a gap with bubble; against
+    every activity (the former way), on a CPU-bound run with bubbles of every cause."""
+    from bubblesim.core.phases import CPU_PHASES, GC, SYNC
+    from bubblesim.core.runfmt import bubbles
+    from bubblesim.core.runfmt.intervals import SortedIntervals
+
+    trace = _trace(tmp_path / "t.parquet", 200)
+    sets = ["model=tiny", "max_num_batched_tokens=256", "gc_freeze=false"]
+    rec = run.simulate(load_config(None, sets), trace).recorder.freeze()
+    now = account_bubbles(rec, chunk_gaps=16)
+
+    def every(r: Recording, gap_s: np.ndarray, gap_e: np.ndarray) -> dict:
+        acts = {
+            j: SortedIntervals.of(r.phase_start[:, j], r.phase_end[:, j])
+            for j in range(len(CPU_PHASES))
+        }
+        acts[bubbles.CAUSES.index(SYNC)] = SortedIntervals.of(r.sync_start, r.sync_end)
+        acts[bubbles.CAUSES.index(GC)] = SortedIntervals.of(r.gc_start, r.gc_start + r.gc_dur)
+        return acts
+
+    monkeypatch.setattr(bubbles, "_activities", every)
+    before = account_bubbles(rec, chunk_gaps=16)
+    assert now.bubble_s > 0 and sum(v > 0 for v in now.by_cause.values()) >= 3
+    for f in fields(before):
+        assert _same(getattr(before, f.name), getattr(now, f.name)), f.name

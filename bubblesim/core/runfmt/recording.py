@@ -78,8 +78,10 @@ def validate(rec: Recording) -> None:
     _fail_first(np.isnan(gs) != np.isnan(ge), "step {i}: GPU interval has one end only")
     _fail_first(ge < gs, "step {i}: GPU interval ends before it starts")
     _fail_first(np.isinf(gs) | np.isinf(ge), "step {i}: GPU time is infinite")
+    release(gs, ge)
     _fail_first(~np.isfinite(rec.sync_start) | ~np.isfinite(rec.sync_end), "sync wait {i}: NaN")
     _fail_first(rec.sync_end < rec.sync_start, "sync wait {i}: ends before it starts")
+    release(rec.sync_start, rec.sync_end)
     _fail_first(~np.isfinite(rec.gc_start) | ~np.isfinite(rec.gc_dur), "GC pause {i}: NaN")
     _fail_first(rec.gc_dur < 0, "GC pause {i}: negative duration")
     n = rec.num_steps
