@@ -159,9 +159,9 @@ def _encode(table: pa.Table, plan: _Plan, carry: dict[str, tuple[int, int]] | No
             if f.name in nans:
                 fields.append(pa.field(NAN_PREFIX + f.name, pa.bool_(), nullable=False))
                 arrays.append(pa.array(nans[f.name]))
-        elif f.name in plan.int32:
+        elif f.name in plan.int32:  # no nulls, every value fits: numpy casts it as arrow would
             fields.append(pa.field(f.name, pa.int32(), metadata={TYPE_KEY: b"int64"}))
-            arrays.append(col.cast(pa.int32()))
+            arrays.append(pa.array(col.to_numpy().astype(np.int32)))
         elif pa.types.is_int64(f.type):
             fields.append(f.with_metadata({TYPE_KEY: b"int64"}))
             arrays.append(col)

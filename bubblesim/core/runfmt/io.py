@@ -35,6 +35,7 @@ from bubblesim.core.runfmt.tables import (
     gc_table,
     requests_table,
     steps_table,
+    sync_in_order,
 )
 from bubblesim.core.runfmt.timeline import DEFAULT_MAX_STEPS, build_timeline, window
 
@@ -171,8 +172,10 @@ def _step_rows(rec: Recording, bub: Bubbles) -> Callable[[int, int], pa.Table]:
     """steps.parquet's rows [lo, hi), for codec.write_chunks; the spilled columns' pages they
     read are released (bubblesim.core.runfmt.spill), so a long run is written in bounded memory."""
 
+    in_order = sync_in_order(rec)
+
     def rows(lo: int, hi: int) -> pa.Table:
-        table = steps_table(rec, bub, lo, hi)
+        table = steps_table(rec, bub, lo, hi, in_order)
         release(rec.shape, rec.phase_start, rec.phase_end, rec.gpu_start, rec.gpu_end)
         release(rec.accepted, rec.sync_start, rec.sync_end, rec.sync_step)
         return table

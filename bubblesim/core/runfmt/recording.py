@@ -8,6 +8,7 @@ where a phase is absent; `gpu_start`/`gpu_end` (n,), NaN where a step has no GPU
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -66,8 +67,22 @@ def _fail_first(bad: np.ndarray, what: str) -> None:
         raise RecordingError(what.format(i=int(idx[0])) + f" ({idx.size} such)")
 
 
-def validate(rec: Recording) -> None:
-    """Raise RecordingError naming the first step/row that breaks an invariant."""
+# Recordings that passed `validate` as `RunRecorder.freeze` made them (their arrays are the
+# recorder's own, written by nobody since): write_run does not check them twice.
+_VALID: weakref.WeakValueDictionary[int, Recording] = weakref.WeakValueDictionary()
+
+
+def validate(rec: Recording, trusted: bool = False) -> None:
+    """Raise RecordingError naming the first step/row that breaks an invariant. `trusted`:
+    the caller made `rec` and nothing else holds it; once valid it is not checked again."""
+    if _VALID.get(id(rec)) is rec:
+        return
+    _check(rec)
+    if trusted:
+        _VALID[id(rec)] = rec
+
+
+def _check(rec: Recording) -> None:
     for j, name in enumerate(CPU_PHASES):
         s, e = rec.phase_start[:, j], rec.phase_end[:, j]
         _fail_first(np.isnan(s) != np.isnan(e), f"step {{i}}: phase {name!r} has one end only")

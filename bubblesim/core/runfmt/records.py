@@ -599,7 +599,7 @@ class RunRecorder:
             itl_quantiles=self._itl_quantiles(),
             itl_exact=self._itl_hist is None,
         )
-        validate(rec)
+        validate(rec, trusted=True)
         if release:
             self._release(rec)
         return rec

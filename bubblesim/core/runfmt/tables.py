@@ -83,8 +83,15 @@ def requests_table(rec: Recording) -> pa.Table:
     return pa.table(cols)
 
 
-def steps_table(rec: Recording, bub: Bubbles, lo: int = 0, hi: int | None = None) -> pa.Table:
-    """The steps [lo, hi) (all by default): each row as in the whole table."""
+def steps_table(
+    rec: Recording,
+    bub: Bubbles,
+    lo: int = 0,
+    hi: int | None = None,
+    sync_sorted: bool | None = None,
+) -> pa.Table:
+    """The steps [lo, hi) (all by default): each row as in the whole table. `sync_sorted`:
+    whether rec.sync_step ascends (`sync_in_order`), if the caller knows (a chunked write)."""
     hi = rec.num_steps if hi is None else min(hi, rec.num_steps)
     cut = slice(lo, hi)
     cols: dict[str, object] = {"step": np.arange(lo, hi, dtype=np.int64)}
@@ -93,7 +100,7 @@ def steps_table(rec: Recording, bub: Bubbles, lo: int = 0, hi: int | None = None
     for j, p in enumerate(CPU_PHASES):
         cols[f"{p}_start_s"] = rec.phase_start[cut, j]
         cols[f"{p}_end_s"] = rec.phase_end[cut, j]
-    cols.update(_sync_columns(rec, lo, hi))
+    cols.update(_sync_columns(rec, lo, hi, sync_sorted))
     cols["gpu_start_s"] = rec.gpu_start[cut]
     cols["gpu_end_s"] = rec.gpu_end[cut]
     gc_in = (rec.gc_step >= lo) & (rec.gc_step < hi)  # in recorded order: the same sums
@@ -112,12 +119,18 @@ def steps_table(rec: Recording, bub: Bubbles, lo: int = 0, hi: int | None = None
     return pa.table(cols)
 
 
-def _sync_columns(rec: Recording, lo: int, hi: int) -> dict[str, np.ndarray]:
+def sync_in_order(rec: Recording) -> bool:
+    """Whether the sync waits are recorded in step order (a step loop's are)."""
+    step = rec.sync_step
+    return bool(np.all(step[1:] >= step[:-1]))
+
+
+def _sync_columns(rec: Recording, lo: int, hi: int, in_order: bool | None) -> dict[str, np.ndarray]:
     """The sync columns of steps [lo, hi): from their waits alone (a slice when the waits are
     in step order, as a step loop records them; a mask otherwise), in recorded order."""
     step = rec.sync_step
     if step.size and (lo > 0 or hi < rec.num_steps):
-        if bool(np.all(step[1:] >= step[:-1])):
+        if sync_in_order(rec) if in_order is None else in_order:
             a, b = np.searchsorted(step, [lo, hi])
             pick: slice | np.ndarray = slice(int(a), int(b))
         else:
