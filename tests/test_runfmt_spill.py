@@ -215,3 +215,22 @@ def test_bubbles_from_the_activities_near_the_gaps_are_the_whole_runs(tmp_path, 
     assert now.bubble_s > 0 and sum(v > 0 for v in now.by_cause.values()) >= 3
     for f in fields(before):
         assert _same(getattr(before, f.name), getattr(now, f.name)), f.name
+
+
+def test_chunked_write_error_propagates(tmp_path, monkeypatch):
+    """A row group that fails to write (in the writer thread) fails the write, file closed."""
+    n = 300
+    table = pa.table({"t": np.arange(n) * 0.1, "i": np.arange(n)})
+    calls = []
+    real = pq.ParquetWriter.write_table
+
+    def failing(self: pq.ParquetWriter, *a: object, **kw: object) -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", failing)
+    with pytest.raises(OSError, match="disk full"):
+        _roundtrip(table, tmp_path / "c.parquet", 100)
+    assert len(calls) == 2

@@ -24,6 +24,7 @@ the schema carries `bubblesim.codec`: a table without it (format version 1) is r
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,29 +78,41 @@ def write_chunks(
     num_rows: int,
     rows: Callable[[int, int], pa.Table],
     row_group_rows: int | None = None,
+    plan_rows: Callable[[int, int], pa.Table] | None = None,
 ) -> None:
     """Write the table whose rows [lo, hi) are `rows(lo, hi)` (`num_rows` in all), holding one
     row group of `row_group_rows` (default ROW_GROUP_ROWS) at a time. A table of one row group
     is `write_table`'s, byte for byte; a longer one is encoded the same way, with the decisions
     that need the whole table (nanoseconds, int32, the tree) taken over all its rows first, and
     a column's row differences running on across row groups, so `read_table` gives back every
-    value."""
+    value. `plan_rows` (default `rows`) gives the rows for those decisions: it may leave out
+    columns that are neither float64 nor int64."""
     row_group_rows = row_group_rows or ROW_GROUP_ROWS
     if num_rows <= row_group_rows:
         write_table(rows(0, num_rows), path)
         return
-    plan = _plan_chunks(num_rows, rows, row_group_rows)
+    plan = _plan_chunks(num_rows, plan_rows or rows, row_group_rows)
     carry: dict[str, tuple[int, int]] = {}  # float column -> last (stored value, ns) written
     writer: pq.ParquetWriter | None = None
-    try:
-        for lo in range(0, num_rows, row_group_rows):
-            enc = _encode(rows(lo, min(num_rows, lo + row_group_rows)), plan, carry)
-            if writer is None:
-                writer = pq.ParquetWriter(path, enc.schema, **_writer_args(enc.schema))
-            writer.write_table(enc, row_group_size=row_group_rows)
-    finally:
-        if writer is not None:
-            writer.close()
+    pending: Future[None] | None = None  # the previous row group, written by `pool`
+    # one row group is written (parquet releases the GIL) while the next is built and encoded:
+    # the same row groups in the same order, one more of them in memory
+    with ThreadPoolExecutor(1, thread_name_prefix="parquet") as pool:
+        try:
+            for lo in range(0, num_rows, row_group_rows):
+                enc = _encode(rows(lo, min(num_rows, lo + row_group_rows)), plan, carry)
+                if writer is None:
+                    writer = pq.ParquetWriter(path, enc.schema, **_writer_args(enc.schema))
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(writer.write_table, enc, row_group_size=row_group_rows)
+            if pending is not None:
+                pending.result()
+        finally:
+            if pending is not None:
+                wait([pending])  # never close the file under a write
+            if writer is not None:
+                writer.close()
 
 
 @dataclass

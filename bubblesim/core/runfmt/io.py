@@ -157,7 +157,8 @@ def write_run(
         codec.write_table(requests_table(frozen), tmp / REQUESTS)
         codec.write_table(gc_table(frozen), tmp / GC_PAUSES)
         if steps:
-            codec.write_chunks(tmp / STEPS, frozen.num_steps, _step_rows(frozen, bub))
+            rows, plan_rows = _step_rows(frozen, bub)
+            codec.write_chunks(tmp / STEPS, frozen.num_steps, rows, plan_rows=plan_rows)
             (tmp / TIMELINE).write_text(timeline_text)
         (tmp / SUMMARY).write_text(summary_text)  # last: a folder with it is complete
         swap_in(tmp, out)
@@ -168,19 +169,21 @@ def write_run(
     return loaded
 
 
-def _step_rows(rec: Recording, bub: Bubbles) -> Callable[[int, int], pa.Table]:
-    """steps.parquet's rows [lo, hi), for codec.write_chunks; the spilled columns' pages they
-    read are released (bubblesim.core.runfmt.spill), so a long run is written in bounded memory."""
-
+def _step_rows(
+    rec: Recording, bub: Bubbles
+) -> tuple[Callable[[int, int], pa.Table], Callable[[int, int], pa.Table]]:
+    """steps.parquet's rows [lo, hi) for codec.write_chunks, and the same without its string
+    column (all its encoding plan reads); the spilled columns' pages they read are released
+    (bubblesim.core.runfmt.spill), so a long run is written in bounded memory."""
     in_order = sync_in_order(rec)
 
-    def rows(lo: int, hi: int) -> pa.Table:
-        table = steps_table(rec, bub, lo, hi, in_order)
+    def rows(lo: int, hi: int, cause: bool = True) -> pa.Table:
+        table = steps_table(rec, bub, lo, hi, in_order, cause)
         release(rec.shape, rec.phase_start, rec.phase_end, rec.gpu_start, rec.gpu_end)
         release(rec.accepted, rec.sync_start, rec.sync_end, rec.sync_step)
         return table
 
-    return rows
+    return rows, lambda lo, hi: rows(lo, hi, cause=False)
 
 
 def _is_run_dir(p: Path) -> bool:

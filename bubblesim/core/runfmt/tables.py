@@ -89,9 +89,11 @@ def steps_table(
     lo: int = 0,
     hi: int | None = None,
     sync_sorted: bool | None = None,
+    cause: bool = True,
 ) -> pa.Table:
     """The steps [lo, hi) (all by default): each row as in the whole table. `sync_sorted`:
-    whether rec.sync_step ascends (`sync_in_order`), if the caller knows (a chunked write)."""
+    whether rec.sync_step ascends (`sync_in_order`), if the caller knows (a chunked write);
+    `cause` False leaves out the string column bubble_cause."""
     hi = rec.num_steps if hi is None else min(hi, rec.num_steps)
     cut = slice(lo, hi)
     cols: dict[str, object] = {"step": np.arange(lo, hi, dtype=np.int64)}
@@ -111,11 +113,12 @@ def steps_table(
     cols["gc_count"] = np.bincount(gc_row, minlength=hi - lo).astype(np.int64)
     cols["gpu_idle_before_s"] = bub.gpu_idle_before_s[cut]
     cols["bubble_before_s"] = bub.bubble_before_s[cut]
-    codes = pa.array(bub.bubble_cause_code[cut].astype(np.int32) + 1)
-    names = pa.array(("", *CAUSES), pa.string())
-    cols["bubble_cause"] = pa.DictionaryArray.from_arrays(codes, names).dictionary_decode()
+    if cause:
+        codes = pa.array(bub.bubble_cause_code[cut].astype(np.int32) + 1)
+        names = pa.array(("", *CAUSES), pa.string())
+        cols["bubble_cause"] = pa.DictionaryArray.from_arrays(codes, names).dictionary_decode()
     cols["accepted_draft_tokens"] = rec.accepted[cut]
-    assert tuple(cols) == STEP_COLUMNS
+    assert tuple(cols) == tuple(c for c in STEP_COLUMNS if cause or c != "bubble_cause")
     return pa.table(cols)
 
 
