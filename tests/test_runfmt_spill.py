@@ -234,3 +234,19 @@ def test_chunked_write_error_propagates(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         _roundtrip(table, tmp_path / "c.parquet", 100)
     assert len(calls) == 2
+
+
+def test_count_upto_is_searchsorted():
+    """measure_upto's lookup for ascending points (a run's gaps): the same counts."""
+    from bubblesim.core.runfmt.intervals import _count_upto
+
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        n, m = int(rng.integers(0, 50)), int(rng.integers(0, 200))
+        starts = np.sort(rng.choice(np.arange(100.0), n))
+        x = np.sort(rng.choice(np.arange(-5.0, 105.0, 0.5), m))
+        if trial % 3 == 0:
+            x = np.sort(np.concatenate((x, starts[: m // 3])))  # points on the starts
+        if trial % 5 == 0:
+            x = x[::-1].copy()  # not ascending: the plain lookup
+        assert np.array_equal(_count_upto(starts, x), np.searchsorted(starts, x, side="right"))
