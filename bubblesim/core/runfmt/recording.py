@@ -67,8 +67,9 @@ def _fail_first(bad: np.ndarray, what: str) -> None:
         raise RecordingError(what.format(i=int(idx[0])) + f" ({idx.size} such)")
 
 
-# Recordings that passed `validate` as `RunRecorder.freeze` made them (their arrays are the
-# recorder's own, written by nobody since): write_run does not check them twice.
+# Recordings that passed `validate` as `RunRecorder.freeze(release=True)` made them (their
+# arrays are the released recorder's, written by nobody since): write_run does not check them
+# twice.
 _VALID: weakref.WeakValueDictionary[int, Recording] = weakref.WeakValueDictionary()
 
 

@@ -599,7 +599,7 @@ class RunRecorder:
             itl_quantiles=self._itl_quantiles(),
             itl_exact=self._itl_hist is None,
         )
-        validate(rec, trusted=True)
+        validate(rec, trusted=release)  # released: nothing else writes its arrays
         if release:
             self._release(rec)
         return rec
