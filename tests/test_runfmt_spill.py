@@ -54,7 +54,7 @@ def _recordings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Record
 
     monkeypatch.setattr(run, "RunRecorder", spilling)
     spilled = run.simulate(cfg, trace).recorder.freeze()
-    assert len(list(spill.glob("*.bin"))) > 20
+    assert len(list(spill.glob("*.bin"))) == 6 and len(list(spill.glob("*.block"))) == 3
     return plain, spilled
 
 
@@ -89,13 +89,16 @@ def test_spill_columns_and_blocks(tmp_path):
     with pytest.raises(TypeError):
         sp.append("a", np.arange(2))
     sp.close()
-    assert _same(sp.column("a", np.float64, 5), np.arange(5.0))
+    assert _same(np.asarray(sp.column("a", np.float64, 5)), np.arange(5.0))
+    with pytest.raises(ValueError, match="holds 5 rows, 6 asked"):
+        sp.column("a", np.float64, 6)
     block = sp.block("ab", ["a", "b"], np.float64, 4)
     assert block.shape == (4, 2) and block.flags.f_contiguous
     assert _same(np.asarray(block[:, 1]), -np.arange(4.0))
-    assert sp.block("none", ["a"], np.float64, 0).shape == (0, 1)
-    with pytest.raises(ValueError, match="holds 5 rows, 6 asked"):
-        sp.column("a", np.float64, 6)
+    assert sp.block("none", [], np.float64, 0).shape == (0, 0)
+    with pytest.raises(ValueError, match="joined into a block and deleted"):
+        sp.column("b", np.float64, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ab.block", "none.block"]
 
 
 def _roundtrip(table: pa.Table, path: Path, rows: int | None) -> pa.Table:

@@ -58,22 +58,27 @@ class StepSpill:
 
     def block(self, out: str, names: list[str], dtype: type, n: int) -> np.ndarray:
         """Columns `names` side by side as an (n, len(names)) column-major read-only map, the
-        files joined on disk (copy_file_range: no copy passes through this process)."""
+        files joined on disk (copy_file_range: no copy passes through this process); each
+        column's own file is deleted once copied (the disk holds the run about once)."""
         path = self.folder / f"{out}.block"
         item = np.dtype(dtype).itemsize
         with open(path, "wb") as dst:
             for name in names:
                 self._check(name, n)
-                if n == 0:
-                    continue
-                with open(self.folder / f"{name}.bin", "rb") as src:
-                    _copy(src.fileno(), dst.fileno(), n * item)
+                col = self.folder / f"{name}.bin"
+                if n:
+                    with open(col, "rb") as src:
+                        _copy(src.fileno(), dst.fileno(), n * item)
+                col.unlink(missing_ok=True)
+                self._rows[name] = -1  # gone: column() and block() refuse it
         return _map(path, np.dtype(dtype), (n, len(names)))
 
     def _check(self, name: str, n: int) -> None:
         f = self._files.get(name)
         if f is not None and not f.closed:  # type: ignore[attr-defined]
             f.flush()  # type: ignore[attr-defined]
+        if self.rows(name) < 0:
+            raise ValueError(f"spill column {name!r} was joined into a block and deleted")
         if self.rows(name) < n:
             raise ValueError(f"spill column {name!r} holds {self.rows(name)} rows, {n} asked")
 
