@@ -253,3 +253,23 @@ def test_count_upto_is_searchsorted():
         if trial % 5 == 0:
             x = x[::-1].copy()  # not ascending: the plain lookup
         assert np.array_equal(_count_upto(starts, x), np.searchsorted(starts, x, side="right"))
+
+
+def test_chunked_plan_guess_missed_is_rewritten(tmp_path):
+    """Decisions guessed on the first row group and the sample rows (nanoseconds, int32) that a
+    later row group breaks: the file is written again, decided on every row."""
+    n = 5000
+    sampled = np.zeros(n, bool)
+    for s in codec._sample_starts(n):
+        sampled[s : s + 129] = True
+    row = int(np.flatnonzero(~sampled[100:])[0]) + 100  # neither first group nor sample
+    t = np.arange(n) / 1e9  # whole nanoseconds...
+    t[row] = 0.1234567891234  # ...but one
+    big = np.arange(n, dtype=np.int64)
+    big[row] = 1 << 40
+    table = pa.table({"t": t, "i": big})
+    back = _roundtrip(table, tmp_path / "c.parquet", 100)
+    for name in table.column_names:
+        assert _same(table.column(name).to_numpy(), back.column(name).to_numpy()), name
+    schema = pq.read_schema(tmp_path / "c.parquet")
+    assert codec.NS_KEY not in schema.field("t").metadata and schema.field("i").type == pa.int64()

@@ -86,12 +86,35 @@ def write_chunks(
     that need the whole table (nanoseconds, int32, the tree) taken over all its rows first, and
     a column's row differences running on across row groups, so `read_table` gives back every
     value. `plan_rows` (default `rows`) gives the rows for those decisions: it may leave out
-    columns that are neither float64 nor int64."""
+    columns that are neither float64 nor int64.
+
+    The decisions are first taken on the first row group and `_sample`'s rows, then checked on
+    every row group as it is encoded; they hold for the whole table exactly when no check
+    fails (then they are the whole table's), else the file is written again with decisions
+    taken over every row."""
     row_group_rows = row_group_rows or ROW_GROUP_ROWS
     if num_rows <= row_group_rows:
         write_table(rows(0, num_rows), path)
         return
-    plan = _plan_chunks(num_rows, plan_rows or rows, row_group_rows)
+    plan = _plan_chunks(num_rows, plan_rows or rows, row_group_rows, first_only=True)
+    try:
+        _write_groups(path, num_rows, rows, row_group_rows, plan)
+    except _PlanMiss:
+        plan = _plan_chunks(num_rows, plan_rows or rows, row_group_rows)
+        _write_groups(path, num_rows, rows, row_group_rows, plan)
+
+
+class _PlanMiss(Exception):
+    """A row group breaks a decision taken on a sample of rows (nanoseconds, int32)."""
+
+
+def _write_groups(
+    path: str | Path,
+    num_rows: int,
+    rows: Callable[[int, int], pa.Table],
+    row_group_rows: int,
+    plan: _Plan,
+) -> None:
     carry: dict[str, tuple[int, int]] = {}  # float column -> last (stored value, ns) written
     writer: pq.ParquetWriter | None = None
     pending: Future[None] | None = None  # the previous row group, written by `pool`
@@ -173,6 +196,8 @@ def _encode(table: pa.Table, plan: _Plan, carry: dict[str, tuple[int, int]] | No
                 fields.append(pa.field(NAN_PREFIX + f.name, pa.bool_(), nullable=False))
                 arrays.append(pa.array(nans[f.name]))
         elif f.name in plan.int32:  # no nulls, every value fits: numpy casts it as arrow would
+            if carry is not None and not _fits_int32(col):
+                raise _PlanMiss(f.name)
             fields.append(pa.field(f.name, pa.int32(), metadata={TYPE_KEY: b"int64"}))
             arrays.append(pa.array(col.to_numpy().astype(np.int32)))
         elif pa.types.is_int64(f.type):
@@ -192,22 +217,27 @@ def _domain(bits: np.ndarray, ns: bool, fill: int = 0) -> tuple[np.ndarray, np.n
     if not ns:
         return bits, np.zeros(0, bool)
     out = _nanoseconds(bits, fill)
-    assert out is not None, "a column planned as nanoseconds is not"
+    if out is None:
+        raise _PlanMiss("a column planned as nanoseconds is not")
     return out
 
 
-def _plan_chunks(n: int, rows: Callable[[int, int], pa.Table], step: int) -> _Plan:
+def _plan_chunks(
+    n: int, rows: Callable[[int, int], pa.Table], step: int, first_only: bool = False
+) -> _Plan:
     """`encode`'s decisions for the n rows `rows` gives, reading them `step` at a time: a column
-    is nanoseconds / int32 if every chunk is; the tree is chosen on `_sample`'s rows."""
+    is nanoseconds / int32 if every chunk is (`first_only`: the first chunk and `_sample`'s
+    rows, a guess to check); the tree is chosen on `_sample`'s rows."""
     plan = _Plan()
     floats: list[str] = []
     ns_ok: dict[str, bool] = {}
     lo_hi: dict[str, tuple[int, int] | None] = {}
-    for lo in range(0, n, step):
-        t = rows(lo, min(n, lo + step))
+    windows = [rows(int(s), int(s) + _WINDOW_ROWS) for s in _sample_starts(n)]
+    chunks = (rows(lo, min(n, lo + step)) for lo in range(0, step if first_only else n, step))
+    for k, t in enumerate(chunks if not first_only else [*chunks, *windows]):
         for f in t.schema:
             if pa.types.is_float64(f.type):
-                if lo == 0:
+                if k == 0:
                     floats.append(f.name)
                 if ns_ok.get(f.name, True):
                     ns_ok[f.name] = _nanoseconds(_bits(t.column(f.name))) is not None
@@ -216,13 +246,11 @@ def _plan_chunks(n: int, rows: Callable[[int, int], pa.Table], step: int) -> _Pl
                 if r is None or old is None:
                     lo_hi[f.name] = None  # nulls: stays int64
                 else:
-                    lo_hi[f.name] = (min(old[0], r[0]), max(old[1], r[1])) if lo else r
+                    lo_hi[f.name] = (min(old[0], r[0]), max(old[1], r[1])) if k else r
     plan.ns = {c for c in floats if ns_ok[c]}
     plan.int32 = {
         c for c, r in lo_hi.items() if r is not None and r[0] >= _INT32.min and r[1] <= _INT32.max
     }
-    starts = _sample_starts(n)
-    windows = [rows(int(s), int(s) + _WINDOW_ROWS) for s in starts]
     plan.refs = _tree(
         {
             c: np.concatenate([_domain(_bits(w.column(c)), c in plan.ns)[0] for w in windows])
