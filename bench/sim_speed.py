@@ -97,15 +97,14 @@ def child(trace: str, sets: list[str]) -> dict[str, Any]:
     from sim.loop import SimLoop
 
     marks: dict[str, float] = {}
-    loops: list[SimLoop] = []
     orig_run = SimLoop.run
 
-    def timed_run(self: SimLoop) -> None:
-        loops.append(self)
+    def timed_run(self: SimLoop) -> None:  # keeps no reference to the loop (peak RSS as the CLI)
         marks["loop0"] = time.perf_counter()
         orig_run(self)
         marks["loop1"] = time.perf_counter()
         marks["loop_rss_mb"] = _rss_mb()
+        marks["ff_steps"] = self.ff.num_steps if self.ff is not None else 0
 
     SimLoop.run = timed_run  # type: ignore[method-assign]
     cfg = load_config(None, [*BASE_SETS, *sets])
@@ -114,7 +113,6 @@ def child(trace: str, sets: list[str]) -> dict[str, Any]:
         res = run.simulate(cfg, trace, Path(tmp) / "run")
         t1 = time.perf_counter()
     steps = res.recorder.num_steps
-    ff = loops[0].ff
     return {
         "requests": res.recorder.num_requests,
         "steps": steps,
@@ -122,7 +120,7 @@ def child(trace: str, sets: list[str]) -> dict[str, Any]:
         "setup_s": marks["loop0"] - t0,
         "loop_s": marks["loop1"] - marks["loop0"],
         "folder_s": t1 - marks["loop1"],
-        "ff_share": ff.num_steps / steps if ff is not None and steps else 0.0,
+        "ff_share": marks["ff_steps"] / steps if steps else 0.0,
         "loop_rss_mb": marks["loop_rss_mb"],
         "rss_mb": _rss_mb(),
     }

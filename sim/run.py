@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import gc as pygc
+import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, overload
 
 import numpy as np
 
+from bubblesim.core.atomic import temp_dir
 from bubblesim.core.config import Config
 from bubblesim.core.gpus import get_gpu
 from bubblesim.core.models import get_model, with_context
@@ -85,6 +89,73 @@ def build_requests(trace: Trace, arrival_mode: str = "realtime") -> list[Request
     return out
 
 
+class RequestRows(Sequence[Request]):
+    """A lengths-only trace's requests in arrival order, each `Request` made when first
+    indexed: the loop reads them forward (`SimLoop.take_arrivals`), so a run of a million
+    requests holds only those in the engine, not a million objects. The last one made is
+    kept, so the request the loop peeks at is the one it submits. Each is the Request that
+    `build_requests` makes for that row."""
+
+    def __init__(self, trace: Trace, arrival_mode: str = "realtime") -> None:
+        order = trace.arrival_order()
+        self.request_id = trace.request_id[order]
+        self.arrival_s = np.zeros(len(order)) if arrival_mode == "asap" else trace.arrival_s[order]
+        self.prompt_len = trace.prompt_len[order]
+        self.output_len = trace.output_len[order]
+        self._last: tuple[int, Request] | None = None
+
+    @staticmethod
+    def fits(trace: Trace) -> bool:
+        """Whether the trace has lengths only (what RequestRows makes, build_requests would)."""
+        return (
+            trace.needs_history is None
+            and trace.prefix_group is None
+            and (trace.prompt_ids is None)
+        )
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @overload
+    def __getitem__(self, i: int) -> Request: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Request]: ...
+    def __getitem__(self, i: int | slice) -> Request | Sequence[Request]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if self._last is not None and self._last[0] == i:
+            return self._last[1]
+        if not 0 <= i < len(self):
+            raise IndexError(f"request row {i} of {len(self)}")
+        req = Request(
+            i,
+            _scalar(self.request_id[i]),
+            float(self.arrival_s[i]),
+            int(self.prompt_len[i]),
+            int(self.output_len[i]),
+        )
+        self._last = (i, req)
+        return req
+
+    def first_unfit(self, sched: Scheduler) -> tuple[Request, str] | None:
+        """The first request (arrival order) that `sched.check_fits` refuses, and why.
+        check_fits reads only prompt_len + output_len, so each distinct total is checked once,
+        on the first request that has it."""
+        total = self.prompt_len.astype(np.int64) + self.output_len
+        totals, first = np.unique(total, return_index=True)
+        bad = []
+        for row in first.tolist():
+            why = sched.check_fits(self[row])
+            if why is not None:
+                bad.append((row, why))
+        if not bad:
+            return None
+        row, why = min(bad)
+        return self[row], why
+
+
 def _scalar(x: Any) -> Any:
     """A numpy scalar as its Python value; anything else as is."""
     return x.item() if hasattr(x, "item") else x
@@ -123,51 +194,46 @@ def simulate(
     `timeline_steps` steps, None for all, from the first step at or after `timeline_from_s`;
     without step records when `steps` is False: `write_run`). `progress` counts simulated
     seconds out of the trace's arrival span. A `scenario` the config came from is recorded in
-    the summary (`scenario`: the trace and the keys it set)."""
-    model = with_context(get_model(cfg.model), cfg.max_model_len)
-    trace = read_trace(trace_path, model)
-    gpu = get_gpu(cfg.gpu)
+    the summary (`scenario`: the trace and the keys it set).
+
+    With `out_dir`, the step records go to a spill folder beside it as the run goes (bounded
+    memory: bubblesim.core.runfmt.spill), removed once they are mapped (before the folder is
+    written) or on error; a killed run's is swept by the next write there (core.atomic)."""
     cost = cost or load_cost_model(cfg)
-    why = fit_error(cfg, model, gpu)
-    if why is not None:
-        raise TraceError(why)
-    num_blocks = kv_blocks_for_gpu(cfg, model, gpu.memory_bytes)  # per replica (and per GPU)
-    sched = Scheduler(scheduler_config(cfg, model, num_blocks))
-    requests = build_requests(trace, cfg.arrival)
-    for r in requests:
-        why = sched.check_fits(r)
-        if why is not None:
-            raise TraceError(f"trace '{trace_path}' request {r.request_id!r}: {why}")
-    rec = RunRecorder()
-    rec.add_requests([r.request_id for r in requests], [r.arrival_s for r in requests])
-    gc = GCModel(cfg.gc, cfg.gc_freeze, cost.gc_pause_ms)
-    accept = acceptance_for(cfg, trace)
-    hook = None
-    if progress is not None:
-        progress.total = requests[-1].arrival_s if requests else 0.0
-        progress.unit = " s simulated"
-        hook = LoopProgress(progress)
-    loop = SimLoop(cfg, sched, cost, rec, requests, accept, gc, hook)
-    if hook is not None:
-        hook.attach(loop)
-    t0 = time.perf_counter()
-    loop.run()
-    wall_s = time.perf_counter() - t0
-    extra: dict[str, Any] = {
-        "sim": {
-            "wall_s": wall_s,
-            "num_kv_blocks": num_blocks,
-            "preemptions": sched.num_preemptions,
-            "gc_collections": gc.num_collections,
-            "cost_profile": cost.profile.get("source", "defaults")
-            if isinstance(cost.profile, dict)
-            else "defaults",
-        }
-    }
+    spill = None
+    if out_dir is not None:
+        Path(out_dir).parent.mkdir(parents=True, exist_ok=True)
+        spill = temp_dir(Path(out_dir))
+    try:
+        return _simulate(
+            cfg, trace_path, out_dir, progress, cost, timeline_steps, timeline_from_s, steps,
+            scenario, spill,
+        )  # fmt: skip
+    finally:
+        if spill is not None:
+            shutil.rmtree(spill, ignore_errors=True)
+
+
+def _simulate(
+    cfg: Config,
+    trace_path: str | Path,
+    out_dir: str | Path | None,
+    progress: Progress | None,
+    cost: CostModel,
+    timeline_steps: int | None,
+    timeline_from_s: float,
+    steps: bool,
+    scenario: Scenario | None,
+    spill: Path | None,
+) -> SimResult:
+    rec, extra, wall_s, num_blocks = _run_loop(cfg, trace_path, progress, cost, spill)
+    pygc.collect()  # the loop's objects hold cycles (loop <-> fast path, hooks): gone now
     if scenario is not None:
         extra["scenario"] = {"trace": scenario.trace, "keys": scenario.flat()}
-    # the recorder's own columns go once copied: the folder is written with one copy in memory
+    # the recorder's own columns become the Recording's: the folder is written with one copy
     frozen = rec.freeze(release=True) if out_dir is not None or cost.envelope else None
+    if spill is not None:  # its files stay readable through the Recording's maps until it dies
+        shutil.rmtree(spill, ignore_errors=True)
     if frozen is not None and cost.envelope:
         extra["cost_envelope"] = envelope_share(cost.envelope, frozen)
     summary: dict[str, Any]
@@ -190,3 +256,72 @@ def simulate(
     else:
         summary = {"extra": extra}
     return SimResult(summary, rec, wall_s, num_blocks)
+
+
+def _run_loop(
+    cfg: Config,
+    trace_path: str | Path,
+    progress: Progress | None,
+    cost: CostModel,
+    spill: Path | None,
+) -> tuple[RunRecorder, dict[str, Any], float, int]:
+    """The step loop over the trace: (recorder, the summary's `sim` facts, loop wall seconds,
+    KV blocks). The trace, the requests and the model's state are dropped on return, before
+    the run folder is written."""
+    model = with_context(get_model(cfg.model), cfg.max_model_len)
+    trace = read_trace(trace_path, model)
+    gpu = get_gpu(cfg.gpu)
+    why = fit_error(cfg, model, gpu)
+    if why is not None:
+        raise TraceError(why)
+    num_blocks = kv_blocks_for_gpu(cfg, model, gpu.memory_bytes)  # per replica (and per GPU)
+    sched = Scheduler(scheduler_config(cfg, model, num_blocks))
+    requests: Sequence[Request]
+    if RequestRows.fits(trace):  # made as the loop reaches them: bounded memory
+        rows = RequestRows(trace, cfg.arrival)
+        unfit = rows.first_unfit(sched)
+        if unfit is not None:
+            raise TraceError(f"trace '{trace_path}' request {unfit[0].request_id!r}: {unfit[1]}")
+        ids = rows.request_id
+        request_ids = ids.tolist() if ids.dtype != object else [_scalar(x) for x in ids]
+        arrivals: list[float] = rows.arrival_s.tolist()
+        requests = rows
+    else:
+        requests = build_requests(trace, cfg.arrival)
+        for r in requests:
+            why = sched.check_fits(r)
+            if why is not None:
+                raise TraceError(f"trace '{trace_path}' request {r.request_id!r}: {why}")
+        request_ids = [r.request_id for r in requests]
+        arrivals = [r.arrival_s for r in requests]
+    rec = RunRecorder(spill_dir=spill)
+    rec.add_requests(request_ids, arrivals)
+    del request_ids, arrivals
+    gc = GCModel(cfg.gc, cfg.gc_freeze, cost.gc_pause_ms)
+    accept = acceptance_for(cfg, trace)
+    hook = None
+    if progress is not None:
+        progress.total = requests[-1].arrival_s if requests else 0.0
+        progress.unit = " s simulated"
+        hook = LoopProgress(progress)
+    # the loop reads `requests` forward by index and takes its len (RequestRows)
+    loop = SimLoop(cfg, sched, cost, rec, cast(list[Request], requests), accept, gc, hook)
+    if hook is not None:
+        hook.attach(loop)
+    t0 = time.perf_counter()
+    loop.run()
+    wall_s = time.perf_counter() - t0
+    if hook is not None:
+        hook.loop = None  # the caller's progress bar outlives the loop
+    extra: dict[str, Any] = {
+        "sim": {
+            "wall_s": wall_s,
+            "num_kv_blocks": num_blocks,
+            "preemptions": sched.num_preemptions,
+            "gc_collections": gc.num_collections,
+            "cost_profile": cost.profile.get("source", "defaults")
+            if isinstance(cost.profile, dict)
+            else "defaults",
+        }
+    }
+    return rec, extra, wall_s, num_blocks

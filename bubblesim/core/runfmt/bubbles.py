@@ -32,6 +32,7 @@ from bubblesim.core.runfmt.intervals import (
     union,
 )
 from bubblesim.core.runfmt.recording import Recording, RecordingError
+from bubblesim.core.runfmt.spill import release
 from bubblesim.core.runfmt.stats import FloatArray
 
 CAUSES: tuple[str, ...] = (*CPU_PHASES, SYNC, GC, CAUSE_LAUNCH_GAP)
@@ -75,30 +76,57 @@ class Bubbles:
 def gpu_intervals(rec: Recording, tol_s: float) -> tuple[IntArray, FloatArray, FloatArray]:
     """(step ids, starts, ends) of GPU intervals in time order; overlaps <= tol_s are clipped."""
     sid = np.flatnonzero(~np.isnan(rec.gpu_start))
-    sid = sid[np.argsort(rec.gpu_start[sid], kind="stable")]
-    s, e = rec.gpu_start[sid], rec.gpu_end[sid]
-    if s.size > 1:
+    s = rec.gpu_start[sid]
+    if not bool(np.all(s[1:] >= s[:-1])):  # a step loop's are in step order: no sort
+        order = np.argsort(s, kind="stable")
+        sid, s = sid[order], s[order]
+    e = rec.gpu_end[sid]
+    release(rec.gpu_start, rec.gpu_end)
+    if s.size > 1:  # in place on the copies s and e: a run of millions of steps
         prev_reach = np.maximum.accumulate(e)[:-1]
-        bad = np.flatnonzero(prev_reach - s[1:] > tol_s)
+        over = np.subtract(prev_reach, s[1:])
+        bad = np.flatnonzero(over > tol_s)
+        del over
         if bad.size:
             j = int(bad[0]) + 1
             raise RecordingError(
                 f"step {int(sid[j])}: GPU interval starts at {s[j]!r} before an earlier "
                 f"step's GPU interval ends ({prev_reach[j - 1]!r}); one stream cannot overlap"
             )
-        s = np.concatenate((s[:1], np.maximum(s[1:], prev_reach)))
-        e = np.maximum(e, s)
+        np.maximum(s[1:], prev_reach, out=s[1:])
+        del prev_reach
+        np.maximum(e, s, out=e)
     return sid, s, e
 
 
-def _activities(rec: Recording) -> dict[int, SortedIntervals]:
-    acts = {
-        j: SortedIntervals.of(rec.phase_start[:, j], rec.phase_end[:, j])
-        for j in range(len(CPU_PHASES))
-    }
-    acts[CAUSES.index(SYNC)] = SortedIntervals.of(rec.sync_start, rec.sync_end)
-    acts[CAUSES.index(GC)] = SortedIntervals.of(rec.gc_start, rec.gc_start + rec.gc_dur)
+def _activities(rec: Recording, gap_s: FloatArray, gap_e: FloatArray) -> dict[int, SortedIntervals]:
+    """Per cause, the CPU activities that may overlap one of the gaps (disjoint, ascending):
+    `SortedIntervals.near` of all of them, so a run with few bubbles keeps few (one
+    activity's columns read at a time). Intervals that overlap no gap put no boundary inside
+    one, so keeping more or fewer of those changes no piece."""
+    cols = {j: (rec.phase_start[:, j], rec.phase_end[:, j]) for j in range(len(CPU_PHASES))}
+    cols[CAUSES.index(SYNC)] = (rec.sync_start, rec.sync_end)
+    cols[CAUSES.index(GC)] = (rec.gc_start, rec.gc_start + rec.gc_dur)
+    acts = {}
+    for label, (starts, ends) in cols.items():
+        acts[label] = SortedIntervals.of(*_overlapping(starts, ends, gap_s, gap_e))
+        release(rec.phase_start, rec.phase_end, rec.sync_start, rec.sync_end)
     return acts
+
+
+def _overlapping(
+    starts: FloatArray, ends: FloatArray, gap_s: FloatArray, gap_e: FloatArray, chunk: int = 1 << 20
+) -> tuple[FloatArray, FloatArray]:
+    """The intervals [starts, ends) that overlap one of the gaps (disjoint, ascending), in
+    their order; `chunk` intervals at a time (NaN ones overlap nothing)."""
+    keep = [np.zeros(0, np.int64)]
+    for c0 in range(0, starts.size, chunk):
+        x, y = starts[c0 : c0 + chunk], ends[c0 : c0 + chunk]
+        k = np.searchsorted(gap_e, x, side="right")  # the first gap ending after x
+        ok = np.flatnonzero(k < gap_e.size)
+        keep.append(ok[gap_s[k[ok]] < y[ok]] + c0)
+    idx = np.concatenate(keep)
+    return starts[idx], ends[idx]
 
 
 def account_bubbles(
@@ -109,30 +137,41 @@ def account_bubbles(
 ) -> Bubbles:
     n = rec.num_steps
     sid, s, e = gpu_intervals(rec, overlap_tol_s)
-    finite = [t[np.isfinite(t)] for t in (rec.arrival, s, e, rec.finish, rec.last_token)]
+    finite = [t[np.isfinite(t)] for t in (rec.arrival, rec.finish, rec.last_token)]
+    finite += [s, e]  # finite already (validated)
     if not any(t.size for t in finite):
         return empty_bubbles(n)
     start_s = float(min(t.min() for t in finite if t.size))
     end_s = float(max(t.max() for t in finite if t.size))
+    del finite
     ds, de = union(rec.arrival, np.where(np.isnan(rec.finish), end_s, rec.finish))
 
     # gap k ends where GPU interval k starts; the last gap ends at end_s. Both ends ascend.
-    gap_s = np.concatenate(([start_s], e))
-    gap_e = np.maximum(np.concatenate((s, [end_s])), gap_s)
-    gap_bubble = measure_upto(ds, de, gap_e) - measure_upto(ds, de, gap_s)
     busy_s = float(np.sum(e - s))
+    gap_s = np.concatenate(([start_s], e))
+    del e
+    gap_e = np.concatenate((s, [end_s]))
+    del s
+    np.maximum(gap_e, gap_s, out=gap_e)
+    gap_bubble = np.empty(gap_s.size)
+    for c0 in range(0, gap_s.size, chunk_gaps * 32):  # bounded temporaries, the same values
+        c = slice(c0, c0 + chunk_gaps * 32)
+        gap_bubble[c] = measure_upto(ds, de, gap_e[c]) - measure_upto(ds, de, gap_s[c])
     bubble_s = float(np.sum(gap_bubble))
+    gap_len = gap_e - gap_s
+    idle_s = float(np.sum(gap_len)) - bubble_s
     idle_before = np.full(n, np.nan)
+    idle_before[sid] = gap_len[:-1]
+    del gap_len
     bubble_before = np.full(n, np.nan)
-    idle_before[sid] = (gap_e - gap_s)[:-1]
     bubble_before[sid] = gap_bubble[:-1]
 
     by_cause = np.zeros(len(CAUSES))
     gap_cause = np.full(gap_s.size, -1, dtype=np.int8)
     kept: list[tuple[FloatArray, FloatArray, IntArray]] = []
-    acts = _activities(rec)
-    demand = SortedIntervals.of(ds, de)
     with_bubble = np.flatnonzero(gap_bubble > 0)
+    acts = _activities(rec, gap_s[with_bubble], gap_e[with_bubble]) if with_bubble.size else {}
+    demand = SortedIntervals.of(ds, de)
     for c0 in range(0, with_bubble.size, chunk_gaps):
         gaps = with_bubble[c0 : c0 + chunk_gaps]
         lo, hi, cause, gap = _pieces(gaps, gap_s, gap_e, demand, acts)
@@ -154,7 +193,7 @@ def account_bubbles(
         end_s=end_s,
         busy_s=busy_s,
         bubble_s=bubble_s,
-        idle_s=float(np.sum(gap_e - gap_s)) - bubble_s,
+        idle_s=idle_s,
         by_cause={c: float(x) for c, x in zip(CAUSES, by_cause)},
         gpu_idle_before_s=idle_before,
         bubble_before_s=bubble_before,

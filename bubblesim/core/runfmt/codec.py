@@ -23,6 +23,9 @@ the schema carries `bubblesim.codec`: a table without it (format version 1) is r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +44,8 @@ _NAN_BITS = np.array([np.nan]).view(np.int64)[0]
 ZSTD_LEVEL = 3  # levels 6-9 save ~5 % more here and take twice the time
 _SAMPLE_WINDOWS, _WINDOW_ROWS = 32, 129  # rows the tree is chosen on: 32 runs of 129
 _INT32 = np.iinfo(np.int32)
+_NS_PROBE = 1024  # values tried first: a column of other floats fails here, cheaply
+ROW_GROUP_ROWS = 1 << 19  # write_chunks: rows encoded and written at a time
 
 
 class CodecError(ValueError):
@@ -51,38 +56,137 @@ class CodecError(ValueError):
 def write_table(table: pa.Table, path: str | Path) -> None:
     """Write `table` to `path` in the compact encoding (read it back with `read_table`)."""
     enc = encode(table)
+    pq.write_table(enc, path, **_writer_args(enc.schema))
+
+
+def _writer_args(schema: pa.Schema) -> dict[str, object]:
     delta = [
         f.name
-        for f in enc.schema
+        for f in schema
         if pa.types.is_integer(f.type) and f.metadata and TYPE_KEY in f.metadata
     ]
-    pq.write_table(
-        enc,
-        path,
-        compression="zstd",
-        compression_level=ZSTD_LEVEL,
-        use_dictionary=[n for n in enc.column_names if n not in delta],
-        column_encoding={n: "DELTA_BINARY_PACKED" for n in delta},
-    )
+    return {
+        "compression": "zstd",
+        "compression_level": ZSTD_LEVEL,
+        "use_dictionary": [n for n in schema.names if n not in delta],
+        "column_encoding": {n: "DELTA_BINARY_PACKED" for n in delta},
+    }
+
+
+def write_chunks(
+    path: str | Path,
+    num_rows: int,
+    rows: Callable[[int, int], pa.Table],
+    row_group_rows: int | None = None,
+    plan_rows: Callable[[int, int], pa.Table] | None = None,
+) -> None:
+    """Write the table whose rows [lo, hi) are `rows(lo, hi)` (`num_rows` in all), holding one
+    row group of `row_group_rows` (default ROW_GROUP_ROWS) at a time. A table of one row group
+    is `write_table`'s, byte for byte; a longer one is encoded the same way, with the decisions
+    that need the whole table (nanoseconds, int32, the tree) taken over all its rows first, and
+    a column's row differences running on across row groups, so `read_table` gives back every
+    value. `plan_rows` (default `rows`) gives the rows for those decisions: it may leave out
+    columns that are neither float64 nor int64.
+
+    The decisions are first taken on the first row group and `_sample`'s rows, then checked on
+    every row group as it is encoded; they hold for the whole table exactly when no check
+    fails (then they are the whole table's), else the file is written again with decisions
+    taken over every row."""
+    row_group_rows = row_group_rows or ROW_GROUP_ROWS
+    if num_rows <= row_group_rows:
+        write_table(rows(0, num_rows), path)
+        return
+    plan = _plan_chunks(num_rows, plan_rows or rows, row_group_rows, first_only=True)
+    try:
+        _write_groups(path, num_rows, rows, row_group_rows, plan)
+    except _PlanMiss:
+        plan = _plan_chunks(num_rows, plan_rows or rows, row_group_rows)
+        _write_groups(path, num_rows, rows, row_group_rows, plan)
+
+
+class _PlanMiss(Exception):
+    """A row group breaks a decision taken on a sample of rows (nanoseconds, int32)."""
+
+
+def _write_groups(
+    path: str | Path,
+    num_rows: int,
+    rows: Callable[[int, int], pa.Table],
+    row_group_rows: int,
+    plan: _Plan,
+) -> None:
+    carry: dict[str, tuple[int, int]] = {}  # float column -> last (stored value, ns) written
+    writer: pq.ParquetWriter | None = None
+    pending: Future[None] | None = None  # the previous row group, written by `pool`
+    # one row group is written (parquet releases the GIL) while the next is built and encoded:
+    # the same row groups in the same order, one more of them in memory
+    with ThreadPoolExecutor(1, thread_name_prefix="parquet") as pool:
+        try:
+            for lo in range(0, num_rows, row_group_rows):
+                enc = _encode(rows(lo, min(num_rows, lo + row_group_rows)), plan, carry)
+                if writer is None:
+                    writer = pq.ParquetWriter(path, enc.schema, **_writer_args(enc.schema))
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(writer.write_table, enc, row_group_size=row_group_rows)
+            if pending is not None:
+                pending.result()
+        finally:
+            if pending is not None:
+                wait([pending])  # never close the file under a write
+            if writer is not None:
+                writer.close()
+
+
+@dataclass
+class _Plan:
+    """A table's encoding decisions: float columns' (ref, diffed), which are nanoseconds, which
+    int64 columns fit int32."""
+
+    refs: dict[str, tuple[str, int]] = field(default_factory=dict)
+    ns: set[str] = field(default_factory=set)
+    int32: set[str] = field(default_factory=set)
 
 
 def encode(table: pa.Table) -> pa.Table:
     """The stored form of `table`: float64 columns as int64 bit differences along `_tree`,
     int64 columns that fit as int32; other columns unchanged."""
-    floats = [f.name for f in table.schema if pa.types.is_float64(f.type)]
-    bits = {n: _bits(table.column(n)) for n in floats}
-    nans: dict[str, np.ndarray] = {}  # nanosecond columns: their NaN rows
-    for n in floats:
-        as_ns = _nanoseconds(bits[n])
-        if as_ns is not None:
-            bits[n], nans[n] = as_ns
-    refs = _tree(bits)
+    plan = _Plan()
+    bits: dict[str, np.ndarray] = {}
+    for f in table.schema:
+        if pa.types.is_float64(f.type):
+            bits[f.name] = b = _bits(table.column(f.name))
+            if _nanoseconds(b) is not None:
+                plan.ns.add(f.name)
+        elif pa.types.is_int64(f.type) and _fits_int32(table.column(f.name)):
+            plan.int32.add(f.name)
+    plan.refs = _tree({n: _sample(_domain(b, n in plan.ns)[0]) for n, b in bits.items()})
+    return _encode(table, plan, None)
+
+
+def _encode(table: pa.Table, plan: _Plan, carry: dict[str, tuple[int, int]] | None) -> pa.Table:
+    """`table` stored along `plan`. `carry` (chunked writes): each float column's last stored
+    value and nanoseconds from the previous rows, updated; None: these are all the rows."""
+    values: dict[str, np.ndarray] = {}  # float columns in their stored domain: bits or ns
+    nans: dict[str, np.ndarray] = {}
+    for name in plan.refs:
+        ns = name in plan.ns
+        fill = carry[name][1] if carry and name in carry else 0
+        values[name], nan = _domain(_bits(table.column(name)), ns, fill)
+        if ns:
+            nans[name] = nan
     fields, arrays = [], []
     for f in table.schema:
         col = table.column(f.name)
-        if f.name in bits:
-            ref, diffed = refs[f.name]
-            stored = _stored(bits[f.name] - bits[ref] if ref else bits[f.name], diffed)
+        if f.name in plan.refs:
+            ref, diffed = plan.refs[f.name]
+            x = values[f.name] - values[ref] if ref else values[f.name]
+            stored = _stored(x, diffed)
+            if carry is not None:
+                if diffed and f.name in carry and x.size:
+                    stored[0] = x[0] - carry[f.name][0]  # wraps, as `_stored`
+                if x.size:
+                    carry[f.name] = (int(x[-1]), int(values[f.name][-1]))
             meta = {TYPE_KEY: b"float64", REF_KEY: ref.encode(), DIFFED_KEY: b"%d" % diffed}
             if f.name in nans:
                 meta[NS_KEY] = b"1"
@@ -91,9 +195,11 @@ def encode(table: pa.Table) -> pa.Table:
             if f.name in nans:
                 fields.append(pa.field(NAN_PREFIX + f.name, pa.bool_(), nullable=False))
                 arrays.append(pa.array(nans[f.name]))
-        elif pa.types.is_int64(f.type) and col.null_count == 0 and _fits_int32(col):
+        elif f.name in plan.int32:  # no nulls, every value fits: numpy casts it as arrow would
+            if carry is not None and not _fits_int32(col):
+                raise _PlanMiss(f.name)
             fields.append(pa.field(f.name, pa.int32(), metadata={TYPE_KEY: b"int64"}))
-            arrays.append(col.cast(pa.int32()))
+            arrays.append(pa.array(col.to_numpy().astype(np.int32)))
         elif pa.types.is_int64(f.type):
             fields.append(f.with_metadata({TYPE_KEY: b"int64"}))
             arrays.append(col)
@@ -104,17 +210,85 @@ def encode(table: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=meta))
 
 
+def _domain(bits: np.ndarray, ns: bool, fill: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A float column's values as stored before refs and differences: its bits, or its
+    nanoseconds with NaN rows taking the previous row's (`fill` before the first), and the
+    NaN rows (empty for bits)."""
+    if not ns:
+        return bits, np.zeros(0, bool)
+    out = _nanoseconds(bits, fill)
+    if out is None:
+        raise _PlanMiss("a column planned as nanoseconds is not")
+    return out
+
+
+def _plan_chunks(
+    n: int, rows: Callable[[int, int], pa.Table], step: int, first_only: bool = False
+) -> _Plan:
+    """`encode`'s decisions for the n rows `rows` gives, reading them `step` at a time: a column
+    is nanoseconds / int32 if every chunk is (`first_only`: the first chunk and `_sample`'s
+    rows, a guess to check); the tree is chosen on `_sample`'s rows."""
+    plan = _Plan()
+    floats: list[str] = []
+    ns_ok: dict[str, bool] = {}
+    lo_hi: dict[str, tuple[int, int] | None] = {}
+    windows = [rows(int(s), int(s) + _WINDOW_ROWS) for s in _sample_starts(n)]
+    chunks = (rows(lo, min(n, lo + step)) for lo in range(0, step if first_only else n, step))
+    for k, t in enumerate(chunks if not first_only else [*chunks, *windows]):
+        for f in t.schema:
+            if pa.types.is_float64(f.type):
+                if k == 0:
+                    floats.append(f.name)
+                if ns_ok.get(f.name, True):
+                    ns_ok[f.name] = _nanoseconds(_bits(t.column(f.name))) is not None
+            elif pa.types.is_int64(f.type):
+                r, old = _int_range(t.column(f.name)), lo_hi.get(f.name, (0, 0))
+                if r is None or old is None:
+                    lo_hi[f.name] = None  # nulls: stays int64
+                else:
+                    lo_hi[f.name] = (min(old[0], r[0]), max(old[1], r[1])) if k else r
+    plan.ns = {c for c in floats if ns_ok[c]}
+    plan.int32 = {
+        c for c, r in lo_hi.items() if r is not None and r[0] >= _INT32.min and r[1] <= _INT32.max
+    }
+    plan.refs = _tree(
+        {
+            c: np.concatenate([_domain(_bits(w.column(c)), c in plan.ns)[0] for w in windows])
+            for c in floats
+        }
+    )
+    return plan
+
+
+def _int_range(col: pa.ChunkedArray) -> tuple[int, int] | None:
+    """(min, max) of an int64 column without nulls ((0, 0) when empty); None with nulls."""
+    if col.null_count:
+        return None
+    if len(col) == 0:
+        return (0, 0)
+    a = col.to_numpy()
+    return int(a.min()), int(a.max())
+
+
 def _bits(col: pa.ChunkedArray) -> np.ndarray:
     if col.null_count:
         raise CodecError("a float64 column with nulls cannot be encoded (runs use NaN)")
     return np.ascontiguousarray(col.to_numpy(), dtype=np.float64).view(np.int64)
 
 
-def _nanoseconds(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _nanoseconds(bits: np.ndarray, fill: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
     """(nanoseconds, NaN rows) of a float64 column given as bits, if `ns / 1e9` gives every
     value back bit for bit and every other value is the canonical NaN; NaN rows take the
-    previous row's nanoseconds (0 before the first value). None otherwise."""
+    previous row's nanoseconds (`fill` before the first value). None otherwise."""
     v = bits.view(np.float64)
+    probe = v[:_NS_PROBE]
+    probe = probe[bits[:_NS_PROBE] != _NAN_BITS]
+    if probe.size and not (  # the full test below, on the first values: most floats fail here
+        np.isfinite(probe).all()
+        and (np.abs(probe) < 9e9).all()
+        and np.array_equal(np.round(probe * 1e9).astype(np.int64) / 1e9, probe)
+    ):
+        return None
     nan = bits == _NAN_BITS
     ok = ~nan
     if not np.isfinite(v[ok]).all() or (np.abs(v[ok]) >= 9e9).any():  # beyond int64 ns
@@ -125,15 +299,13 @@ def _nanoseconds(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     if nan.any():  # forward fill: the previous row's value (row differences 0 there)
         last = np.maximum.accumulate(np.where(ok, np.arange(v.size), -1))
-        ns = np.where(last >= 0, ns[np.maximum(last, 0)], 0)
+        ns = np.where(last >= 0, ns[np.maximum(last, 0)], fill)
     return ns, nan
 
 
 def _fits_int32(col: pa.ChunkedArray) -> bool:
-    if len(col) == 0:
-        return True
-    a = col.to_numpy()
-    return bool(a.min() >= _INT32.min and a.max() <= _INT32.max)
+    r = _int_range(col)
+    return r is not None and r[0] >= _INT32.min and r[1] <= _INT32.max
 
 
 def _tree(bits: dict[str, np.ndarray]) -> dict[str, tuple[str, int]]:
@@ -141,7 +313,7 @@ def _tree(bits: dict[str, np.ndarray]) -> dict[str, tuple[str, int]]:
     ("" = stored alone), whose edge cost is the packed size of a sample of the column stored
     along it, with or without row differences taken first (`_stored`)."""
     names = list(bits)
-    sample = {n: _sample(b) for n, b in bits.items()}
+    sample = bits  # the callers pass `_sample`'s rows
     pairs = [(j, i) for j in range(len(names)) for i in range(-1, j)]  # i = -1: alone
     cands = [sample[names[j]] - sample[names[i]] if i >= 0 else sample[names[j]] for j, i in pairs]
     sizes = _packed_sizes([_stored(c, k) for c in cands for k in (0, 1)])
@@ -192,11 +364,14 @@ def _stored(x: np.ndarray, diffed: int) -> np.ndarray:
 
 def _sample(b: np.ndarray) -> np.ndarray:
     """Evenly spaced runs of consecutive rows, joined (all rows of a short table)."""
-    n = b.size
-    if n <= _SAMPLE_WINDOWS * _WINDOW_ROWS:
+    if b.size <= _SAMPLE_WINDOWS * _WINDOW_ROWS:
         return b
-    starts = np.linspace(0, n - _WINDOW_ROWS, _SAMPLE_WINDOWS).astype(np.int64)
-    return b[(starts[:, None] + np.arange(_WINDOW_ROWS)).ravel()]
+    return b[(_sample_starts(b.size)[:, None] + np.arange(_WINDOW_ROWS)).ravel()]
+
+
+def _sample_starts(n: int) -> np.ndarray:
+    """The first rows of `_sample`'s runs in a table of n > 32 * 129 rows."""
+    return np.linspace(0, n - _WINDOW_ROWS, _SAMPLE_WINDOWS).astype(np.int64)
 
 
 # ---- reading ---------------------------------------------------------------------------------

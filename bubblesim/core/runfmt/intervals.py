@@ -74,16 +74,34 @@ def union(starts: FloatArray, ends: FloatArray) -> tuple[FloatArray, FloatArray]
     return s[first], reach[last]
 
 
-def measure_upto(starts: FloatArray, ends: FloatArray, x: FloatArray) -> FloatArray:
-    """|D ∩ (-inf, x]| for each x, with D = [starts, ends) sorted and disjoint."""
+def measure_upto(
+    starts: FloatArray, ends: FloatArray, x: FloatArray, chunk: int = 1 << 20
+) -> FloatArray:
+    """|D ∩ (-inf, x]| for each x, with D = [starts, ends) sorted and disjoint (`chunk` x at a
+    time: the temporaries of a run of millions of steps stay small)."""
     if starts.size == 0:
         return np.zeros(x.shape)
     cum = np.concatenate(([0.0], np.cumsum(ends - starts)))
-    i = np.searchsorted(starts, x, side="right") - 1
-    ic = np.maximum(i, 0)
-    part = np.clip(x - starts[ic], 0.0, ends[ic] - starts[ic])
-    out: FloatArray = np.where(i >= 0, cum[ic] + part, 0.0)
+    out: FloatArray = np.empty(x.shape)
+    for c0 in range(0, x.size, chunk):
+        xc = x[c0 : c0 + chunk]
+        i = _count_upto(starts, xc) - 1
+        ic = np.maximum(i, 0)
+        part = np.clip(xc - starts[ic], 0.0, ends[ic] - starts[ic])
+        out[c0 : c0 + chunk] = np.where(i >= 0, cum[ic] + part, 0.0)
     return out
+
+
+def _count_upto(starts: FloatArray, x: FloatArray) -> IntArray:
+    """np.searchsorted(starts, x, side="right"): how many starts are <= each x. For ascending x
+    longer than `starts` (a run's gaps against its demand) by where each start falls in x
+    instead: the same integers, a fraction of the lookups."""
+    if x.size <= starts.size or not bool(np.all(x[1:] >= x[:-1])):
+        out: IntArray = np.searchsorted(starts, x, side="right")
+        return out
+    # start s is <= x[k] exactly when the first x at or above s has index <= k
+    first = np.searchsorted(x, starts, side="left")
+    return np.cumsum(np.bincount(first, minlength=x.size + 1)[: x.size])
 
 
 def cut(

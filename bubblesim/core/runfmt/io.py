@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,10 @@ import pyarrow.parquet as pq
 
 from bubblesim.core.atomic import swap_in, temp_dir
 from bubblesim.core.runfmt import codec
-from bubblesim.core.runfmt.bubbles import account_bubbles
+from bubblesim.core.runfmt.bubbles import Bubbles, account_bubbles
 from bubblesim.core.runfmt.recording import Recording, validate
 from bubblesim.core.runfmt.records import RunRecorder
+from bubblesim.core.runfmt.spill import release
 from bubblesim.core.runfmt.summary import FORMAT, READ_VERSIONS, REQUIRED_KEYS, build_summary
 from bubblesim.core.runfmt.tables import (
     GC_COLUMNS,
@@ -33,6 +35,7 @@ from bubblesim.core.runfmt.tables import (
     gc_table,
     requests_table,
     steps_table,
+    sync_in_order,
 )
 from bubblesim.core.runfmt.timeline import DEFAULT_MAX_STEPS, build_timeline, window
 
@@ -154,7 +157,8 @@ def write_run(
         codec.write_table(requests_table(frozen), tmp / REQUESTS)
         codec.write_table(gc_table(frozen), tmp / GC_PAUSES)
         if steps:
-            codec.write_table(steps_table(frozen, bub), tmp / STEPS)
+            rows, plan_rows = _step_rows(frozen, bub)
+            codec.write_chunks(tmp / STEPS, frozen.num_steps, rows, plan_rows=plan_rows)
             (tmp / TIMELINE).write_text(timeline_text)
         (tmp / SUMMARY).write_text(summary_text)  # last: a folder with it is complete
         swap_in(tmp, out)
@@ -163,6 +167,23 @@ def write_run(
         raise
     loaded: dict[str, Any] = json.loads(summary_text)
     return loaded
+
+
+def _step_rows(
+    rec: Recording, bub: Bubbles
+) -> tuple[Callable[[int, int], pa.Table], Callable[[int, int], pa.Table]]:
+    """steps.parquet's rows [lo, hi) for codec.write_chunks, and the same without its string
+    column (all its encoding plan reads); the spilled columns' pages they read are released
+    (bubblesim.core.runfmt.spill), so a long run is written in bounded memory."""
+    in_order = sync_in_order(rec)
+
+    def rows(lo: int, hi: int, cause: bool = True) -> pa.Table:
+        table = steps_table(rec, bub, lo, hi, in_order, cause)
+        release(rec.shape, rec.phase_start, rec.phase_end, rec.gpu_start, rec.gpu_end)
+        release(rec.accepted, rec.sync_start, rec.sync_end, rec.sync_step)
+        return table
+
+    return rows, lambda lo, hi: rows(lo, hi, cause=False)
 
 
 def _is_run_dir(p: Path) -> bool:

@@ -17,6 +17,11 @@ of a request's first emission count as gaps of 0. So a request's ITLs sum to
 last_token_s - first_token_s over output_tokens - 1 tokens, and their mean is its TPOT.
 The first `itl_exact_limit` emissions are kept exactly (8 + 8 bytes each); past that they are
 folded into a `LogHistogram` (relative error 0.1 %), deterministically.
+
+With `spill_dir` (a folder the caller owns), the step columns and sync waits of steps more than
+`spill_lag` steps old go to raw files there as the run goes (bubblesim.core.runfmt.spill), so a
+run of millions of steps holds a few chunks of them in memory; recording into a step already
+written out raises. `freeze` then maps the files: the same arrays, read-only.
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ import math
 from array import array
 from collections.abc import Hashable, Sequence
 from operator import attrgetter
+from pathlib import Path
 
 import numpy as np
 
 from bubblesim.core.phases import ALL_CPU_ACTIVITIES, CPU_PHASES, SYNC
 from bubblesim.core.runfmt.recording import Recording, validate
 from bubblesim.core.runfmt.sketch import LogHistogram
+from bubblesim.core.runfmt.spill import StepSpill
 from bubblesim.core.runfmt.stats import QUANTILES, weighted_quantiles
 from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 
@@ -44,9 +51,18 @@ _VECTOR_TIMES = 64  # tokens_ranges over more emission times than this works in 
 
 
 class RunRecorder:
-    def __init__(self, itl_exact_limit: int = 1 << 20, chunk_steps: int = 1 << 16) -> None:
+    def __init__(
+        self,
+        itl_exact_limit: int = 1 << 20,
+        chunk_steps: int = 1 << 16,
+        spill_dir: str | Path | None = None,
+        spill_lag: int = 4096,
+    ) -> None:
         self.num_steps = 0
-        self._cap = 0
+        self._base = 0  # the first step the in-memory step columns hold (the rest: spilled)
+        self._cap = 0  # rows of the in-memory step columns, from _base
+        self._spill = StepSpill(spill_dir) if spill_dir is not None else None
+        self._lag = spill_lag  # steps kept in memory behind the newest (passes in flight)
         self._chunk = chunk_steps
         self._shape_buf: list[tuple[int, ...]] = []  # rows in SHAPE_FIELDS order
         self._shape_chunks: list[np.ndarray] = []
@@ -83,7 +99,7 @@ class RunRecorder:
     def add_step(self, shape: BatchShape) -> int:
         """Start recording a step with this batch composition; returns its index (0, 1, ...)."""
         i = self.num_steps
-        if i == self._cap:
+        if i - self._base == self._cap:
             self._grow()
         self._shape_buf.append(_shape_values(shape))
         if len(self._shape_buf) >= self._chunk:
@@ -100,21 +116,23 @@ class RunRecorder:
             if name == SYNC:
                 return self.sync(step, start_s, end_s)
             raise ValueError(f"unknown CPU phase {name!r}; expected one of {CPU_PHASES}") from None
-        if not 0 <= step < self.num_steps:
-            raise IndexError(f"phase {name!r}: step {step} was not added")
-        if starts[step] == starts[step]:  # not NaN: already set
+        k = step - self._base
+        if not 0 <= k < self.num_steps - self._base:
+            raise IndexError(self._absent(f"phase {name!r}", step))
+        if starts[k] == starts[k]:  # not NaN: already set
             raise ValueError(f"phase {name!r} recorded twice in step {step}")
-        starts[step] = start_s
-        ends[step] = end_s
+        starts[k] = start_s
+        ends[k] = end_s
 
     def gpu(self, step: int, start_s: float, end_s: float) -> None:
         """The GPU work of `step` (forward, sampling, GPU drafting) ran over [start_s, end_s]."""
-        if not 0 <= step < self.num_steps:
-            raise IndexError(f"gpu: step {step} was not added")
-        if self._gpu_start[step] == self._gpu_start[step]:
+        k = step - self._base
+        if not 0 <= k < self.num_steps - self._base:
+            raise IndexError(self._absent("gpu", step))
+        if self._gpu_start[k] == self._gpu_start[k]:
             raise ValueError(f"gpu interval recorded twice in step {step}")
-        self._gpu_start[step] = start_s
-        self._gpu_end[step] = end_s
+        self._gpu_start[k] = start_s
+        self._gpu_end[k] = end_s
 
     def sync(self, step: int, start_s: float, end_s: float) -> None:
         """The CPU thread blocked on the GPU over [start_s, end_s] (any number per step)."""
@@ -126,9 +144,10 @@ class RunRecorder:
 
     def accepted(self, step: int, num_tokens: int) -> None:
         """Add draft tokens accepted in `step` (may be called when its results arrive)."""
-        if not 0 <= step < self.num_steps:
-            raise IndexError(f"accepted: step {step} was not added")
-        self._accepted[step] += num_tokens
+        k = step - self._base
+        if not 0 <= k < self.num_steps - self._base:
+            raise IndexError(self._absent("accepted", step))
+        self._accepted[k] += num_tokens
 
     def gc_pause(
         self,
@@ -183,20 +202,20 @@ class RunRecorder:
                 raise ValueError(f"unknown CPU phase {name!r}; expected one of {CPU_PHASES}")
             if not len(starts_s) == len(ends_s) == n:
                 raise ValueError(f"add_steps: phase {name!r} needs {n} starts and ends")
-        if self._cap < first + n:
+        if self._cap < first + n - self._base:
             # grow by an eighth, not double as `_grow` does: a long run of bulk adds then
             # holds ~1.1x its steps in memory rather than up to 2x
-            self._grow(max(self._chunk, self._cap // 8, first + n - self._cap))
+            self._grow(max(self._chunk, self._cap // 8, first + n - self._base - self._cap))
         if rows is not None:
             self._flush_shapes()  # keeps rows in step order
             if n:
-                self._shape_chunks.append(rows)
+                self._shape_rows(rows)
         else:
             self._shape_buf.extend(map(tuple, shapes))
             if len(self._shape_buf) >= self._chunk:
                 self._flush_shapes()
         self.num_steps = first + n
-        cut = slice(first, first + n)
+        cut = slice(first - self._base, first + n - self._base)
         for name, (starts_s, ends_s) in (phases or {}).items():
             starts, ends = self._phase[name]
             starts[cut] = _doubles(starts_s)  # new steps: nothing recorded there yet
@@ -240,9 +259,9 @@ class RunRecorder:
     def accepted_many(self, first_step: int, counts: Sequence[int]) -> None:
         """`accepted(first_step + i, counts[i])` for every i."""
         n = len(counts)
-        if not (first_step >= 0 and first_step + n <= self.num_steps):
-            raise IndexError(f"accepted_many: steps {first_step}..{first_step + n - 1} not added")
-        cut = slice(first_step, first_step + n)
+        if not (first_step >= self._base and first_step + n <= self.num_steps):
+            raise IndexError(self._absent("accepted_many", first_step, n))
+        cut = slice(first_step - self._base, first_step + n - self._base)
         self._accepted[cut] = array("q", [a + b for a, b in zip(self._accepted[cut], counts)])
 
     def tokens_many(
@@ -409,9 +428,16 @@ class RunRecorder:
         n = len(starts_s)
         if len(ends_s) != n:
             raise ValueError(f"{what}: {n} starts but {len(ends_s)} ends")
-        if not (first >= 0 and first + n <= self.num_steps):
-            raise IndexError(f"{what}: steps {first}..{first + n - 1} were not all added")
-        return slice(first, first + n)
+        if not (first >= self._base and first + n <= self.num_steps):
+            raise IndexError(self._absent(what, first, n))
+        return slice(first - self._base, first + n - self._base)
+
+    def _absent(self, what: str, first: int, n: int = 1) -> str:
+        """The error for steps [first, first + n) outside the in-memory columns."""
+        steps = f"step {first}" if n == 1 else f"steps {first}..{first + n - 1}"
+        if first < self._base and first >= 0:
+            return f"{what}: {steps} already written to the spill folder (older than spill_lag)"
+        return f"{what}: {steps} {'was not added' if n == 1 else 'were not all added'}"
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, request_id: Hashable, arrival_s: float) -> int:
@@ -532,44 +558,74 @@ class RunRecorder:
     # ---- freezing -------------------------------------------------------------------------
     def freeze(self, release: bool = False) -> Recording:
         """Numpy arrays of everything recorded, validated (one clear error on bad data).
-        `release`: the recorder's own columns are dropped once copied (a run folder is then
+        `release`: the recorder's columns become the Recording's (no copy: a run folder is then
         written with one copy of the steps in memory, not two); it records nothing more, and
-        `freeze()` returns this same Recording from then on."""
+        `freeze()` returns this same Recording from then on. A spilling recorder always
+        releases: its step columns and sync waits are read-only maps of the spill files."""
         if self._released is not None:
             return self._released
         n = self.num_steps
         self._flush_shapes()
-        shape = _columns(self._shape_chunks, n, len(SHAPE_FIELDS))
+        release = release or self._spill is not None
+        if self._spill is not None:
+            steps = self._spilled_steps(n)
+        else:
+            steps = {
+                "shape": _columns(self._shape_chunks, n, len(SHAPE_FIELDS)),
+                "phase_start": _stack([self._phase[p][0] for p in CPU_PHASES], n),
+                "phase_end": _stack([self._phase[p][1] for p in CPU_PHASES], n),
+                "gpu_start": _head(self._gpu_start, np.float64, n, release),
+                "gpu_end": _head(self._gpu_end, np.float64, n, release),
+                "accepted": _head(self._accepted, np.int64, n, release),
+                "sync_start": _head(self._sync_start, np.float64, None, release),
+                "sync_end": _head(self._sync_end, np.float64, None, release),
+                "sync_step": _head(self._sync_step, np.int64, None, release),
+            }
         rec = Recording(
-            shape=shape,
-            phase_start=_stack([self._phase[p][0] for p in CPU_PHASES], n),
-            phase_end=_stack([self._phase[p][1] for p in CPU_PHASES], n),
-            gpu_start=_head(self._gpu_start, np.float64, n),
-            gpu_end=_head(self._gpu_end, np.float64, n),
-            accepted=_head(self._accepted, np.int64, n),
-            sync_start=np.array(self._sync_start, np.float64),
-            sync_end=np.array(self._sync_end, np.float64),
-            sync_step=np.array(self._sync_step, np.int64),
+            **steps,
             gc_start=np.array(self._gc_start, np.float64),
             gc_dur=np.array(self._gc_dur, np.float64),
             gc_gen=np.array(self._gc_gen, np.int64),
             gc_phase=np.array(GC_PHASE_NAMES, dtype=object)[np.array(self._gc_phase, np.int64)],
             gc_step=np.array(self._gc_step, np.int64),
-            request_id=list(self._req_ids),
-            arrival=np.array(self._arrival, np.float64),
-            first_token=np.array(self._first, np.float64),
-            last_token=np.array(self._last, np.float64),
-            finish=np.array(self._finish, np.float64),
-            output_tokens=np.array(self._out, np.int64),
-            preemptions=np.array(self._preempt, np.int64),
-            req_accepted=np.array(self._req_acc, np.int64),
+            request_id=self._req_ids if release else list(self._req_ids),
+            arrival=_head(self._arrival, np.float64, None, release),
+            first_token=_head(self._first, np.float64, None, release),
+            last_token=_head(self._last, np.float64, None, release),
+            finish=_head(self._finish, np.float64, None, release),
+            output_tokens=_head(self._out, np.int64, None, release),
+            preemptions=_head(self._preempt, np.int64, None, release),
+            req_accepted=_head(self._req_acc, np.int64, None, release),
             itl_quantiles=self._itl_quantiles(),
             itl_exact=self._itl_hist is None,
         )
-        validate(rec)
+        validate(rec, trusted=release)  # released: nothing else writes its arrays
         if release:
             self._release(rec)
         return rec
+
+    def _spilled_steps(self, n: int) -> dict[str, np.ndarray]:
+        """Every step column and sync wait written out, mapped back (read-only)."""
+        sp = self._spill
+        assert sp is not None
+        self._spill_steps(n)
+        sp.close()
+        f64 = np.float64
+        out = {
+            "shape": sp.block("shape", [f"shape.{f}" for f in SHAPE_FIELDS], np.int64, n),
+            "phase_start": sp.block("phase_start", [f"start.{p}" for p in CPU_PHASES], f64, n),
+            "phase_end": sp.block("phase_end", [f"end.{p}" for p in CPU_PHASES], f64, n),
+            "gpu_start": sp.column("gpu_start", f64, n),
+            "gpu_end": sp.column("gpu_end", f64, n),
+            "accepted": sp.column("accepted", np.int64, n),
+        }
+        m = sp.rows("sync_step")
+        out.update(
+            sync_start=sp.column("sync_start", f64, m),
+            sync_end=sp.column("sync_end", f64, m),
+            sync_step=sp.column("sync_step", np.int64, m),
+        )
+        return out
 
     def _release(self, rec: Recording) -> None:
         self._released = rec
@@ -598,10 +654,49 @@ class RunRecorder:
     def _flush_shapes(self) -> None:
         if self._shape_buf:
             rows = np.array(self._shape_buf, dtype=np.int64)
-            self._shape_chunks.append(rows.reshape(len(self._shape_buf), len(SHAPE_FIELDS)))
+            self._shape_rows(rows.reshape(len(self._shape_buf), len(SHAPE_FIELDS)))
             self._shape_buf = []
 
+    def _shape_rows(self, rows: np.ndarray) -> None:
+        """The next shape rows, in step order: kept, or written out when spilling (a shape is
+        final once its step is added)."""
+        if self._spill is None:
+            self._shape_chunks.append(rows)
+            return
+        for j, f in enumerate(SHAPE_FIELDS):
+            self._spill.append(f"shape.{f}", rows[:, j])
+
+    def _spill_steps(self, upto: int) -> None:
+        """Write out the step columns of steps [_base, upto) and every sync wait so far, and
+        drop them from memory."""
+        assert self._spill is not None
+        k = upto - self._base
+        if k > 0:
+            for p, (starts, ends) in self._phase.items():
+                self._spill.append(f"start.{p}", np.frombuffer(starts, np.float64, count=k))
+                self._spill.append(f"end.{p}", np.frombuffer(ends, np.float64, count=k))
+                del starts[:k]
+                del ends[:k]
+            for name, col, dtype in (
+                ("gpu_start", self._gpu_start, np.float64),
+                ("gpu_end", self._gpu_end, np.float64),
+                ("accepted", self._accepted, np.int64),
+            ):
+                self._spill.append(name, np.frombuffer(col, dtype, count=k))
+                del col[:k]
+            self._base, self._cap = upto, self._cap - k
+        for name, col, dtype in (
+            ("sync_start", self._sync_start, np.float64),
+            ("sync_end", self._sync_end, np.float64),
+            ("sync_step", self._sync_step, np.int64),
+        ):
+            self._spill.append(name, np.frombuffer(col, dtype))
+            del col[:]
+
     def _grow(self, more: int | None = None) -> None:
+        if self._spill is not None:
+            self._spill_steps(max(self.num_steps - self._lag, self._base))
+            more = more or self._chunk  # no doubling: the columns hold a window of steps
         if more is None:
             more = max(self._chunk, self._cap)
         nans = array("d", [_NAN]) * more
@@ -625,9 +720,13 @@ def _unset(times: array[float]) -> bool:
     return times.tobytes() == _NAN_BYTES * len(times) or all(x != x for x in times)
 
 
-def _head(col: array[float] | array[int], dtype: type, n: int) -> np.ndarray:
-    """A copy of the first n values of a step column (its capacity runs past them)."""
-    return np.frombuffer(col, dtype, count=n).copy()
+def _head(
+    col: array[float] | array[int], dtype: type, n: int | None, share: bool = False
+) -> np.ndarray:
+    """The first n values (all with None) of a column (a step column's capacity runs past
+    them): a copy, or with `share` a view of the column itself (which then cannot grow)."""
+    v: np.ndarray = np.frombuffer(col, dtype, count=-1 if n is None else n)
+    return v if share else v.copy()
 
 
 def _stack(cols: list[array[float]], n: int) -> np.ndarray:

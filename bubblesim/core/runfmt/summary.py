@@ -16,6 +16,7 @@ import numpy as np
 from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.runfmt.bubbles import Bubbles
 from bubblesim.core.runfmt.recording import Recording
+from bubblesim.core.runfmt.spill import release
 from bubblesim.core.runfmt.stats import PERCENTILE_METHOD, dist
 from bubblesim.core.runfmt.tables import tpot_s
 from bubblesim.core.shape import SHAPE_FIELDS
@@ -100,7 +101,7 @@ def build_summary(
         "gpu_busy_fraction": _ratio(bub.busy_s, span),
         "bubble_fraction": bub.bubble_fraction,
         "bubble_s_by_cause": bub.by_cause,
-        "gpu_ms_mean": _mean_ms(rec.gpu_end - rec.gpu_start),
+        "gpu_ms_mean": _mean_ms(_released(rec.gpu_end - rec.gpu_start, rec.gpu_start, rec.gpu_end)),
         "cpu_ms_mean": _cpu_ms(rec),
         "gc": _gc_totals(rec),
         "accepted_draft_tokens": int(rec.accepted.sum()),
@@ -110,6 +111,7 @@ def build_summary(
         "timeline": timeline,
         "step_records": step_records,  # false: no steps.parquet or timeline.json (--no-steps)
     }
+    release(rec.gpu_start, rec.gpu_end, rec.accepted, rec.shape, rec.sync_start, rec.sync_end)
     for key, value in (extra or {}).items():
         if key in out:
             raise ValueError(f"summary extra key {key!r} clashes with a standard summary key")
@@ -117,14 +119,25 @@ def build_summary(
     return out
 
 
+def _released(value: np.ndarray, *maps: np.ndarray) -> np.ndarray:
+    """`value`, once the spilled maps it was computed from are released."""
+    release(*maps)
+    return value
+
+
 def _cpu_ms(rec: Recording) -> dict[str, float | None]:
     """Mean ms of each CPU phase over the steps that ran it; sync: per step that waited."""
-    out = {
-        p: _mean_ms(rec.phase_end[:, j] - rec.phase_start[:, j]) for j, p in enumerate(CPU_PHASES)
-    }
-    if rec.sync_step.size:
-        per_step = np.bincount(rec.sync_step, weights=rec.sync_end - rec.sync_start)
+    out = {}
+    for j, p in enumerate(CPU_PHASES):
+        d = _released(rec.phase_end[:, j] - rec.phase_start[:, j], rec.phase_start, rec.phase_end)
+        out[p] = _mean_ms(d)  # a spilled run's maps: one phase at a time
+    if rec.sync_step.size:  # one temporary at a time, spilled maps released (a long run)
         waited = np.bincount(rec.sync_step) > 0
+        dur = rec.sync_end - rec.sync_start
+        release(rec.sync_start, rec.sync_end)
+        per_step = np.bincount(rec.sync_step, weights=dur)
+        release(rec.sync_step)
+        del dur
         out["sync"] = float(per_step[waited].mean() * 1e3)
     else:
         out["sync"] = None

@@ -83,43 +83,76 @@ def requests_table(rec: Recording) -> pa.Table:
     return pa.table(cols)
 
 
-def steps_table(rec: Recording, bub: Bubbles) -> pa.Table:
-    n = rec.num_steps
-    cols: dict[str, object] = {"step": np.arange(n, dtype=np.int64)}
+def steps_table(
+    rec: Recording,
+    bub: Bubbles,
+    lo: int = 0,
+    hi: int | None = None,
+    sync_sorted: bool | None = None,
+    cause: bool = True,
+) -> pa.Table:
+    """The steps [lo, hi) (all by default): each row as in the whole table. `sync_sorted`:
+    whether rec.sync_step ascends (`sync_in_order`), if the caller knows (a chunked write);
+    `cause` False leaves out the string column bubble_cause."""
+    hi = rec.num_steps if hi is None else min(hi, rec.num_steps)
+    cut = slice(lo, hi)
+    cols: dict[str, object] = {"step": np.arange(lo, hi, dtype=np.int64)}
     for j, f in enumerate(SHAPE_FIELDS):
-        cols[f] = rec.shape[:, j]
+        cols[f] = rec.shape[cut, j]
     for j, p in enumerate(CPU_PHASES):
-        cols[f"{p}_start_s"] = rec.phase_start[:, j]
-        cols[f"{p}_end_s"] = rec.phase_end[:, j]
-    cols.update(_sync_columns(rec))
-    cols["gpu_start_s"] = rec.gpu_start
-    cols["gpu_end_s"] = rec.gpu_end
-    gc_ok = rec.gc_step >= 0
-    cols["gc_s"] = np.bincount(rec.gc_step[gc_ok], weights=rec.gc_dur[gc_ok], minlength=n)[:n]
-    cols["gc_count"] = np.bincount(rec.gc_step[gc_ok], minlength=n)[:n].astype(np.int64)
-    cols["gpu_idle_before_s"] = bub.gpu_idle_before_s
-    cols["bubble_before_s"] = bub.bubble_before_s
-    codes = pa.array(bub.bubble_cause_code.astype(np.int32) + 1)
-    names = pa.array(("", *CAUSES), pa.string())
-    cols["bubble_cause"] = pa.DictionaryArray.from_arrays(codes, names).dictionary_decode()
-    cols["accepted_draft_tokens"] = rec.accepted
-    assert tuple(cols) == STEP_COLUMNS
+        cols[f"{p}_start_s"] = rec.phase_start[cut, j]
+        cols[f"{p}_end_s"] = rec.phase_end[cut, j]
+    cols.update(_sync_columns(rec, lo, hi, sync_sorted))
+    cols["gpu_start_s"] = rec.gpu_start[cut]
+    cols["gpu_end_s"] = rec.gpu_end[cut]
+    gc_in = (rec.gc_step >= lo) & (rec.gc_step < hi)  # in recorded order: the same sums
+    gc_row = rec.gc_step[gc_in] - lo
+    gc_s = np.bincount(gc_row, weights=rec.gc_dur[gc_in], minlength=hi - lo)
+    # as one bincount over the whole run gives it: int64 zeros when no pause has a step
+    cols["gc_s"] = gc_s.astype(np.float64 if (rec.gc_step >= 0).any() else np.int64)
+    cols["gc_count"] = np.bincount(gc_row, minlength=hi - lo).astype(np.int64)
+    cols["gpu_idle_before_s"] = bub.gpu_idle_before_s[cut]
+    cols["bubble_before_s"] = bub.bubble_before_s[cut]
+    if cause:
+        codes = pa.array(bub.bubble_cause_code[cut].astype(np.int32) + 1)
+        names = pa.array(("", *CAUSES), pa.string())
+        cols["bubble_cause"] = pa.DictionaryArray.from_arrays(codes, names).dictionary_decode()
+    cols["accepted_draft_tokens"] = rec.accepted[cut]
+    assert tuple(cols) == tuple(c for c in STEP_COLUMNS if cause or c != "bubble_cause")
     return pa.table(cols)
 
 
-def _sync_columns(rec: Recording) -> dict[str, np.ndarray]:
-    n = rec.num_steps
-    dur = rec.sync_end - rec.sync_start
+def sync_in_order(rec: Recording) -> bool:
+    """Whether the sync waits are recorded in step order (a step loop's are)."""
+    step = rec.sync_step
+    return bool(np.all(step[1:] >= step[:-1]))
+
+
+def _sync_columns(rec: Recording, lo: int, hi: int, in_order: bool | None) -> dict[str, np.ndarray]:
+    """The sync columns of steps [lo, hi): from their waits alone (a slice when the waits are
+    in step order, as a step loop records them; a mask otherwise), in recorded order."""
+    step = rec.sync_step
+    if step.size and (lo > 0 or hi < rec.num_steps):
+        if sync_in_order(rec) if in_order is None else in_order:
+            a, b = np.searchsorted(step, [lo, hi])
+            pick: slice | np.ndarray = slice(int(a), int(b))
+        else:
+            pick = np.flatnonzero((step >= lo) & (step < hi))
+        s0, s1, step = rec.sync_start[pick], rec.sync_end[pick], step[pick] - lo
+    else:
+        s0, s1, step = rec.sync_start, rec.sync_end, step - lo
+    n = hi - lo
+    dur = s1 - s0
     start, end = np.full(n, np.nan), np.full(n, np.nan)
     if dur.size:
-        first = _longest_per_step(rec.sync_step, dur)
-        start[rec.sync_step[first]] = rec.sync_start[first]
-        end[rec.sync_step[first]] = rec.sync_end[first]
+        first = _longest_per_step(step, dur)
+        start[step[first]] = s0[first]
+        end[step[first]] = s1[first]
     return {
         "sync_start_s": start,
         "sync_end_s": end,
-        "sync_s": np.bincount(rec.sync_step, weights=dur, minlength=n)[:n].astype(np.float64),
-        "sync_count": np.bincount(rec.sync_step, minlength=n)[:n].astype(np.int64),
+        "sync_s": np.bincount(step, weights=dur, minlength=n)[:n].astype(np.float64),
+        "sync_count": np.bincount(step, minlength=n)[:n].astype(np.int64),
     }
 
 

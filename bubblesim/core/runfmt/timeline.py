@@ -20,6 +20,7 @@ import numpy as np
 from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.runfmt.bubbles import CAUSES, Bubbles
 from bubblesim.core.runfmt.recording import Recording
+from bubblesim.core.runfmt.spill import release
 from bubblesim.core.shape import SHAPE_FIELDS
 
 # Steps exported to timeline.json: ~1.3 KB a step, so 5,000 steps are ~7 MB, which Perfetto opens
@@ -107,11 +108,15 @@ class Window(NamedTuple):
     to_s: float  # inf: to the end of the run
 
 
-def step_starts(rec: Recording) -> np.ndarray:
-    """Each step's earliest recorded time (NaN for a step with none)."""
-    if rec.num_steps == 0:
-        return np.zeros(0)
-    return np.fmin.reduce(np.column_stack((rec.phase_start, rec.gpu_start)), axis=1)
+def step_starts(rec: Recording, chunk: int = 1 << 20) -> np.ndarray:
+    """Each step's earliest recorded time (NaN for a step with none), `chunk` steps at a time."""
+    n = rec.num_steps
+    out = np.empty(n)
+    for lo in range(0, n, chunk):
+        cut = slice(lo, lo + chunk)
+        out[cut] = np.fmin.reduce(np.column_stack((rec.phase_start[cut], rec.gpu_start[cut])), 1)
+        release(rec.phase_start, rec.gpu_start)
+    return out
 
 
 def window(rec: Recording, max_steps: int | None, from_s: float = 0.0) -> Window:
@@ -143,6 +148,7 @@ def build_timeline(
         ev += _spans(
             p, "cpu", PID_CPU, TID_CPU, s[steps], e[steps], [{"step": i} for i in steps.tolist()]
         )
+        release(rec.phase_start, rec.phase_end)  # a spilled run's maps: one phase at a time
     ok = (rec.sync_start >= lo) & (rec.sync_start < cut)
     ev += _spans(
         "sync",
@@ -164,6 +170,7 @@ def build_timeline(
         "gc", "gc", PID_CPU, TID_GC, rec.gc_start[ok], rec.gc_start[ok] + rec.gc_dur[ok], gc_args
     )
     ev += _gpu_events(rec, lo, cut)
+    release(rec.sync_start, rec.sync_end, rec.sync_step, rec.gpu_start, rec.gpu_end, rec.shape)
     ok = (bub.piece_start >= lo) & (bub.piece_start < cut)
     names = [CAUSES[c] for c in bub.piece_cause[ok].tolist()]
     ev += _spans(
