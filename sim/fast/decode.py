@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
+from functools import partial
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 import numpy as np
@@ -190,6 +191,10 @@ class FastForward:
         done: dict[int, list[_Member]] = {}  # iteration: its last pass completes, it finishes
         chunk_done: dict[int, list[Request]] = {}  # iteration: a partial prompt chunk completes
         young: list[_Member] = []  # confirmed outputs not yet a + k
+        # the launches / iterations with an entry in drop, join, done or chunk_done (a heap,
+        # may repeat): an iteration before the smallest one, with no arrival, no admission to
+        # try and no member settling in, is calm: only its grows and its decode vary
+        marks: list[int] = []
         # (-cr, key, member) of every member that joined the decode; one that left (end <= k)
         # is dropped when it reaches the top: the top is then the longest context's member
         tops: list[tuple[int, int, _Member]] = []
@@ -210,11 +215,14 @@ class FastForward:
                 if first < m.end:
                     grow.setdefault(first, []).append(m)
                 done.setdefault(nd + m.end - 1, []).append(m)
+                marks += (m.end, nd + m.end - 1)
             else:  # finished by the passes in flight
                 last = max(q for q in range(nd) if m.old[q + 1] > m.old[q])
                 done.setdefault(last, []).append(m)
+                marks.append(last)
             if nd:
                 young.append(m)
+        heapify(marks)
         next_key = len(members)
         sh, mx = StepShape(), StepShape()  # this decode step's shape; a step with prompts'
         sh.set_decode(b)
@@ -234,41 +242,46 @@ class FastForward:
         drop_pop, join_pop, grow_pop = drop.pop, join.pop, grow.pop
         chunk_done_pop, done_pop = chunk_done.pop, done.pop
         po_s_add, po_objs_add, launches_add = po_s.append, po_objs.append, launches.append
-        k = 0
+        marks_add = partial(heappush, marks)
+        k = calm_until = 0
+        changed = False
+        admitted: list[Entry] | None = None  # a list only when admit runs
         while k < MAX_SEGMENT_STEPS and not stop_after:
-            # ---- top of the loop: arrivals up to the CPU clock are visible
-            if next_arrival_s <= cpu:
-                loop.take_arrivals()
-                next_arrival_s = loop.next_arrival_s()
-            # ---- schedule(): the decodes of this launch
-            changed = False
-            left = drop_pop(k, None)
-            if left is not None:
-                changed = True
-                for m in left:
-                    r = m.req
-                    b -= 1
-                    sum_cr -= m.cr
-                    sum_prompt -= r.prompt_len
-                    sum_a -= m.a
-                    if r.needs_history:
-                        nh -= 1
-                        sum_hr -= m.hr
-            joined = join_pop(k, None) if join else None  # admissions only
-            if joined is not None:
-                changed = True
-                for m in joined:
-                    r = m.req
-                    b += 1
-                    sum_cr += m.cr
-                    heappush(tops, (-m.cr, m.key, m))
-                    sum_prompt += r.prompt_len
-                    sum_a += m.a
-                    if r.needs_history:
-                        nh += 1
-                        sum_hr += m.hr
-            if b == 0 or b > max_tokens:
-                break  # an empty or budget-cut schedule: the normal path runs it
+            full = k >= calm_until or next_arrival_s <= cpu  # else calm: skip to the grows
+            if full:
+                # ---- top of the loop: arrivals up to the CPU clock are visible
+                if next_arrival_s <= cpu:
+                    loop.take_arrivals()
+                    next_arrival_s = loop.next_arrival_s()
+                # ---- schedule(): the decodes of this launch
+                changed = False
+                left = drop_pop(k, None)
+                if left is not None:
+                    changed = True
+                    for m in left:
+                        r = m.req
+                        b -= 1
+                        sum_cr -= m.cr
+                        sum_prompt -= r.prompt_len
+                        sum_a -= m.a
+                        if r.needs_history:
+                            nh -= 1
+                            sum_hr -= m.hr
+                joined = join_pop(k, None) if join else None  # admissions only
+                if joined is not None:
+                    changed = True
+                    for m in joined:
+                        r = m.req
+                        b += 1
+                        sum_cr += m.cr
+                        heappush(tops, (-m.cr, m.key, m))
+                        sum_prompt += r.prompt_len
+                        sum_a += m.a
+                        if r.needs_history:
+                            nh += 1
+                            sum_hr += m.hr
+                if b == 0 or b > max_tokens:
+                    break  # an empty or budget-cut schedule: the normal path runs it
             need = grow_pop(k, None)
             if need is not None:
                 if len(need) > blocks.num_free:
@@ -290,21 +303,22 @@ class FastForward:
             longest = top_cr + k + 1
             ctx = sum_prompt + sum_a + b * k
             hist = sum_hr + nh * k
-            if young:
-                corr = self._young_correction(young, k)
-                if corr:
-                    ctx += corr
-                    rows[k] = (b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0)
-            if changed:
-                sh.set_decode(b)
-                reload = True
-            budget = max_tokens - b
-            admitted: list[Entry] | None = None  # a list only when admit runs
-            if waiting and budget > 0 and len(running) < max_seqs:
-                admitted = []
-                sched.admit(admitted, budget)
-                if len(running) > loop.peak_running:
-                    loop.peak_running = len(running)
+            if full:
+                if young:
+                    corr = self._young_correction(young, k)
+                    if corr:
+                        ctx += corr
+                        rows[k] = (b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0)
+                if changed:
+                    sh.set_decode(b)
+                    reload = True
+                budget = max_tokens - b
+                admitted = None
+                if waiting and budget > 0 and len(running) < max_seqs:
+                    admitted = []
+                    sched.admit(admitted, budget)
+                    if len(running) > loop.peak_running:
+                        loop.peak_running = len(running)
             if admitted:
                 pf = Scheduler.shape(admitted)
                 row = (
@@ -322,6 +336,7 @@ class FastForward:
                     r = e.req
                     if not e.generates:  # a partial prompt chunk: the normal path continues it
                         chunk_done.setdefault(nd + k, []).append(r)
+                        marks_add(nd + k)
                         stop_after = True
                         continue
                     # after its prompt pass (a recompute after preemption includes the
@@ -338,12 +353,15 @@ class FastForward:
                     if m.end > m.j1:
                         join.setdefault(m.j1, []).append(m)
                         drop.setdefault(m.end, []).append(m)
+                        marks_add(m.j1)
+                        marks_add(m.end)
                         first = m.j1 + len(r.block_ids) * bs - computed
                         if first < m.end:
                             grow.setdefault(first, []).append(m)
                         if m.s > m.j1:
                             young.append(m)
                     done.setdefault(nd + m.end - 1, []).append(m)
+                    marks_add(nd + m.end - 1)
                 mx.set_row(row)
                 c = costs.all(mx)
                 reload = True  # the next decode step takes the decode costs again
@@ -373,13 +391,24 @@ class FastForward:
             cpu = t[PO1]
             if cpu >= tick_at_s:
                 stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
-            chunks = chunk_done_pop(k, None) if chunk_done else None
-            if chunks is not None:
-                for r in chunks:
-                    r.num_inflight_batches -= 1
-            finished = done_pop(k, None)
-            if finished is not None:
-                self._finish(finished, k + 1, nd, cpu)
+            if full:
+                chunks = chunk_done_pop(k, None) if chunk_done else None
+                if chunks is not None:
+                    for r in chunks:
+                        r.num_inflight_batches -= 1
+                finished = done_pop(k, None)
+                if finished is not None:
+                    self._finish(finished, k + 1, nd, cpu)
+                # the next calm iteration: none while an admission may be tried or a member
+                # settles in, else up to the next calendar entry
+                while marks and marks[0] <= k:
+                    heappop(marks)
+                if young or (waiting and max_tokens > b and len(running) < max_seqs):
+                    calm_until = k + 1
+                else:
+                    calm_until = marks[0] if marks else MAX_SEGMENT_STEPS
+                changed = False
+                admitted = None
             k += 1
         run.n = k
         return run
