@@ -70,6 +70,8 @@ class Scheduler:
         self.num_steps = 0
         self.num_preemptions = 0
         self._pending_free: list[Request] = []  # finished with batches still in flight
+        # (request, its tokens, free blocks, budget) of admit's last failed allocation: see admit
+        self._blocked: tuple[Request, int, int, int] | None = None
 
     # ---- intake -----------------------------------------------------------------------------
     def check_fits(self, req: Request) -> str | None:
@@ -203,6 +205,19 @@ class Scheduler:
         blocks = self.blocks
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
+            if self._blocked is not None and not blocks.hash_to_block:
+                # A full cache retries its head request every step. Its allocation failed with
+                # at least as many free blocks and at most this budget (a larger budget plans
+                # at least as many tokens) and no cached prefix could have matched (no hash):
+                # it fails again, and that attempt changes nothing, so it is skipped.
+                b_req, b_tokens, b_free, b_budget = self._blocked
+                if (
+                    b_req is req
+                    and b_tokens == req.num_tokens
+                    and blocks.num_free <= b_free
+                    and budget >= b_budget
+                ):
+                    break
             if not req.block_ids:
                 # nothing cached: match_prefix would attach no block and return 0. A full
                 # cache retries its head request every step (preemption): this keeps it cheap
@@ -211,6 +226,8 @@ class Scheduler:
                 req.num_computed_tokens = req.num_cached_tokens
             e = self.plan(req, budget)
             if e is None or not blocks.allocate(req, e.start_pos + e.num_tokens):
+                if e is not None:
+                    self._blocked = (req, req.num_tokens, blocks.num_free, budget)
                 if req.block_ids:
                     blocks.release(req)  # waiting requests hold no blocks (no deadlock)
                 req.num_computed_tokens = 0
