@@ -193,7 +193,8 @@ class FastForward:
         young: list[_Member] = []  # confirmed outputs not yet a + k
         # the launches / iterations with an entry in drop, join, done or chunk_done (a heap,
         # may repeat): an iteration before the smallest one, with no arrival, no admission to
-        # try and no member settling in, is calm: only its grows and its decode vary
+        # try (or one Scheduler.admission_blocked: the free blocks only shrink meanwhile) and
+        # no member settling in, is calm: only its grows and its decode vary
         marks: list[int] = []
         # (-cr, key, member) of every member that joined the decode; one that left (end <= k)
         # is dropped when it reaches the top: the top is then the longest context's member
@@ -288,12 +289,11 @@ class FastForward:
                     grow[k] = need
                     break  # the normal path preempts
                 if len(need) > 1:
-                    need.sort(key=_key)
-                for m in need:
-                    ok = blocks.allocate(m.req, m.cr + k + 1)
-                    assert ok
-                    if k + bs < m.end:
-                        grow.setdefault(k + bs, []).append(m)
+                    need.sort(key=_key)  # entry order: the order allocate hands them out
+                blocks.allocate_next([m.req for m in need])
+                again = [m for m in need if k + bs < m.end]
+                if again:
+                    grow.setdefault(k + bs, []).extend(again)
             if changed or not k:
                 while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
                     heappop(tops)
@@ -403,7 +403,12 @@ class FastForward:
                 # settles in, else up to the next calendar entry
                 while marks and marks[0] <= k:
                     heappop(marks)
-                if young or (waiting and max_tokens > b and len(running) < max_seqs):
+                if young or (
+                    waiting
+                    and max_tokens > b
+                    and len(running) < max_seqs
+                    and not sched.admission_blocked(max_tokens - b)
+                ):
                     calm_until = k + 1
                 else:
                     calm_until = marks[0] if marks else MAX_SEGMENT_STEPS

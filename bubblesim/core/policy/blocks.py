@@ -219,6 +219,36 @@ class BlockManager:
         self._head = h
         return True
 
+    def allocate_next(self, reqs: Sequence[Request]) -> bool:
+        """One more block for each of `reqs`, in order: what `allocate` hands a decode that
+        crosses into its next block, for each of them in turn (the same ids); False (and no
+        change) if fewer are free."""
+        n = len(reqs)
+        if self._linked:
+            if n > self._free.size:
+                return False
+            for r in reqs:
+                self._allocate_one(r.block_ids)
+            return True
+        if n > self._size:
+            return False
+        self._size -= n
+        fresh = self._fresh
+        take = min(n, self.num_blocks - fresh)
+        for i in range(take):  # fresh blocks first, in id order
+            reqs[i].block_ids.append(fresh + i)
+        self._fresh = fresh + take
+        if take < n:
+            h, queue = self._head, self._queue
+            for r in reqs[take:]:
+                r.block_ids.append(queue[h])
+                h += 1
+            if h >= 4096 and 2 * h >= len(queue):  # drop the consumed front (amortized O(1))
+                del queue[:h]
+                h = 0
+            self._head = h
+        return True
+
     def _allocate_linked(self, ids: list[int], need: int) -> bool:
         free = self._free
         if need > free.size:

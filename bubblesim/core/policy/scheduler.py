@@ -205,19 +205,8 @@ class Scheduler:
         blocks = self.blocks
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
-            if self._blocked is not None and not blocks.hash_to_block:
-                # A full cache retries its head request every step. Its allocation failed with
-                # at least as many free blocks and at most this budget (a larger budget plans
-                # at least as many tokens) and no cached prefix could have matched (no hash):
-                # it fails again, and that attempt changes nothing, so it is skipped.
-                b_req, b_tokens, b_free, b_budget = self._blocked
-                if (
-                    b_req is req
-                    and b_tokens == req.num_tokens
-                    and blocks.num_free <= b_free
-                    and budget >= b_budget
-                ):
-                    break
+            if self._blocked is not None and self.admission_blocked(budget):
+                break
             if not req.block_ids:
                 # nothing cached: match_prefix would attach no block and return 0. A full
                 # cache retries its head request every step (preemption): this keeps it cheap
@@ -238,6 +227,22 @@ class Scheduler:
             entries.append(e)
             budget -= e.num_tokens
         return budget
+
+    def admission_blocked(self, budget: int) -> bool:
+        """Whether `admit(entries, budget)` would admit nothing and change nothing because
+        its head request's last allocation failed: a full cache retries its head every step.
+        True when that failure was with at least as many free blocks, at most this budget (a
+        larger budget plans at least as many tokens), the same request and tokens, and no
+        cached prefix could match (no hash is registered): then it fails again."""
+        if self._blocked is None or not self.waiting or self.blocks.hash_to_block:
+            return False
+        req, tokens, free, at_most = self._blocked
+        return (
+            req is self.waiting[0]
+            and tokens == req.num_tokens
+            and self.blocks.num_free <= free
+            and budget >= at_most
+        )
 
     def launch(self, e: Entry) -> None:
         """Advance the entry's request as if its step were launched now (placeholders for
