@@ -234,19 +234,25 @@ class BlockManager:
             return False
         self._size -= n
         fresh = self._fresh
-        take = min(n, self.num_blocks - fresh)
-        for i in range(take):  # fresh blocks first, in id order
-            reqs[i].block_ids.append(fresh + i)
-        self._fresh = fresh + take
-        if take < n:
-            h, queue = self._head, self._queue
-            for r in reqs[take:]:
+        if fresh + n <= self.num_blocks:  # fresh blocks first, in id order
+            self._fresh = fresh + n
+            for r in reqs:
+                r.block_ids.append(fresh)
+                fresh += 1
+            return True
+        queue, h = self._queue, self._head
+        for r in reqs:
+            if fresh < self.num_blocks:
+                r.block_ids.append(fresh)
+                fresh += 1
+            else:
                 r.block_ids.append(queue[h])
                 h += 1
-            if h >= 4096 and 2 * h >= len(queue):  # drop the consumed front (amortized O(1))
-                del queue[:h]
-                h = 0
-            self._head = h
+        self._fresh = fresh
+        if h >= 4096 and 2 * h >= len(queue):  # drop the consumed front (amortized O(1))
+            del queue[:h]
+            h = 0
+        self._head = h
         return True
 
     def _allocate_linked(self, ids: list[int], need: int) -> bool:
