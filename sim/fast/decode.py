@@ -173,7 +173,6 @@ class FastForward:
         members' lazy state, each step's timing by the loop's own StepClock.step."""
         loop = self.loop
         sched, rec, costs, clock = loop.sched, loop.rec, loop.costs, loop.clock
-        blocks = sched.blocks
         running, waiting = sched.running, sched.waiting
         tick_at_s = loop.tick_at_s
         bs, max_tokens, max_seqs = self.block_size, self.max_tokens, self.max_seqs
@@ -248,6 +247,39 @@ class FastForward:
         changed = False
         admitted: list[Entry] | None = None  # a list only when admit runs
         while k < MAX_SEGMENT_STEPS and not stop_after:
+            if k < calm_until and next_arrival_s > cpu and not reload and k >= nd > 0:
+                # calm iterations one after another: the calm path below, without its checks
+                end = min(calm_until, MAX_SEGMENT_STEPS)
+                short = False
+                while True:
+                    need = grow_pop(k, None)
+                    if need is not None and not self._grow(need, k, grow):
+                        short = True
+                        break
+                    sh.kv_read_tokens = sh.attn_pairs = sum_cr + b * (k + 1)
+                    sh.max_kv_tokens = top_cr + k + 1
+                    sh.history_tokens = sum_hr + nh * k
+                    sh.context_tokens = sum_prompt + sum_a + b * k
+                    for i, fn, ms in varying:  # StepCosts.varying
+                        c[i] = fn(sh) / 1e3 if ms else fn(sh)
+                    step = s0 + k
+                    po_s_add(c[PO_S])
+                    po_objs_add(c[PO_OBJS])
+                    t = clock_step(
+                        step, c, NO_EVENT, step - nd, launches[k - nd][GPU_END], po_s[k],
+                        po_objs[k],
+                    )  # fmt: skip
+                    launches_add(t)
+                    cpu = t[PO1]
+                    k += 1
+                    if cpu >= tick_at_s:
+                        stop_after = True  # the progress hook looks now
+                        break
+                    if k >= end or next_arrival_s <= cpu:
+                        break
+                if short:
+                    break  # the normal path preempts
+                continue
             full = k >= calm_until or next_arrival_s <= cpu  # else calm: skip to the grows
             if full:
                 # ---- top of the loop: arrivals up to the CPU clock are visible
@@ -284,16 +316,8 @@ class FastForward:
                 if b == 0 or b > max_tokens:
                     break  # an empty or budget-cut schedule: the normal path runs it
             need = grow_pop(k, None)
-            if need is not None:
-                if len(need) > blocks.num_free:
-                    grow[k] = need
-                    break  # the normal path preempts
-                if len(need) > 1:
-                    need.sort(key=_key)  # entry order: the order allocate hands them out
-                blocks.allocate_next([m.req for m in need])
-                again = [m for m in need if k + bs < m.end]
-                if again:
-                    grow.setdefault(k + bs, []).extend(again)
+            if need is not None and not self._grow(need, k, grow):
+                break  # the normal path preempts
             if changed or not k:
                 while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
                     heappop(tops)
@@ -417,6 +441,21 @@ class FastForward:
             k += 1
         run.n = k
         return run
+
+    def _grow(self, need: list[_Member], k: int, grow: dict[int, list[_Member]]) -> bool:
+        """Launch k's members that cross into their next KV block get it, in entry order;
+        False (nothing done, `need` back in `grow`) where the free blocks are too few."""
+        blocks, bs = self.loop.sched.blocks, self.block_size
+        if len(need) > blocks.num_free:
+            grow[k] = need
+            return False
+        if len(need) > 1:
+            need.sort(key=_key)  # entry order: the order allocate hands them out
+        blocks.allocate_next([m.req for m in need])
+        again = [m for m in need if k + bs < m.end]
+        if again:
+            grow.setdefault(k + bs, []).extend(again)
+        return True
 
     @staticmethod
     def _young_correction(young: list[_Member], k: int) -> int:
