@@ -118,6 +118,9 @@ class FastForward:
         nd = loop.depth - 1
         if not running or len(loop.inflight) != nd or len(running) > self.max_tokens:
             return False
+        for r in reversed(running):  # the latest admitted first: a recompute in prompt chunks
+            if not r.in_decode:
+                return False  # a prompt chunk to continue (as _initial_members finds, sooner)
         old = list(loop.inflight)
         for p in old:
             for e in p.batch.entries:
@@ -445,16 +448,26 @@ class FastForward:
     def _grow(self, need: list[_Member], k: int, grow: dict[int, list[_Member]]) -> bool:
         """Launch k's members that cross into their next KV block get it, in entry order;
         False (nothing done, `need` back in `grow`) where the free blocks are too few."""
-        blocks, bs = self.loop.sched.blocks, self.block_size
-        if len(need) > blocks.num_free:
+        nxt = k + self.block_size  # where each crosses next
+        if len(need) == 1:  # the common case, without the lists
+            m = need[0]
+            if not self.loop.sched.blocks.allocate_next((m.req,)):
+                grow[k] = need
+                return False
+            if nxt < m.end:
+                later = grow.get(nxt)
+                if later is None:
+                    grow[nxt] = need
+                else:
+                    later.append(m)
+            return True
+        need.sort(key=_key)  # entry order: the order allocate hands them out
+        if not self.loop.sched.blocks.allocate_next([m.req for m in need]):
             grow[k] = need
             return False
-        if len(need) > 1:
-            need.sort(key=_key)  # entry order: the order allocate hands them out
-        blocks.allocate_next([m.req for m in need])
-        again = [m for m in need if k + bs < m.end]
+        again = [m for m in need if nxt < m.end]
         if again:
-            grow.setdefault(k + bs, []).extend(again)
+            grow.setdefault(nxt, []).extend(again)
         return True
 
     @staticmethod
