@@ -82,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 cfg,
                 args.trace,
                 out,
-                progress=bar,
+                progress=bar if bar.enabled else None,  # quiet: no looks, longer segments
                 timeline_steps=args.timeline_steps,
                 timeline_from_s=args.timeline_from_s,
                 steps=not args.no_steps,
