@@ -14,7 +14,9 @@ affine in k, so it is kept lazily (`_Member`) and batch sums are updated only wh
 joins or leaves (the longest context is the largest cr + k + 1 of the members, taken from a heap
 with lazy deletion when the members change): a step costs O(1) plus the block allocations it
 makes (done at once, in the per-step order) and what its arrivals, admissions and finishes
-touch.
+touch. An iteration before the next drop, join or finish, with no arrival due, no admission to
+try (or only one `Scheduler.admission_blocked` knows fails) and no member settling in, is calm:
+calm iterations run one after another in a loop of their own (grows, decode costs, clock step).
 The segment ends before a step the normal path must run: nothing to decode, more decode tokens
 than the budget, fewer free blocks than the step's decodes need (preemption), or after a step
 that admitted a partial prompt chunk.
