@@ -10,15 +10,19 @@ from bubblesim.core.cli import run_main
 from sim import cli
 
 
-def build_parser(prog: str = "python -m sim") -> argparse.ArgumentParser:
+def build_parser(
+    prog: str = "python -m sim", command: str | None = None
+) -> argparse.ArgumentParser:
+    """The parser; `command`: the first word of the command line (sim.cli.add_commands)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    cli.add_commands(sub)
+    cli.add_commands(sub, command)
     return parser
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m sim") -> int:
-    args = build_parser(prog).parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(prog, words[0] if words else None).parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -13,7 +13,9 @@ from sim.cost.envelope import describe
 from sim.progress import Progress
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction, command: str | None = None) -> None:
+    """Every subcommand; `command` "run" (the word the command line starts with) adds `run`
+    alone, so a run does not import the planner's, whatif's and the trace tools' modules."""
     p = sub.add_parser(
         "run", help="a predicted run of a trace: a run folder (requests, steps, summary, timeline)"
     )
@@ -29,6 +31,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     add_scenario_arg(p)
     p.set_defaults(func=cmd_run)
+    if command == "run":
+        return
     _optional(sub, "bubblesim.workloads.tracecmd", "add_trace_parser")
     _optional(sub, "sim.whatif", "add_whatif_parser")
     _optional(sub, "bubblesim.plan", "add_plan_parser")
@@ -78,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 cfg,
                 args.trace,
                 out,
-                progress=bar,
+                progress=bar if bar.enabled else None,  # quiet: no looks, longer segments
                 timeline_steps=args.timeline_steps,
                 timeline_from_s=args.timeline_from_s,
                 steps=not args.no_steps,

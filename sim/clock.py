@@ -164,9 +164,14 @@ class StepClock:
                 if a_launch > 0:  # allocations: maybe a collection
                     cpu = self._collect(cpu, a_launch, P.LAUNCH, step)
                 launch1 = cpu
-                start, counts = gpu_pass(
-                    prep1, cpu, self.gpu_free_s, gpu_s, graphed, self.idle_scale, self.idle_min_s
-                )
+                free = self.gpu_free_s
+                if graphed and cpu <= free:  # sim.stream.gpu_pass, inlined: a graph queued
+                    start = free
+                    counts = free + gpu_s
+                else:
+                    start, counts = gpu_pass(
+                        prep1, cpu, free, gpu_s, graphed, self.idle_scale, self.idle_min_s
+                    )
                 end = self.gpu_free_s = counts + dgpu_s if dgpu_s > 0 else counts
                 cpu += s_sample
                 if a_sample > 0:  # allocations: maybe a collection

@@ -21,6 +21,7 @@ operations), so the result is the same bit for bit (tests/test_sim_fastforward.p
 
 from __future__ import annotations
 
+import gc
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
@@ -127,7 +128,17 @@ class SimLoop:
 
     # ---- processes --------------------------------------------------------------------------
     def run(self) -> None:
-        self.env.run(until=self.start(own_arrivals=True))
+        """Simulate every request (own arrivals). Python's cyclic collector is paused meanwhile
+        (and resumed if it was on): the loop frees what it drops by reference counting (it
+        leaves no cycles), and collection passes over the objects the run keeps alive cost
+        ~8 % of the loop."""
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run(until=self.start(own_arrivals=True))
+        finally:
+            if was_enabled:
+                gc.enable()
 
     def start(self, own_arrivals: bool) -> simpy.Process:
         """Start the CPU thread; with `own_arrivals` False a router calls `submit`."""

@@ -14,7 +14,9 @@ affine in k, so it is kept lazily (`_Member`) and batch sums are updated only wh
 joins or leaves (the longest context is the largest cr + k + 1 of the members, taken from a heap
 with lazy deletion when the members change): a step costs O(1) plus the block allocations it
 makes (done at once, in the per-step order) and what its arrivals, admissions and finishes
-touch.
+touch. An iteration before the next drop, join or finish, with no arrival due, no admission to
+try (or only one `Scheduler.admission_blocked` knows fails) and no member settling in, is calm:
+calm iterations run one after another in a loop of their own (grows, decode costs, clock step).
 The segment ends before a step the normal path must run: nothing to decode, more decode tokens
 than the budget, fewer free blocks than the step's decodes need (preemption), or after a step
 that admitted a partial prompt chunk.
@@ -30,7 +32,8 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
+from functools import partial
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 import numpy as np
@@ -117,6 +120,9 @@ class FastForward:
         nd = loop.depth - 1
         if not running or len(loop.inflight) != nd or len(running) > self.max_tokens:
             return False
+        for r in reversed(running):  # the latest admitted first: a recompute in prompt chunks
+            if not r.in_decode:
+                return False  # a prompt chunk to continue (as _initial_members finds, sooner)
         old = list(loop.inflight)
         for p in old:
             for e in p.batch.entries:
@@ -172,7 +178,6 @@ class FastForward:
         members' lazy state, each step's timing by the loop's own StepClock.step."""
         loop = self.loop
         sched, rec, costs, clock = loop.sched, loop.rec, loop.costs, loop.clock
-        blocks = sched.blocks
         running, waiting = sched.running, sched.waiting
         tick_at_s = loop.tick_at_s
         bs, max_tokens, max_seqs = self.block_size, self.max_tokens, self.max_seqs
@@ -190,6 +195,11 @@ class FastForward:
         done: dict[int, list[_Member]] = {}  # iteration: its last pass completes, it finishes
         chunk_done: dict[int, list[Request]] = {}  # iteration: a partial prompt chunk completes
         young: list[_Member] = []  # confirmed outputs not yet a + k
+        # the launches / iterations with an entry in drop, join, done or chunk_done (a heap,
+        # may repeat): an iteration before the smallest one, with no arrival, no admission to
+        # try (or one Scheduler.admission_blocked: the free blocks only shrink meanwhile) and
+        # no member settling in, is calm: only its grows and its decode vary
+        marks: list[int] = []
         # (-cr, key, member) of every member that joined the decode; one that left (end <= k)
         # is dropped when it reaches the top: the top is then the longest context's member
         tops: list[tuple[int, int, _Member]] = []
@@ -210,11 +220,14 @@ class FastForward:
                 if first < m.end:
                     grow.setdefault(first, []).append(m)
                 done.setdefault(nd + m.end - 1, []).append(m)
+                marks += (m.end, nd + m.end - 1)
             else:  # finished by the passes in flight
                 last = max(q for q in range(nd) if m.old[q + 1] > m.old[q])
                 done.setdefault(last, []).append(m)
+                marks.append(last)
             if nd:
                 young.append(m)
+        heapify(marks)
         next_key = len(members)
         sh, mx = StepShape(), StepShape()  # this decode step's shape; a step with prompts'
         sh.set_decode(b)
@@ -234,53 +247,82 @@ class FastForward:
         drop_pop, join_pop, grow_pop = drop.pop, join.pop, grow.pop
         chunk_done_pop, done_pop = chunk_done.pop, done.pop
         po_s_add, po_objs_add, launches_add = po_s.append, po_objs.append, launches.append
-        k = 0
+        marks_add = partial(heappush, marks)
+        k = calm_until = 0
+        changed = False
+        admitted: list[Entry] | None = None  # a list only when admit runs
         while k < MAX_SEGMENT_STEPS and not stop_after:
-            # ---- top of the loop: arrivals up to the CPU clock are visible
-            if next_arrival_s <= cpu:
-                loop.take_arrivals()
-                next_arrival_s = loop.next_arrival_s()
-            # ---- schedule(): the decodes of this launch
-            changed = False
-            left = drop_pop(k, None)
-            if left is not None:
-                changed = True
-                for m in left:
-                    r = m.req
-                    b -= 1
-                    sum_cr -= m.cr
-                    sum_prompt -= r.prompt_len
-                    sum_a -= m.a
-                    if r.needs_history:
-                        nh -= 1
-                        sum_hr -= m.hr
-            joined = join_pop(k, None) if join else None  # admissions only
-            if joined is not None:
-                changed = True
-                for m in joined:
-                    r = m.req
-                    b += 1
-                    sum_cr += m.cr
-                    heappush(tops, (-m.cr, m.key, m))
-                    sum_prompt += r.prompt_len
-                    sum_a += m.a
-                    if r.needs_history:
-                        nh += 1
-                        sum_hr += m.hr
-            if b == 0 or b > max_tokens:
-                break  # an empty or budget-cut schedule: the normal path runs it
-            need = grow_pop(k, None)
-            if need is not None:
-                if len(need) > blocks.num_free:
-                    grow[k] = need
+            if k < calm_until and next_arrival_s > cpu and not reload and k >= nd > 0:
+                # calm iterations one after another: the calm path below, without its checks
+                end = min(calm_until, MAX_SEGMENT_STEPS)
+                short = False
+                while True:
+                    need = grow_pop(k, None)
+                    if need is not None and not self._grow(need, k, grow):
+                        short = True
+                        break
+                    sh.kv_read_tokens = sh.attn_pairs = sum_cr + b * (k + 1)
+                    sh.max_kv_tokens = top_cr + k + 1
+                    sh.history_tokens = sum_hr + nh * k
+                    sh.context_tokens = sum_prompt + sum_a + b * k
+                    for i, fn, ms in varying:  # StepCosts.varying
+                        c[i] = fn(sh) / 1e3 if ms else fn(sh)
+                    step = s0 + k
+                    po_s_add(c[PO_S])
+                    po_objs_add(c[PO_OBJS])
+                    t = clock_step(
+                        step, c, NO_EVENT, step - nd, launches[k - nd][GPU_END], po_s[k],
+                        po_objs[k],
+                    )  # fmt: skip
+                    launches_add(t)
+                    cpu = t[PO1]
+                    k += 1
+                    if cpu >= tick_at_s:
+                        stop_after = True  # the progress hook looks now
+                        break
+                    if k >= end or next_arrival_s <= cpu:
+                        break
+                if short:
                     break  # the normal path preempts
-                if len(need) > 1:
-                    need.sort(key=_key)
-                for m in need:
-                    ok = blocks.allocate(m.req, m.cr + k + 1)
-                    assert ok
-                    if k + bs < m.end:
-                        grow.setdefault(k + bs, []).append(m)
+                continue
+            full = k >= calm_until or next_arrival_s <= cpu  # else calm: skip to the grows
+            if full:
+                # ---- top of the loop: arrivals up to the CPU clock are visible
+                if next_arrival_s <= cpu:
+                    loop.take_arrivals()
+                    next_arrival_s = loop.next_arrival_s()
+                # ---- schedule(): the decodes of this launch
+                changed = False
+                left = drop_pop(k, None)
+                if left is not None:
+                    changed = True
+                    for m in left:
+                        r = m.req
+                        b -= 1
+                        sum_cr -= m.cr
+                        sum_prompt -= r.prompt_len
+                        sum_a -= m.a
+                        if r.needs_history:
+                            nh -= 1
+                            sum_hr -= m.hr
+                joined = join_pop(k, None) if join else None  # admissions only
+                if joined is not None:
+                    changed = True
+                    for m in joined:
+                        r = m.req
+                        b += 1
+                        sum_cr += m.cr
+                        heappush(tops, (-m.cr, m.key, m))
+                        sum_prompt += r.prompt_len
+                        sum_a += m.a
+                        if r.needs_history:
+                            nh += 1
+                            sum_hr += m.hr
+                if b == 0 or b > max_tokens:
+                    break  # an empty or budget-cut schedule: the normal path runs it
+            need = grow_pop(k, None)
+            if need is not None and not self._grow(need, k, grow):
+                break  # the normal path preempts
             if changed or not k:
                 while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
                     heappop(tops)
@@ -290,21 +332,22 @@ class FastForward:
             longest = top_cr + k + 1
             ctx = sum_prompt + sum_a + b * k
             hist = sum_hr + nh * k
-            if young:
-                corr = self._young_correction(young, k)
-                if corr:
-                    ctx += corr
-                    rows[k] = (b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0)
-            if changed:
-                sh.set_decode(b)
-                reload = True
-            budget = max_tokens - b
-            admitted: list[Entry] | None = None  # a list only when admit runs
-            if waiting and budget > 0 and len(running) < max_seqs:
-                admitted = []
-                sched.admit(admitted, budget)
-                if len(running) > loop.peak_running:
-                    loop.peak_running = len(running)
+            if full:
+                if young:
+                    corr = self._young_correction(young, k)
+                    if corr:
+                        ctx += corr
+                        rows[k] = (b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0)
+                if changed:
+                    sh.set_decode(b)
+                    reload = True
+                budget = max_tokens - b
+                admitted = None
+                if waiting and budget > 0 and len(running) < max_seqs:
+                    admitted = []
+                    sched.admit(admitted, budget)
+                    if len(running) > loop.peak_running:
+                        loop.peak_running = len(running)
             if admitted:
                 pf = Scheduler.shape(admitted)
                 row = (
@@ -322,6 +365,7 @@ class FastForward:
                     r = e.req
                     if not e.generates:  # a partial prompt chunk: the normal path continues it
                         chunk_done.setdefault(nd + k, []).append(r)
+                        marks_add(nd + k)
                         stop_after = True
                         continue
                     # after its prompt pass (a recompute after preemption includes the
@@ -338,12 +382,15 @@ class FastForward:
                     if m.end > m.j1:
                         join.setdefault(m.j1, []).append(m)
                         drop.setdefault(m.end, []).append(m)
+                        marks_add(m.j1)
+                        marks_add(m.end)
                         first = m.j1 + len(r.block_ids) * bs - computed
                         if first < m.end:
                             grow.setdefault(first, []).append(m)
                         if m.s > m.j1:
                             young.append(m)
                     done.setdefault(nd + m.end - 1, []).append(m)
+                    marks_add(nd + m.end - 1)
                 mx.set_row(row)
                 c = costs.all(mx)
                 reload = True  # the next decode step takes the decode costs again
@@ -373,16 +420,57 @@ class FastForward:
             cpu = t[PO1]
             if cpu >= tick_at_s:
                 stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
-            chunks = chunk_done_pop(k, None) if chunk_done else None
-            if chunks is not None:
-                for r in chunks:
-                    r.num_inflight_batches -= 1
-            finished = done_pop(k, None)
-            if finished is not None:
-                self._finish(finished, k + 1, nd, cpu)
+            if full:
+                chunks = chunk_done_pop(k, None) if chunk_done else None
+                if chunks is not None:
+                    for r in chunks:
+                        r.num_inflight_batches -= 1
+                finished = done_pop(k, None)
+                if finished is not None:
+                    self._finish(finished, k + 1, nd, cpu)
+                # the next calm iteration: none while an admission may be tried or a member
+                # settles in, else up to the next calendar entry
+                while marks and marks[0] <= k:
+                    heappop(marks)
+                if young or (
+                    waiting
+                    and max_tokens > b
+                    and len(running) < max_seqs
+                    and not sched.admission_blocked(max_tokens - b)
+                ):
+                    calm_until = k + 1
+                else:
+                    calm_until = marks[0] if marks else MAX_SEGMENT_STEPS
+                changed = False
+                admitted = None
             k += 1
         run.n = k
         return run
+
+    def _grow(self, need: list[_Member], k: int, grow: dict[int, list[_Member]]) -> bool:
+        """Launch k's members that cross into their next KV block get it, in entry order;
+        False (nothing done, `need` back in `grow`) where the free blocks are too few."""
+        nxt = k + self.block_size  # where each crosses next
+        if len(need) == 1:  # the common case, without the lists
+            m = need[0]
+            if not self.loop.sched.blocks.allocate_next((m.req,)):
+                grow[k] = need
+                return False
+            if nxt < m.end:
+                later = grow.get(nxt)
+                if later is None:
+                    grow[nxt] = need
+                else:
+                    later.append(m)
+            return True
+        need.sort(key=_key)  # entry order: the order allocate hands them out
+        if not self.loop.sched.blocks.allocate_next([m.req for m in need]):
+            grow[k] = need
+            return False
+        again = [m for m in need if nxt < m.end]
+        if again:
+            grow.setdefault(nxt, []).extend(again)
+        return True
 
     @staticmethod
     def _young_correction(young: list[_Member], k: int) -> int:

@@ -219,6 +219,42 @@ class BlockManager:
         self._head = h
         return True
 
+    def allocate_next(self, reqs: Sequence[Request]) -> bool:
+        """One more block for each of `reqs`, in order: what `allocate` hands a decode that
+        crosses into its next block, for each of them in turn (the same ids); False (and no
+        change) if fewer are free."""
+        n = len(reqs)
+        if self._linked:
+            if n > self._free.size:
+                return False
+            for r in reqs:
+                self._allocate_one(r.block_ids)
+            return True
+        if n > self._size:
+            return False
+        self._size -= n
+        fresh = self._fresh
+        if fresh + n <= self.num_blocks:  # fresh blocks first, in id order
+            self._fresh = fresh + n
+            for r in reqs:
+                r.block_ids.append(fresh)
+                fresh += 1
+            return True
+        queue, h = self._queue, self._head
+        for r in reqs:
+            if fresh < self.num_blocks:
+                r.block_ids.append(fresh)
+                fresh += 1
+            else:
+                r.block_ids.append(queue[h])
+                h += 1
+        self._fresh = fresh
+        if h >= 4096 and 2 * h >= len(queue):  # drop the consumed front (amortized O(1))
+            del queue[:h]
+            h = 0
+        self._head = h
+        return True
+
     def _allocate_linked(self, ids: list[int], need: int) -> bool:
         free = self._free
         if need > free.size:

@@ -70,6 +70,8 @@ class Scheduler:
         self.num_steps = 0
         self.num_preemptions = 0
         self._pending_free: list[Request] = []  # finished with batches still in flight
+        # (request, its tokens, free blocks, budget) of admit's last failed allocation: see admit
+        self._blocked: tuple[Request, int, int, int] | None = None
 
     # ---- intake -----------------------------------------------------------------------------
     def check_fits(self, req: Request) -> str | None:
@@ -203,6 +205,8 @@ class Scheduler:
         blocks = self.blocks
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self.waiting[0]
+            if self._blocked is not None and self.admission_blocked(budget):
+                break
             if not req.block_ids:
                 # nothing cached: match_prefix would attach no block and return 0. A full
                 # cache retries its head request every step (preemption): this keeps it cheap
@@ -211,6 +215,8 @@ class Scheduler:
                 req.num_computed_tokens = req.num_cached_tokens
             e = self.plan(req, budget)
             if e is None or not blocks.allocate(req, e.start_pos + e.num_tokens):
+                if e is not None:
+                    self._blocked = (req, req.num_tokens, blocks.num_free, budget)
                 if req.block_ids:
                     blocks.release(req)  # waiting requests hold no blocks (no deadlock)
                 req.num_computed_tokens = 0
@@ -221,6 +227,22 @@ class Scheduler:
             entries.append(e)
             budget -= e.num_tokens
         return budget
+
+    def admission_blocked(self, budget: int) -> bool:
+        """Whether `admit(entries, budget)` would admit nothing and change nothing because
+        its head request's last allocation failed: a full cache retries its head every step.
+        True when that failure was with at least as many free blocks, at most this budget (a
+        larger budget plans at least as many tokens), the same request and tokens, and no
+        cached prefix could match (no hash is registered): then it fails again."""
+        if self._blocked is None or not self.waiting or self.blocks.hash_to_block:
+            return False
+        req, tokens, free, at_most = self._blocked
+        return (
+            req is self.waiting[0]
+            and tokens == req.num_tokens
+            and self.blocks.num_free <= free
+            and budget >= at_most
+        )
 
     def launch(self, e: Entry) -> None:
         """Advance the entry's request as if its step were launched now (placeholders for
