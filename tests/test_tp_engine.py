@@ -262,3 +262,19 @@ def test_oneshot_allreduce_falls_back_on_the_cpu_with_the_same_tokens(capsys):
     got, eng = tokens_of(make_cfg(tensor_parallel_size=2, tp_allreduce="oneshot"), reqs)
     assert got == ref
     assert "tp_allreduce=oneshot: no CUDA symmetric memory" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_tp8_equals_tp1_on_a_checkpoint_with_8_kv_heads(tmp_path: Path):
+    """Any degree whose heads divide: 8 ranks (gloo, one process each) on a checkpoint with 8
+    query and 8 KV heads (head_dim 8), a vocabulary that 8 does not divide; the tokens are
+    TP 1's. No 8-GPU host is lent; this is the degree's plumbing on the CPU."""
+    hf = {**CONFIG, "hidden_size": 64, "num_attention_heads": 8, "num_key_value_heads": 8,
+          "vocab_size": 100}  # fmt: skip
+    write_checkpoint(tmp_path / "ckpt", hf, random_weights(hf, seed=3), shards=2)
+    kw = dict(model=str(tmp_path / "ckpt"), max_model_len=128, max_num_batched_tokens=32)
+    reqs = [RequestInput(f"e{i}", 4 + 7 * i, 5) for i in range(4)]
+    ref, _ = tokens_of(make_cfg(**kw), reqs)
+    got, eng = tokens_of(make_cfg(tensor_parallel_size=8, **kw), reqs)
+    assert got == ref
+    assert eng.kv_cache.shape[-2] == 1  # one KV head per rank
