@@ -8,11 +8,12 @@ decode model without its tail term and with it, and the sweep's mixed-context ba
 
 1. per run and band of rows: steps, median tail_keys, median measured / predicted without the
    tail term and with it (the calibration runs `*-calib` fit it; the others only judge it);
-2. all runs' steps by band of rows x band of tail keys, measured / predicted without the tail:
-   at a fixed batch the ratio follows the tail (llama3-8b) or does not (llama3.2-1b);
+2. all runs' steps by band of rows x band of tail keys, measured / the model's bulk branch
+   (replay.analysis.decodetail.bulk: the sweep's table, the term's branch) without the tail: at
+   a fixed batch the ratio climbs with the tail;
 3. the sweep's batches of mixed context lengths (`decode(spread)`, `decode+long`), which a
    table over mean context per row cannot hold: measured / predicted without and with the
-   tail, and the excess over the tail-less model per tail key (us).
+   tail, and the excess over the tail-less bulk branch per tail key (us).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from bubblesim.core.runfmt import load_run  # noqa: E402
 from bubblesim.core.shape import SHAPE_FIELDS, BatchShape  # noqa: E402
+from replay.analysis.decodetail import bulk  # noqa: E402
 from replay.analysis.level import queued_decode_samples  # noqa: E402
 from replay.analysis.steps import run_config, tail_keys  # noqa: E402
 from sim.cost import CostModel  # noqa: E402
@@ -45,13 +47,14 @@ def without_tail(model: dict) -> dict:
 
 
 def per_run(runs: list, decode: dict, bare: dict) -> dict[str, np.ndarray]:
-    cols: dict[str, list] = {"run": [], "meas": [], "pred": [], "bare": [], "rows": [], "tail": []}
+    names = ("meas", "pred", "bare", "bulk", "rows", "tail")
+    cols: dict[str, list] = {"run": [], **{k: [] for k in names}}
     for run in runs:
         meas, pred, rows, tail = queued_decode_samples([run], decode)
         _, pred0, _, _ = queued_decode_samples([run], bare)
+        _, bulk0, _, _ = queued_decode_samples([run], bulk(bare))
         cols["run"] += [run.path.name] * len(meas)
-        for k, v in (("meas", meas), ("pred", pred), ("bare", pred0), ("rows", rows),
-                     ("tail", tail)):  # fmt: skip
+        for k, v in zip(names, (meas, pred, pred0, bulk0, rows, tail), strict=True):
             cols[k].append(v)
     return {k: (np.array(v) if k == "run" else np.concatenate(v)) for k, v in cols.items()}
 
@@ -71,14 +74,14 @@ def by_run(c: dict[str, np.ndarray]) -> None:
 
 
 def by_tail(c: dict[str, np.ndarray]) -> None:
-    print("2. all runs, measured / predicted without the tail, by rows x tail keys")
+    print("2. all runs, measured / the bulk branch without the tail, by rows x tail keys")
     for lo, hi in ROWS:
         parts = []
         for t0, t1 in TAILS:
             m = (c["rows"] >= lo) & (c["rows"] < hi) & (c["tail"] >= t0) & (c["tail"] < t1)
             if m.sum() >= 20:
                 top = "+" if t1 > 1 << 20 else f"-{t1 - 1}"
-                parts.append(f"tail {t0}{top}: {np.median(c['meas'][m] / c['bare'][m]):.3f} "
+                parts.append(f"tail {t0}{top}: {np.median(c['meas'][m] / c['bulk'][m]):.3f} "
                              f"({m.sum()})")  # fmt: skip
         if parts:
             print(f"  b{lo}-{hi - 1}: " + "; ".join(parts))
@@ -89,7 +92,10 @@ def sweep_points(shapes: Path, run: object, decode: dict, bare: dict) -> None:
 
     print("3. the sweep's mixed-context decode batches: measured / predicted without -> with")
     cfg = run_config(run).replace(profile="")  # type: ignore[arg-type]
-    models = [CostModel(cfg, {"version": 1, "gpu_pass": {"decode": m}}) for m in (bare, decode)]
+    models = [
+        CostModel(cfg, {"version": 1, "gpu_pass": {"decode": m}})
+        for m in (bare, decode, bulk(bare))
+    ]
     d = pl.read_parquet(shapes).filter(
         pl.col("kind") == "decode", pl.col("label").is_in(["decode(spread)", "decode+long"])
     )
@@ -97,9 +103,9 @@ def sweep_points(shapes: Path, run: object, decode: dict, bare: dict) -> None:
     tail = tail_keys(run, cols["num_reqs"], cols["kv_read_tokens"], cols["max_kv_tokens"])
     for i, lab in enumerate(d["label"].to_list()):
         shape = BatchShape(**{f: int(cols[f][i]) for f in SHAPE_FIELDS})
-        p0, p1 = (m.gpu_pass_ms(shape) for m in models)
+        p0, p1, pb = (m.gpu_pass_ms(shape) for m in models)
         ms = float(d["gpu_ms"][i])
-        per = f"{(ms - p0) / tail[i] * 1e3:.3f} us/key" if tail[i] else "no tail"
+        per = f"{(ms - pb) / tail[i] * 1e3:.3f} us/key" if tail[i] else "no tail"
         print(f"  {lab} {shape.num_reqs} rows, mean {shape.kv_read_tokens / shape.num_reqs:.0f}, "
               f"max {shape.max_kv_tokens}, tail {tail[i]:.0f}: {ms / p0:.3f} -> {ms / p1:.3f} "
               f"({per})")  # fmt: skip
