@@ -71,6 +71,7 @@ import numpy as np
 from bubblesim.core.config import Config
 from bubblesim.core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS
 from bubblesim.core.runfmt import Run, load_run
+from replay.analysis.decodetail import MIN_TAIL_KEYS, fit_tail, with_tail
 from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
 from replay.analysis.hostspeed import describe_host_speed, fit_host_speed
@@ -92,6 +93,7 @@ from replay.analysis.steps import (
     mixed_attention,
     program_keys,
     run_config,
+    tail_keys,
 )
 from replay.analysis.sweepmeta import measures_steps
 from replay.analysis.syncwake import fit_sync_wake
@@ -342,7 +344,16 @@ def calibrate(
         pw = fit_piecewise(joined, y_less, len(steps), sweep, dec_rows, gterms["mixed"], notes)
         gp.update(pw.models)
         fit_rows.update(pw.fit_rows)
-        if "decode" in pw.models:  # the one short run sets the sweep surface's level
+        if "decode" in pw.models:  # the runs' mixed contexts, then their level
+            tail, tail_report = fit_tail(runs, gp["decode"])
+            if tail is not None:
+                gp["decode"] = with_tail(gp["decode"], tail)
+                notes.append(
+                    f"gpu_pass.decode: tail_keys {tail * 1e3:.3f} us per key (median of "
+                    f"{tail_report['steps']} clean queued decode steps of the runs with >= "
+                    f"{MIN_TAIL_KEYS} tail keys; p10 {tail_report['p10'] * 1e3:.3f}, p90 "
+                    f"{tail_report['p90'] * 1e3:.3f})"
+                )
             curve, level_report = level_curve(runs, gp["decode"])
             if curve is not None and not curve.is_flat_within(LEVEL_TOLERANCE):
                 gp["decode"] = scaled_by(gp["decode"], curve)
@@ -464,6 +475,9 @@ def _load_sweeps(paths: Sequence[str | Path], runs: Sequence[Run]) -> SweepRows:
             )
     sweep.cols["program_keys"] = program_keys(
         runs[0], sweep.cols["num_reqs"], sweep.cols["max_kv_tokens"]
+    )
+    sweep.cols["tail_keys"] = tail_keys(
+        runs[0], sweep.cols["num_reqs"], sweep.cols["kv_read_tokens"], sweep.cols["max_kv_tokens"]
     )
     sweep.cols.update(mixed_attention(runs[0], sweep.cols))
     return sweep

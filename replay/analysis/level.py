@@ -27,7 +27,7 @@ import numpy as np
 from bubblesim.core.runfmt import Run
 from sim.cost.profile import TP_KEY
 
-from .steps import CLEAN_TOL_S, predicted_gpu_ms, run_config
+from .steps import CLEAN_TOL_S, predicted_gpu_ms, run_config, tail_keys
 
 MIN_STEPS = 200  # fewer clean decode graph steps than this: no levelling
 MIN_BAND_STEPS = 100  # a band of rows with fewer steps takes its neighbours' level
@@ -97,8 +97,17 @@ class Curve:
 
 def _ratios(runs: Sequence[Run], decode: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """measured/predicted GPU ms and the decode rows of the runs' clean queued decode steps."""
-    ratios: list[np.ndarray] = []
-    nrows: list[np.ndarray] = []
+    meas, pred, rows, _ = queued_decode_samples(runs, decode)
+    return meas / pred, rows
+
+
+def queued_decode_samples(
+    runs: Sequence[Run], decode: Mapping[str, Any]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The runs' clean queued decode graph steps (at most MAX_SAMPLES a run, evenly spaced):
+    measured GPU ms, the ms `decode` predicts (> 0), decode rows and tail_keys
+    (sim.cost.splits)."""
+    parts: list[tuple[np.ndarray, ...]] = []
     for run in runs:
         cfg = run_config(run)
         if (run.summary.get("source") or {}).get("kind") == "sim" or not cfg.cuda_graphs:
@@ -119,12 +128,16 @@ def _ratios(runs: Sequence[Run], decode: Mapping[str, Any]) -> tuple[np.ndarray,
         meas = (s["gpu_end_s"][rows] - s["gpu_start_s"][rows]) * 1e3
         fit = {"version": 1, TP_KEY: cfg.tensor_parallel_size, "gpu_pass": {"decode": decode}}
         pred = predicted_gpu_ms(run, fit, s, rows)
+        tail = tail_keys(
+            run, s["num_reqs"][rows], s["kv_read_tokens"][rows], s["max_kv_tokens"][rows]
+        )
         ok = pred > 0
-        ratios.append(meas[ok] / pred[ok])
-        nrows.append(s["decode_tokens"][rows][ok].astype(np.float64))
-    if not ratios:
-        return np.zeros(0), np.zeros(0)
-    return np.concatenate(ratios), np.concatenate(nrows)
+        nrows = s["decode_tokens"][rows].astype(np.float64)
+        parts.append((meas[ok], pred[ok], nrows[ok], tail[ok]))
+    if not parts:
+        return np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
+    m, p, r, k = (np.concatenate(c) for c in zip(*parts, strict=True))
+    return m, p, r, k
 
 
 def scaled(model: Any, k: float) -> Any:

@@ -21,7 +21,7 @@ from bubblesim.core.runfmt import Run
 from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from sim.cost import CostModel, load_profile, resolve_profile
 from sim.cost.mixedsplits import mixed_attention_fn
-from sim.cost.splits import num_sms, program_keys_fn
+from sim.cost.splits import num_sms, program_keys_fn, tail_keys_fn
 from sim.cost.table import SPLINE_KEY, TABLE_KEY, spline_values, table_values
 from sim.cost.terms import TERM_NAMES, active_terms
 
@@ -82,6 +82,7 @@ def load_steps(runs: Sequence[Run]) -> Steps:
     cols = {f: cat[f].astype(np.float64) for f in SHAPE_FIELDS}
     cols["num_tokens"] = cols["prefill_tokens"] + cols["decode_tokens"]
     cols["program_keys"] = cat["program_keys"].astype(np.float64)
+    cols["tail_keys"] = cat["tail_keys"].astype(np.float64)
     for term in MIXED_DERIVED:
         cols[term] = cat[term].astype(np.float64)
     cols["intercept"] = np.ones(len(cat["run"]))
@@ -117,6 +118,7 @@ def _run_steps(run: Run, index: int) -> dict[str, np.ndarray]:
     out["graph"] = _graph_steps(run, s)
     out["run"] = np.full(n, index)
     out["program_keys"] = program_keys(run, s["num_reqs"], s["max_kv_tokens"])
+    out["tail_keys"] = tail_keys(run, s["num_reqs"], s["kv_read_tokens"], s["max_kv_tokens"])
     out.update(mixed_attention(run, s))
     return out
 
@@ -135,6 +137,19 @@ def program_keys(run: Run, num_reqs: np.ndarray, max_kv: np.ndarray) -> np.ndarr
         return np.zeros(len(num_reqs))
     keys = program_keys_fn(kv_heads, sms)
     return np.array([keys(int(r), int(m)) for r, m in zip(num_reqs, max_kv)], np.float64)
+
+
+def tail_keys(
+    run: Run, num_reqs: np.ndarray, kv_read: np.ndarray, max_kv: np.ndarray
+) -> np.ndarray:
+    """The derived decode term `tail_keys` (sim.cost.splits) of each step, as program_keys:
+    zeros where the run's model or GPU is unknown here."""
+    heads = _model_heads(run)
+    if heads is None:
+        return np.zeros(len(num_reqs))
+    fn = tail_keys_fn(heads[1], heads[2])
+    cols = zip(num_reqs.tolist(), kv_read.tolist(), max_kv.tolist(), strict=True)
+    return np.array([fn(int(n), int(k), int(m)) for n, k, m in cols], np.float64)
 
 
 def mixed_attention(run: Run, cols: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

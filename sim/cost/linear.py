@@ -32,7 +32,8 @@ LINEAR_TERMS: tuple[str, ...] = (INTERCEPT, *SHAPE_FIELDS, "num_tokens")
 MAX_KEY = "max"
 # derived terms that need the model and GPU (sim.cost.splits): pure-decode GPU models only
 PROGRAM_KEYS = "program_keys"
-DECODE_TERMS: tuple[str, ...] = (*LINEAR_TERMS, PROGRAM_KEYS)
+TAIL_KEYS = "tail_keys"  # the longest program's keys beyond the mean row's (sim.cost.splits)
+DECODE_TERMS: tuple[str, ...] = (*LINEAR_TERMS, PROGRAM_KEYS, TAIL_KEYS)
 # derived terms of mixed-step models (the paged attention kernel's, sim.cost.mixedsplits)
 MIXED_TERMS: tuple[str, ...] = (*LINEAR_TERMS, *MIXED_DERIVED)
 

@@ -33,6 +33,7 @@ from bubblesim.core.shape import BatchShape
 from .collective import Collectives
 from .linear import (
     PROGRAM_KEYS,
+    TAIL_KEYS,
     Derived,
     LinearFn,
     add_linear,
@@ -51,7 +52,7 @@ from .profile import (
     validate_profile,
 )
 from .roofline import Roofline
-from .splits import num_sms, program_keys_fn
+from .splits import num_sms, program_keys_fn, tail_keys_fn
 from .table import SPLINE_KEY
 from .terms import BROADCAST_TERM, GPU_TARGET, active_terms, term_target
 
@@ -328,12 +329,21 @@ class CostModel:
         return sms
 
     def _decode_derived(self, decode: Mapping[str, Any], where: str | None) -> Derived:
-        """`program_keys` (sim.cost.splits) if the decode model uses it: needs the GPU's SMs."""
-        if not any(b.get(PROGRAM_KEYS) for b in branches(decode)):
+        """`program_keys` / `tail_keys` (sim.cost.splits) if the decode model uses them: they
+        need the GPU's SMs."""
+        used = [t for t in (PROGRAM_KEYS, TAIL_KEYS) if any(b.get(t) for b in branches(decode))]
+        if not used:
             return {}
-        sms = self._sms("decode", PROGRAM_KEYS, where)
-        keys = program_keys_fn(self.model.kv_heads_per_rank(self.tp), sms)  # one rank's
-        return {PROGRAM_KEYS: lambda s: keys(s.num_reqs, s.max_kv_tokens)}
+        sms = self._sms("decode", used[0], where)
+        heads = self.model.kv_heads_per_rank(self.tp)  # one rank's
+        out: dict[str, Callable[[BatchShape], float]] = {}
+        if PROGRAM_KEYS in used:
+            keys = program_keys_fn(heads, sms)
+            out[PROGRAM_KEYS] = lambda s: keys(s.num_reqs, s.max_kv_tokens)
+        if TAIL_KEYS in used:
+            tail = tail_keys_fn(heads, sms)
+            out[TAIL_KEYS] = lambda s: tail(s.num_reqs, s.kv_read_tokens, s.max_kv_tokens)
+        return out
 
     def _mixed_derived(self, mixed: Mapping[str, Any], where: str | None) -> Derived:
         """`mixed_keys` / `grid_blocks` (sim.cost.mixedsplits) if the mixed model uses them; a

@@ -27,6 +27,8 @@ SMALL_TILE_KEYS = 32
 NUM_SMS: dict[str, int] = {"h100": 132, "h200": 132, "a100": 108, "l40s": 142}
 
 ProgramKeysFn = Callable[[int, int], int]  # (num_reqs, max_kv_tokens) -> keys
+TailKeysFn = Callable[[int, int, int], int]  # (num_reqs, kv_read_tokens, max_kv_tokens) -> keys
+TAIL_CAP_KEYS = LONG_SPLIT_KEYS  # beyond this the longest program is the straggler branch's
 
 
 def num_sms(gpu: str) -> int | None:
@@ -58,3 +60,27 @@ def program_keys_fn(num_kv_heads: int, sms: int) -> ProgramKeysFn:
         return -(-tiles // _pow2(splits)) * tile
 
     return program_keys
+
+
+def tail_keys_fn(num_kv_heads: int, sms: int) -> TailKeysFn:
+    """`(num_reqs, kv_read_tokens, max_kv_tokens) -> tail_keys`: the keys the longest attention
+    program walks beyond the program of a row at the batch's mean context (kv_read_tokens /
+    num_reqs, rounded up), at most TAIL_CAP_KEYS. 0 for a batch of one context length (the
+    sweep's uniform rows, which the decode table is fitted on).
+
+    Why (reports/fidelity/decode_tail.py): a batch of mixed context lengths does the same
+    attention work as a uniform one at its mean, but its kernel ends when its longest
+    programs do. On the H100 the runs' clean queued decode steps sit above the sweep-fitted
+    table by a time proportional to these keys (~23 ns a key a layer on llama3-8b and
+    llama3.2-1b alike: replay.analysis.decodetail), the run-vs-sweep gap that grew with the
+    batch (its tails grow with it). Past the cap a long row is split and the decode model's
+    straggler branch (`program_keys`) holds it."""
+    keys = program_keys_fn(num_kv_heads, sms)
+
+    def tail_keys(num_reqs: int, kv_read: int, max_kv: int) -> int:
+        if num_reqs <= 0 or max_kv <= 0:
+            return 0
+        mean = -(-kv_read // num_reqs)
+        return min(max(keys(num_reqs, max_kv) - keys(num_reqs, mean), 0), TAIL_CAP_KEYS)
+
+    return tail_keys
