@@ -263,12 +263,19 @@ class SimLoop:
                 r.draft_hint = len(accept.drafts_at(r, r.prompt_len + r.num_output_tokens))
 
     # ---- waiting ----------------------------------------------------------------------------
-    def take_arrivals(self) -> None:
+    def take_arrivals(self) -> float:
+        """Submit the requests that arrived up to the CPU clock; returns when the next one
+        arrives (inf when none is left), as `next_arrival_s`."""
         reqs, i, n, now = self.requests, self.next_arrival, len(self.requests), self.cpu_s
-        while i < n and reqs[i].arrival_s <= now:
-            self.submit(reqs[i])
+        while i < n:
+            r = reqs[i]  # each row is indexed once here (RequestRows makes it when indexed)
+            if r.arrival_s > now:
+                self.next_arrival = i
+                return r.arrival_s
+            self.submit(r)
             i += 1
         self.next_arrival = i
+        return _INF
 
     def next_arrival_s(self) -> float:
         """Own arrivals: when the next request arrives (inf when none is left)."""

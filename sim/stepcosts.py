@@ -10,7 +10,8 @@ is called again at every step; nothing is cached on a field the key does not fix
 is sound because a cost is a function of the shape alone: what it reads on the way to its
 value decides the value. A varying cost with a `keyed(shape, KEY_FIELDS)` method (the
 roofline, compiled linear models) is called through its specialisation for the key, which
-folds the fixed fields' terms in once and gives the same value to the bit.
+folds the fixed fields' terms in once and gives the same value to the bit. `all` (any shape)
+takes the same probe with no field fixed: a cost that reads no field has one value.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ from sim.clock import COSTS, NUM_SECONDS
 from sim.cost import CostModel
 
 CostFn = Callable[[Any], Any]
+# StepShape.set_row unpacks a row in this order
+assert SHAPE_FIELDS == (
+    "num_reqs", "num_prefill_reqs", "prefill_tokens", "decode_tokens", "draft_tokens",
+    "kv_read_tokens", "attn_pairs", "max_kv_tokens", "history_tokens", "context_tokens",
+    "new_reqs", "finished_reqs",
+), SHAPE_FIELDS  # fmt: skip
 _GPU = COSTS.index("gpu_s")
 # the fields a fast-path cache key (batch size; with drafts also query and draft tokens)
 # fixes for a step with no prefill, and what follows from them; every other field varies
@@ -76,8 +83,11 @@ class StepShape:
 
     def set_row(self, row: tuple[int, ...]) -> None:
         """Every field, from values in SHAPE_FIELDS order."""
-        for name, value in zip(SHAPE_FIELDS, row, strict=True):
-            setattr(self, name, value)
+        (
+            self.num_reqs, self.num_prefill_reqs, self.prefill_tokens, self.decode_tokens,
+            self.draft_tokens, self.kv_read_tokens, self.attn_pairs, self.max_kv_tokens,
+            self.history_tokens, self.context_tokens, self.new_reqs, self.finished_reqs,
+        ) = row  # fmt: skip
         self.num_tokens = self.prefill_tokens + self.decode_tokens
         self.is_pure_decode = self.num_prefill_reqs == 0 and self.num_reqs > 0
 
@@ -85,12 +95,14 @@ class StepShape:
 class Probe:
     """Reads through to a shape and notes whether a field outside KEY_FIELDS was read."""
 
-    def __init__(self, shape: StepShape) -> None:
+    def __init__(self, shape: StepShape | BatchShape, fixed: frozenset[str] = KEY_FIELDS) -> None:
+        """`fixed`: the fields whose reading does not make the cost varying."""
         self._shape = shape
+        self._fixed = fixed
         self.varying = False
 
     def __getattr__(self, name: str) -> Any:
-        if name not in KEY_FIELDS:
+        if name not in self._fixed:
             self.varying = True
         return getattr(self._shape, name)
 
@@ -123,12 +135,37 @@ class StepCosts:
         self._sched_ms, self._sched_objs = phases[0], rest[1]
         self._const: dict[Hashable, list[Any]] = {}
         self._varying: dict[Hashable, list[tuple[int, CostFn, bool]]] = {}
+        # `all`: the costs that read no field (their values), and those that read one
+        self._template: list[Any] | None = None
+        self._all_ms: list[tuple[int, CostFn]] = []
+        self._all_other: list[tuple[int, CostFn]] = []
 
     def all(self, shape: BatchShape | StepShape) -> list[Any]:
-        """Every cost of a step that runs a pass."""
-        out = [fn(shape) / 1e3 for fn in self._ms_fns]
-        out += [fn(shape) for fn in self._other_fns]
+        """Every cost of a step that runs a pass: the costs that read no field of the shape
+        (found by a probe at the first call: the same value for every shape) are copied from
+        a template, the rest called."""
+        if self._template is None:
+            self._probe_all(shape)
+        out = self._template.copy()  # type: ignore[union-attr]
+        for i, fn in self._all_ms:
+            out[i] = fn(shape) / 1e3
+        for i, fn in self._all_other:
+            out[i] = fn(shape)
         return out
+
+    def _probe_all(self, shape: BatchShape | StepShape) -> None:
+        """Sort `fns` into those that read a field of `shape` (called by `all` at every step)
+        and those that read none (their value, kept in the template)."""
+        template: list[Any] = []
+        for i, fn in enumerate(self.fns):
+            probe = Probe(shape, frozenset())
+            value = fn(probe)
+            if probe.varying:
+                template.append(None)
+                (self._all_ms if i < NUM_SECONDS else self._all_other).append((i, fn))
+            else:
+                template.append(value / 1e3 if i < NUM_SECONDS else value)
+        self._template = template
 
     def empty(self, shape: BatchShape) -> list[Any]:
         """The costs of a schedule that found nothing to run: its scan, no pass (gpu_s None)."""

@@ -110,6 +110,7 @@ class FastForward:
         self.max_seqs = cfg.max_num_seqs
         self.max_tokens = cfg.max_num_batched_tokens
         self.block_size = cfg.block_size
+        self.blocks = loop.sched.blocks  # the scheduler's block manager (kept for its life)
         self.num_segments = 0
         self.num_steps = 0
 
@@ -289,8 +290,7 @@ class FastForward:
             if full:
                 # ---- top of the loop: arrivals up to the CPU clock are visible
                 if next_arrival_s <= cpu:
-                    loop.take_arrivals()
-                    next_arrival_s = loop.next_arrival_s()
+                    next_arrival_s = loop.take_arrivals()
                 # ---- schedule(): the decodes of this launch
                 changed = False
                 left = drop_pop(k, None)
@@ -453,7 +453,7 @@ class FastForward:
         nxt = k + self.block_size  # where each crosses next
         if len(need) == 1:  # the common case, without the lists
             m = need[0]
-            if not self.loop.sched.blocks.allocate_next((m.req,)):
+            if not self.blocks.allocate_one(m.req):
                 grow[k] = need
                 return False
             if nxt < m.end:
@@ -464,7 +464,7 @@ class FastForward:
                     later.append(m)
             return True
         need.sort(key=_key)  # entry order: the order allocate hands them out
-        if not self.loop.sched.blocks.allocate_next([m.req for m in need]):
+        if not self.blocks.allocate_next([m.req for m in need]):
             grow[k] = need
             return False
         again = [m for m in need if nxt < m.end]

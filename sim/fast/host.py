@@ -32,8 +32,8 @@ class Host(Protocol):
     tick_at_s: float  # the progress hook wants to look once the CPU clock gets here
     progress: Callable[[int], None] | None  # called with the last completed step
 
-    def take_arrivals(self) -> None:
-        """Submit the requests that arrived up to the CPU clock."""
+    def take_arrivals(self) -> float:
+        """Submit the requests that arrived up to the CPU clock; returns `next_arrival_s()`."""
 
     def next_arrival_s(self) -> float:
         """When the next request arrives (inf when none is left)."""

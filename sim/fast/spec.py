@@ -392,8 +392,7 @@ class _Segment:
         while k < MAX_SEGMENT_STEPS and not stop_after:
             # ---- top of the loop: arrivals up to the CPU clock are visible
             if next_arrival_s <= cpu:
-                loop.take_arrivals()
-                next_arrival_s = loop.next_arrival_s()
+                next_arrival_s = loop.take_arrivals()
             # ---- schedule(): the decodes (Scheduler.plan, allocation, launch)
             nr = len(running)
             if nr * Kp > max_tokens or blocks.num_free < nr * bpd:

@@ -255,6 +255,31 @@ class BlockManager:
         self._head = h
         return True
 
+    def allocate_one(self, req: Request) -> bool:
+        """`allocate_next((req,))`: one more block for `req` (the same id), without the
+        sequence; False (and no change) if none is free."""
+        if self._linked:
+            if not self._free.size:
+                return False
+            self._allocate_one(req.block_ids)
+            return True
+        if not self._size:
+            return False
+        self._size -= 1
+        fresh = self._fresh
+        if fresh < self.num_blocks:  # fresh blocks first, in id order
+            self._fresh = fresh + 1
+            req.block_ids.append(fresh)
+            return True
+        queue, h = self._queue, self._head
+        req.block_ids.append(queue[h])
+        h += 1
+        if h >= 4096 and 2 * h >= len(queue):  # drop the consumed front (amortized O(1))
+            del queue[:h]
+            h = 0
+        self._head = h
+        return True
+
     def _allocate_linked(self, ids: list[int], need: int) -> bool:
         free = self._free
         if need > free.size:
