@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 from heapq import heapify, heappop, heappush
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -551,8 +552,8 @@ class FastForward:
             sched.check_invariants()
 
 
-def _key(m: _Member) -> int:
-    return m.key
+# a member's order in the running list (entry order); C, as sort keys go per element
+_key = attrgetter("key")
 
 
 def _shape_rows(run: _Run) -> np.ndarray:
