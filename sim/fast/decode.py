@@ -350,13 +350,14 @@ class FastForward:
                     if len(running) > loop.peak_running:
                         loop.peak_running = len(running)
             if admitted:
-                pf = Scheduler.shape(admitted)
+                (
+                    p_reqs, p_prefills, p_prefill_tok, p_decode_tok, p_drafts, p_kv, p_pairs,
+                    p_longest, p_hist, p_ctx, p_new, p_finished,
+                ) = Scheduler.shape_row(admitted)  # fmt: skip
                 row = (
-                    b + pf.num_reqs, pf.num_prefill_reqs, pf.prefill_tokens,
-                    b + pf.decode_tokens, pf.draft_tokens, kv + pf.kv_read_tokens,
-                    kv + pf.attn_pairs, max(longest, pf.max_kv_tokens),
-                    hist + pf.history_tokens, ctx + pf.context_tokens, pf.new_reqs,
-                    pf.finished_reqs,
+                    b + p_reqs, p_prefills, p_prefill_tok, b + p_decode_tok, p_drafts,
+                    kv + p_kv, kv + p_pairs, max(longest, p_longest), hist + p_hist,
+                    ctx + p_ctx, p_new, p_finished,
                 )  # fmt: skip
                 rows[k] = row
                 for e in admitted:

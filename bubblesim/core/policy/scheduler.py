@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 
 from bubblesim.core.policy.blocks import BlockManager
 from bubblesim.core.request import Request, Status
-from bubblesim.core.shape import BatchShape
+from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
+
+# Scheduler.shape_row's order (BatchShape's positional fields)
+assert SHAPE_FIELDS == (
+    "num_reqs", "num_prefill_reqs", "prefill_tokens", "decode_tokens", "draft_tokens",
+    "kv_read_tokens", "attn_pairs", "max_kv_tokens", "history_tokens", "context_tokens",
+    "new_reqs", "finished_reqs",
+), SHAPE_FIELDS  # fmt: skip
 
 RUNNING, FINISHED = Status.RUNNING, Status.FINISHED
 
@@ -259,6 +266,12 @@ class Scheduler:
     @staticmethod
     def shape(entries: Sequence[Entry]) -> BatchShape:
         """The batch's shape, from its requests' counters before `launch`."""
+        return BatchShape(*Scheduler.shape_row(entries))
+
+    @staticmethod
+    def shape_row(entries: Sequence[Entry]) -> tuple[int, ...]:
+        """`shape(entries)`'s fields in SHAPE_FIELDS order, without building the (frozen)
+        BatchShape: what the simulator's fast path adds to its own decode sums."""
         n_pf = pf_tok = dec_tok = drafts = kv = pairs = longest = hist = ctx = new = 0
         for e in entries:
             n, s = e.num_tokens, e.start_pos
@@ -279,19 +292,8 @@ class Scheduler:
             if r.needs_history and e.generates:
                 hist += r.num_output_tokens + r.num_placeholders
             ctx += r.prompt_len + r.num_output_tokens
-        return BatchShape(
-            num_reqs=len(entries),
-            num_prefill_reqs=n_pf,
-            prefill_tokens=pf_tok,
-            decode_tokens=dec_tok,
-            draft_tokens=drafts,
-            kv_read_tokens=kv,
-            attn_pairs=pairs,
-            max_kv_tokens=longest,
-            history_tokens=hist,
-            context_tokens=ctx,
-            new_reqs=new,
-        )
+        # SHAPE_FIELDS order; finished_reqs is 0 at launch
+        return (len(entries), n_pf, pf_tok, dec_tok, drafts, kv, pairs, longest, hist, ctx, new, 0)
 
     # ---- complete ---------------------------------------------------------------------------
     def complete(self, batch: ScheduledBatch, emitted: Sequence[int]) -> list[Request]:
