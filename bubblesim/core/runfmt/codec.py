@@ -41,7 +41,7 @@ DIFFED_KEY = b"bubblesim.diffed"  # float64: "1" = the row differences of those 
 NS_KEY = b"bubblesim.ns"  # float64: "1" = stored as nanoseconds (value = ns / 1e9), not bits
 NAN_PREFIX = "__nan__."  # the boolean column marking a nanosecond column's NaN rows
 _NAN_BITS = np.array([np.nan]).view(np.int64)[0]
-ZSTD_LEVEL = 3  # levels 6-9 save ~5 % more here and take twice the time
+ZSTD_LEVEL = 1  # level 3 saves ~3-4 % of a steps table and takes ~1.2-1.6x the time; 6-9 twice
 _SAMPLE_WINDOWS, _WINDOW_ROWS = 32, 129  # rows the tree is chosen on: 32 runs of 129
 _INT32 = np.iinfo(np.int32)
 _NS_PROBE = 1024  # values tried first: a column of other floats fails here, cheaply

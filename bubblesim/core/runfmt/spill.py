@@ -58,13 +58,20 @@ class StepSpill:
 
     def block(self, out: str, names: list[str], dtype: type, n: int) -> np.ndarray:
         """Columns `names` side by side as an (n, len(names)) column-major read-only map, the
-        files joined on disk (copy_file_range: no copy passes through this process); each
-        column's own file is deleted once copied (the disk holds the run about once)."""
+        files joined on disk: a first column of exactly n rows becomes the block (renamed), the
+        others are appended (copy_file_range: no copy passes through this process); each
+        column's own file is gone once joined (the disk holds the run about once)."""
         path = self.folder / f"{out}.block"
         item = np.dtype(dtype).itemsize
-        with open(path, "wb") as dst:
-            for name in names:
-                self._check(name, n)
+        for name in names:
+            self._check(name, n)
+        rest = names
+        if names and n and self.rows(names[0]) == n:  # nothing past n rows: keep its file
+            (self.folder / f"{names[0]}.bin").replace(path)
+            self._rows[names[0]], rest = -1, names[1:]
+        with open(path, "r+b" if rest is not names else "wb") as dst:
+            dst.seek(0, os.SEEK_END)  # copy_file_range refuses a file opened to append
+            for name in rest:
                 col = self.folder / f"{name}.bin"
                 if n:
                     with open(col, "rb") as src:
