@@ -89,6 +89,9 @@ def build_requests(trace: Trace, arrival_mode: str = "realtime") -> list[Request
     return out
 
 
+ROWS_CHUNK = 4096  # RequestRows: rows converted to Python values at a time
+
+
 class RequestRows(Sequence[Request]):
     """A lengths-only trace's requests in arrival order, each `Request` made when first
     indexed: the loop reads them forward (`SimLoop.take_arrivals`), so a run of a million
@@ -103,6 +106,10 @@ class RequestRows(Sequence[Request]):
         self.prompt_len = trace.prompt_len[order]
         self.output_len = trace.output_len[order]
         self._last: tuple[int, Request] | None = None
+        # rows [chunk_start, chunk_start + CHUNK) as Python values (one tolist per column per
+        # chunk instead of four numpy-scalar conversions per request; memory stays bounded)
+        self._chunk_start = 0
+        self._chunk: tuple[list, list, list, list] = ([], [], [], [])
 
     @staticmethod
     def fits(trace: Trace) -> bool:
@@ -129,15 +136,21 @@ class RequestRows(Sequence[Request]):
             return self._last[1]
         if not 0 <= i < len(self):
             raise IndexError(f"request row {i} of {len(self)}")
-        req = Request(
-            i,
-            _scalar(self.request_id[i]),
-            float(self.arrival_s[i]),
-            int(self.prompt_len[i]),
-            int(self.output_len[i]),
-        )
+        at = i - self._chunk_start
+        if not 0 <= at < len(self._chunk[1]):  # not in the loaded rows (none at first)
+            self._load_chunk(i)
+            at = 0
+        ids, arrival, prompt, output = self._chunk
+        req = Request(i, ids[at], float(arrival[at]), int(prompt[at]), int(output[at]))
         self._last = (i, req)
         return req
+
+    def _load_chunk(self, i: int) -> None:
+        end = i + ROWS_CHUNK
+        cols = (self.request_id, self.arrival_s, self.prompt_len, self.output_len)
+        ids, arrival, prompt, output = (c[i:end].tolist() for c in cols)
+        self._chunk = ([_scalar(x) for x in ids], arrival, prompt, output)
+        self._chunk_start = i
 
     def first_unfit(self, sched: Scheduler) -> tuple[Request, str] | None:
         """The first request (arrival order) that `sched.check_fits` refuses, and why.
