@@ -44,10 +44,10 @@ def sh(*args: str) -> None:
         raise SystemExit(f"{' '.join(args)} failed:\n{r.stderr[-2000:]}")
 
 
-def sim_sets(cfg: dict, profile: Path, gpu: str) -> list[str]:
+def sim_sets(cfg: dict, profile: Path, gpu: str, seed: int = 0) -> list[str]:
     sets = [f"{k}={cfg[k]}" for k in CONFIG_KEYS if k in cfg]
     sets += [f"spec.{k}={v}" for k, v in cfg["spec"].items()]
-    sets += [f"gpu={gpu}", f"profile={profile}"]
+    sets += [f"gpu={gpu}", f"profile={profile}", f"seed={seed}"]
     return [x for s in sets for x in ("--set", s)]
 
 
@@ -77,6 +77,9 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument(
+        "--seed", type=int, default=0, help="the simulator's seed; 0 made the committed tables"
+    )
+    ap.add_argument(
         "--work", type=Path, default=ROOT / "runs" / "checks-work",
         help="where the predicted runs and comparisons go (not the measured runs' folder)",
     )  # fmt: skip
@@ -94,7 +97,7 @@ def main() -> None:
         trace = ROOT / summary["trace"]["path"]
         pred = args.work / f"sim-{meas.name}{sfx}"
         sh("-m", "sim", "run", str(trace), "-q", "--force", "-o", str(pred),
-           *sim_sets(summary["config"], args.profile, args.gpu))  # fmt: skip
+           *sim_sets(summary["config"], args.profile, args.gpu, args.seed))  # fmt: skip
         fid = args.work / f"fid-{meas.name}{sfx}"
         sh("-m", "replay", "compare", str(pred), str(meas), "--force", "-o", str(fid))
         data = json.loads((fid / "fidelity.json").read_text())
