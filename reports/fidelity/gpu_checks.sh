@@ -4,7 +4,9 @@
 # PART: calib (the one short calibration run: traces/fidelity/azure45x4, depth 2),
 # calib-spec (a short ngram-gpu run for the spec CPU phases), mixed-ab (cuda_graphs_mixed off/on),
 # checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
-# never used in a fit), sweep (the clean-GPU envelope sweep, `python -m replay shapes`).
+# never used in a fit), checks2 (the second, fresh set of traces/checks2/: every run, or the
+# names in $CHECKS2), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
+# sweep-spec (the verify-width sweep: ngram-gpu, k=3, decode shapes, cut at $SPEC_SWEEP_S s).
 # Each run folder is packed into PACKDIR/<model>-<name>.tgz (without timeline.json) as soon as
 # it is done, so a cut call still brings back what finished. Every run fixes num_kv_blocks so
 # the simulator can be given the same KV budget.
@@ -17,6 +19,7 @@ case $model in
   *) echo "unknown model $model"; exit 2 ;;
 esac
 C=traces/checks
+C2=traces/checks2
 log() { echo "[$(date +%T)] $*"; }
 replay() {  # name trace [extra --set ...]
   local name=$tag-$1 trace=$2; shift 2
@@ -40,6 +43,16 @@ case $part in
     replay azure_late-d3 $C/azure_late.parquet --set batches_in_flight=3
     replay asap $C/asap.parquet --set arrival=asap
     ;;
+  checks2)
+    for n in ${CHECKS2:-azure_mid azure_d1 longout_hi longprompt2 burst2 reasoning2 specdec2 asap2}; do
+      case $n in
+        azure_d1) replay "$n" $C2/$n.parquet --set batches_in_flight=1 ;;
+        specdec2) replay "$n" $C2/$n.parquet --set spec.method=ngram-gpu --set spec.k=3 ;;
+        asap2) replay "$n" $C2/$n.parquet --set arrival=asap ;;
+        *) replay "$n" $C2/$n.parquet ;;
+      esac
+    done
+    ;;
   calib-spec)  # the short calibration run for speculative decoding's CPU phases (bundled
     # traces/specdec.parquet; the check traces/checks/specdec.parquet is another workload)
     replay calib-spec traces/specdec.parquet --set spec.method=ngram-gpu --set spec.k=3
@@ -53,6 +66,13 @@ case $part in
     python3 -m replay shapes --set model="$model" --set num_kv_blocks="$blocks" \
       -o "$out/shapes-$tag.parquet" 2>&1 | tail -8
     cp "$out/shapes-$tag.parquet" "$pack/"
+    ;;
+  sweep-spec)
+    log "shapes $tag spec"
+    python3 -m replay shapes --set model="$model" --set num_kv_blocks="$blocks" \
+      --set spec.method=ngram-gpu --set spec.k=3 --kinds decode \
+      --max-seconds "${SPEC_SWEEP_S:-70}" -o "$out/shapes-$tag-spec.parquet" 2>&1 | tail -8
+    cp "$out/shapes-$tag-spec.parquet" "$pack/"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac

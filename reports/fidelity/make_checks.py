@@ -15,7 +15,24 @@ minute (arrivals in real time, except `asap`):
 | azure_late | the Azure hour's minutes 20:00-23:00 at 4x (run at depths 1 and 3) | Azure 2023 |
 | asap | 384 ShareGPT-length requests queued at once (arrival=asap): saturated | ShareGPT |
 
+A second set (`traces/checks2/`, `python reports/fidelity/make_checks.py 2`) was made after
+every model term of the committed profiles was in place and measured once, as the clean test
+those terms had not been read against: other windows of the same public data, other seeds,
+heavier load (batches to ~100 on long outputs, a prefill-heavy saturated run).
+
+| name | what | from |
+|---|---|---|
+| azure_mid | the Azure hour's minutes 40:00-43:00 at 4x (~22 req/s), depth 2 | Azure 2023 |
+| azure_d1 | minutes 50:00-52:15 at 3x, run at depth 1 | Azure 2023 |
+| longout_hi | long outputs (~2k tokens, ~500 prompts) at 5 req/s for 30 s: batches to ~100 | synthetic |
+| longprompt2 | long prompts (2-32k) with shared prefixes, 700-730 s window | Mooncake |
+| burst2 | bursty completions, gamma CV 6 at 10 req/s, 600/80 tokens | synthetic |
+| reasoning2 | reasoning-length outputs (to 4k), 03:00 of the day at 0.25x, penalties | ServeGen R1 |
+| specdec2 | n-gram speculative decoding, longer outputs (run with spec.method=ngram-gpu) | synthetic |
+| asap2 | 256 prefill-heavy requests (~3k prompts, ~200 outputs) queued at once | synthetic |
+
     python reports/fidelity/make_checks.py      # writes traces/checks/, prints a table
+    python reports/fidelity/make_checks.py 2    # writes traces/checks2/
 """
 
 from __future__ import annotations
@@ -38,6 +55,7 @@ from bubblesim.workloads.servegen import servegen_trace  # noqa: E402
 from bubblesim.workloads.synth import SynthSpec, synthesize  # noqa: E402
 
 OUT = ROOT / "traces" / "checks"
+OUT2 = ROOT / "traces" / "checks2"
 
 
 def window(t: Trace, start_s: float, seconds: float, speedup: float, source: str) -> Trace:
@@ -88,9 +106,47 @@ def build() -> dict[str, Trace]:
     return out
 
 
-def main(out: Path = OUT) -> None:
+def build2() -> dict[str, Trace]:
+    """The second, fresh set: other windows, other seeds, heavier load (module docstring)."""
+    out: dict[str, Trace] = {}
+    az = read_trace(ROOT / "traces" / "azure_conv.parquet")
+    out["azure_mid"] = window(az, 2400.0, 45.0, 4.0, "traces/azure_conv.parquet")
+    out["azure_d1"] = window(az, 3000.0, 45.0, 3.0, "traces/azure_conv.parquet")
+    out["longout_hi"] = synth(
+        "long outputs, batches to ~100", arrival="poisson", rate=5.0, duration_s=30.0,
+        prompt_len="lognormal:500:0.6:3000", output_len="lognormal:2000:0.3:4000", seed=21,
+    )  # fmt: skip
+    mc = read_trace(ROOT / "traces" / "mooncake.parquet")
+    lp = window(mc, 700.0, 30.0, 1.0, "traces/mooncake.parquet")
+    keep = np.flatnonzero((lp.prompt_len >= 2048) & (lp.prompt_len <= 32768))
+    out["longprompt2"] = lp.take(keep)
+    out["burst2"] = synth(
+        "bursty completions", arrival="gamma", rate=10.0, cv=6.0, duration_s=45.0,
+        prompt_len="lognormal:600:0.6:4000", output_len="lognormal:80:0.6:400", seed=22,
+    )  # fmt: skip
+    out["reasoning2"] = servegen_trace(
+        shared_traces() / "servegen_deepseek_r1", seed=23, start_s=3 * 3600.0,
+        duration_s=30.0, rate_scale=0.25, max_output=4096,
+    )  # fmt: skip
+    out["specdec2"] = synth(
+        "n-gram speculative decoding, longer outputs", arrival="poisson", rate=6.0,
+        duration_s=30.0, prompt_len="uniform:128:1024", output_len="uniform:256:1024",
+        token_ids=True, ngram_friendly=True, seed=24,
+    )  # fmt: skip
+    out["asap2"] = synth(
+        "prefill-heavy saturated throughput (run with arrival=asap)", arrival="fixed",
+        rate=1000.0, num_requests=256, prompt_len="lognormal:3000:0.5:12000",
+        output_len="lognormal:200:0.5:800", seed=25,
+    )  # fmt: skip
+    return out
+
+
+def main(out: Path = OUT, which: str = "1") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for name, t in build().items():
+    sets = {"1": build, "2": build2}
+    if which not in sets:
+        raise SystemExit(f"make_checks.py: unknown set {which!r} (1 or 2)")
+    for name, t in sets[which]().items():
         write_trace(t, out / f"{name}.parquet")
         print(
             f"{name:12} {len(t):5d} req  span {t.arrival_s.max():6.1f} s  "
@@ -100,4 +156,5 @@ def main(out: Path = OUT) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    arg = sys.argv[1] if len(sys.argv) > 1 else "1"
+    main(OUT2 if arg == "2" else OUT, arg)
