@@ -24,11 +24,11 @@ heavier load (batches to ~100 on long outputs, a prefill-heavy saturated run).
 |---|---|---|
 | azure_mid | the Azure hour's minutes 40:00-43:00 at 4x (~22 req/s), depth 2 | Azure 2023 |
 | azure_d1 | minutes 50:00-52:15 at 3x, run at depth 1 | Azure 2023 |
-| longout_hi | long outputs (~2k tokens, ~500 prompts) at 5 req/s for 30 s: batches to ~100 | synthetic |
+| longout_hi | ~2k-token outputs, ~600-token prompts, 5 req/s for 30 s: batches ~100 | synthetic |
 | longprompt2 | long prompts (2-32k) with shared prefixes, 700-730 s window | Mooncake |
 | burst2 | bursty completions, gamma CV 6 at 10 req/s, 600/80 tokens | synthetic |
-| reasoning2 | reasoning-length outputs (to 4k), 03:00 of the day at 0.25x, penalties | ServeGen R1 |
-| specdec2 | n-gram speculative decoding, longer outputs (run with spec.method=ngram-gpu) | synthetic |
+| reasoning2 | reasoning-length outputs (to 4k), 03:00 at 0.25x, penalties | ServeGen R1 |
+| specdec2 | n-gram speculative decoding, longer outputs (spec.method=ngram-gpu) | synthetic |
 | asap2 | 256 prefill-heavy requests (~3k prompts, ~200 outputs) queued at once | synthetic |
 
     python reports/fidelity/make_checks.py      # writes traces/checks/, prints a table
