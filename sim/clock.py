@@ -29,7 +29,7 @@ from bubblesim.core.policy import ScheduledBatch
 from bubblesim.core.runfmt import RunRecorder
 from sim.cost.spread import PhaseSpread
 from sim.gcmodel import GCModel
-from sim.stream import gpu_pass
+from sim.stream import IdleStart, gpu_pass
 
 # COSTS order: what StepClock.launch/complete read from a step's cost list
 COSTS = (
@@ -84,12 +84,12 @@ class StepClock:
     """The CPU clock (`cpu_s`) and the end of the GPU stream's last pass (`gpu_free_s`).
     GC pauses and waits are kept in `pauses` and `sync_*` until `flush` records them."""
 
-    __slots__ = ("cpu_s", "gpu_free_s", "gc", "spread", "wake_s", "idle_scale", "idle_min_s",
-                 "cpu_ngram", "pauses", "sync_step", "sync0", "sync1")  # fmt: skip
+    __slots__ = ("cpu_s", "gpu_free_s", "gc", "spread", "wake_s", "idle", "cpu_ngram", "pauses",
+                 "sync_step", "sync0", "sync1")  # fmt: skip
 
     def __init__(
-        self, gc: GCModel, spread: PhaseSpread | None, wake_s: float, idle_scale: float,
-        idle_min_s: float, cpu_ngram: bool,
+        self, gc: GCModel, spread: PhaseSpread | None, wake_s: float, idle: IdleStart,
+        cpu_ngram: bool,
     ) -> None:  # fmt: skip
         """`cpu_ngram`: a CPU proposer drafts from the sampled tokens, so the draft phase
         waits for its own pass."""
@@ -98,8 +98,7 @@ class StepClock:
         self.gc = gc
         self.spread = spread
         self.wake_s = wake_s
-        self.idle_scale = idle_scale
-        self.idle_min_s = idle_min_s
+        self.idle = idle  # a graph issued to an idle GPU runs shorter (sim.stream.IdleStart)
         self.cpu_ngram = cpu_ngram
         # (start_s, duration_s, generation, phase, step) of each collection
         self.pauses: list[tuple[float, float, int, str, int]] = []
@@ -169,9 +168,7 @@ class StepClock:
                     start = free
                     counts = free + gpu_s
                 else:
-                    start, counts = gpu_pass(
-                        prep1, cpu, free, gpu_s, graphed, self.idle_scale, self.idle_min_s
-                    )
+                    start, counts = gpu_pass(prep1, cpu, free, gpu_s, graphed, self.idle)
                 end = self.gpu_free_s = counts + dgpu_s if dgpu_s > 0 else counts
                 cpu += s_sample
                 if a_sample > 0:  # allocations: maybe a collection

@@ -407,10 +407,14 @@ def calibrate(
     if idle is not None:
         prof.setdefault("gpu_pass", {})["idle_start"] = idle
         used = merge_profile(base, prof) if base else prof
+        ir = idle_report
         notes.append(
-            f"gpu_pass.idle_start: scale {idle_report['scale']:.3f} from {idle_report['steps']} "
-            f"decode graph steps issued to an idle GPU (measured/predicted p10 "
-            f"{idle_report['ratio_p10']:.2f}, p90 {idle_report['ratio_p90']:.2f})"
+            f"gpu_pass.idle_start: a graph issued to an idle GPU saves "
+            f"min({ir['shrink_per_ms']:.2f} x (idle - {ir['shrink_after_ms']:.3f} ms), "
+            f"{ir['shrink_max_fraction']:.2f} x pass), from {ir['steps']} decode graph steps "
+            f"(idle p10 {ir['idle_ms_p10']:.2f}, p90 {ir['idle_ms_p90']:.2f} ms); median "
+            f"|error| {ir['abs_err_ms_law']:.3f} ms (one ratio {ir['scale']:.3f}: "
+            f"{ir['abs_err_ms_ratio']:.3f} ms; none: {ir['abs_err_ms_none']:.3f} ms)"
         )
     spread_report: dict[str, Any] = {}
     if spread:  # around the fitted models: last, on the profile the sim will use

@@ -26,10 +26,20 @@ DEFAULTS: dict[str, Any] = {
     "sync_wait": {"wake_ms": 0.0},
     "gpu_pass": {
         # A decode CUDA graph that starts on an idle GPU (idle >= min_idle_ms before its
-        # launch) runs `scale` x the time of one queued behind other work: measured on an H100
-        # (2026-11-26, llama3.2-1b, 20-40 % faster at batches under 32, in one run and across
-        # depths 1-3; the mechanism is not known). 1.0 = no effect; `replay calibrate` fits it.
-        "idle_start": {"scale": 1.0, "min_idle_ms": 0.05},
+        # launch) runs shorter than one queued behind other work (the mechanism is not known).
+        # Measured on an H100 (2026-11-26, llama3.2-1b and llama3-8b, depths 1-3): the time
+        # saved grows with the idle gap, ~0.6-0.7 ms per ms of idle beyond ~0.2-0.35 ms, up to
+        # about half of the pass, alike on both models. With `shrink_per_ms` > 0 the pass is
+        # shortened by min(shrink_per_ms x (idle - shrink_after_ms), shrink_max_fraction x
+        # pass); otherwise it runs `scale` x its time (the older law: one ratio for every gap).
+        # 1.0 / 0 = no effect; `replay calibrate` fits one or the other.
+        "idle_start": {
+            "scale": 1.0,
+            "min_idle_ms": 0.05,
+            "shrink_per_ms": 0.0,
+            "shrink_after_ms": 0.0,
+            "shrink_max_fraction": 0.0,
+        },  # fmt: skip
         # Sampling penalties (engine.sampler.sample_graph): a pure decode step with any row
         # whose sampling needs the output history (history_tokens > 0, penalties on) replays
         # the decode graph's penalties variant, which applies them to every row of the bucket

@@ -30,6 +30,7 @@ from bubblesim.core.models import get_model, with_context
 from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.shape import BatchShape
 
+from ..stream import IdleStart
 from .collective import Collectives
 from .linear import (
     PROGRAM_KEYS,
@@ -123,11 +124,9 @@ class CostModel:
         self._mixed_ms_per_row = self.roofline.lm_ms_per_row + self.roofline.logits_ms_per_row
         self._max_rows = config.max_num_seqs
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
-        # a graphed pass that starts on a GPU idle for >= idle_start_min_s runs
-        # idle_start_scale x its time (sim.stream.gpu_pass; the default 1.0 changes nothing)
-        idle = prof["gpu_pass"]["idle_start"]
-        self.idle_start_scale = float(idle["scale"])
-        self.idle_start_min_s = float(idle["min_idle_ms"]) / 1e3
+        # a graphed pass that starts on an idle GPU runs shorter (sim.stream.gpu_pass; the
+        # defaults change nothing)
+        self.idle_start = IdleStart.from_table(prof["gpu_pass"]["idle_start"])
         # the shapes the fitted GPU models were measured on (sim.cost.envelope), if recorded
         self.envelope: dict[str, Any] | None = prof.get("envelope")
 
