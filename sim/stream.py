@@ -26,11 +26,17 @@ class IdleStart:
         self.max_fraction = max_fraction
 
     @classmethod
-    def from_table(cls, t: Mapping[str, float]) -> IdleStart:
-        """From a profile's `gpu_pass.idle_start` table (milliseconds)."""
+    def from_table(cls, t: Mapping[str, float], verify: bool = False) -> IdleStart:
+        """From a profile's `gpu_pass.idle_start` table (milliseconds). `verify`: the graphs
+        are speculative decoding's verify passes, which take the `verify_` shrink law (none
+        when it was not fitted). The ratio law (`scale`) is in force only while no shrink law
+        is fitted, and then covers both."""
+        law = "verify_shrink" if verify else "shrink"
+        fitted = float(t.get("shrink_per_ms", 0.0)) > 0.0
         return cls(
-            float(t["min_idle_ms"]) / 1e3, float(t["scale"]), float(t.get("shrink_per_ms", 0.0)),
-            float(t.get("shrink_after_ms", 0.0)) / 1e3, float(t.get("shrink_max_fraction", 0.0)),
+            float(t["min_idle_ms"]) / 1e3, 1.0 if fitted else float(t["scale"]),
+            float(t.get(f"{law}_per_ms", 0.0)), float(t.get(f"{law}_after_ms", 0.0)) / 1e3,
+            float(t.get(f"{law}_max_fraction", 0.0)),
         )  # fmt: skip
 
     @property

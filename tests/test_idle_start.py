@@ -125,3 +125,24 @@ def test_calibrate_recovers_the_shrink_law(tmp_path: Path) -> None:
         got = IdleStart.from_table(table).shorten(1.2e-3, idle_ms / 1e3)
         want = IdleStart.from_table({**law, "min_idle_ms": 0.05}).shorten(1.2e-3, idle_ms / 1e3)
         assert got == pytest.approx(want, abs=3e-5)
+
+
+def test_verify_graphs_take_their_own_law() -> None:
+    """Speculative decoding's verify graphs take the `verify_` law, none when it was not
+    fitted; the ratio law covers both only while no shrink law is fitted."""
+    base = {"scale": 0.6, "min_idle_ms": 0.05}
+    decode = {"shrink_per_ms": 0.8, "shrink_after_ms": 0.25, "shrink_max_fraction": 0.5}
+    verify = {
+        "verify_shrink_per_ms": 0.9, "verify_shrink_after_ms": 0.3,
+        "verify_shrink_max_fraction": 0.3,
+    }  # fmt: skip
+    pass_s, idle_s = 1.5e-3, 1e-3
+    ratio_only = IdleStart.from_table(base, verify=True)
+    assert ratio_only.shorten(pass_s, idle_s) == pytest.approx(0.6 * pass_s)
+    no_verify_law = IdleStart.from_table({**base, **decode}, verify=True)
+    assert not no_verify_law.acts
+    both = {**base, **decode, **verify}
+    v = IdleStart.from_table(both, verify=True)
+    assert v.shorten(pass_s, 0.5e-3) == pytest.approx(pass_s - 0.9 * 0.2e-3)
+    assert v.shorten(pass_s, idle_s) == pytest.approx(0.7 * pass_s)  # capped at 0.3
+    assert IdleStart.from_table(both).shorten(pass_s, idle_s) == pytest.approx(pass_s - 0.6e-3)

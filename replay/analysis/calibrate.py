@@ -408,14 +408,23 @@ def calibrate(
         prof.setdefault("gpu_pass", {})["idle_start"] = idle
         used = merge_profile(base, prof) if base else prof
         ir = idle_report
-        notes.append(
-            f"gpu_pass.idle_start: a graph issued to an idle GPU saves "
-            f"min({ir['shrink_per_ms']:.2f} x (idle - {ir['shrink_after_ms']:.3f} ms), "
-            f"{ir['shrink_max_fraction']:.2f} x pass), from {ir['steps']} decode graph steps "
-            f"(idle p10 {ir['idle_ms_p10']:.2f}, p90 {ir['idle_ms_p90']:.2f} ms); median "
-            f"|error| {ir['abs_err_ms_law']:.3f} ms (one ratio {ir['scale']:.3f}: "
-            f"{ir['abs_err_ms_ratio']:.3f} ms; none: {ir['abs_err_ms_none']:.3f} ms)"
-        )
+        if "shrink_per_ms" in ir:
+            notes.append(
+                f"gpu_pass.idle_start: a graph issued to an idle GPU saves "
+                f"min({ir['shrink_per_ms']:.2f} x (idle - {ir['shrink_after_ms']:.3f} ms), "
+                f"{ir['shrink_max_fraction']:.2f} x pass), from {ir['steps']} decode graph "
+                f"steps (idle p10 {ir['idle_ms_p10']:.2f}, p90 {ir['idle_ms_p90']:.2f} ms); "
+                f"median |error| {ir['abs_err_ms_law']:.3f} ms (one ratio {ir['scale']:.3f}: "
+                f"{ir['abs_err_ms_ratio']:.3f} ms; none: {ir['abs_err_ms_none']:.3f} ms)"
+            )
+        if "verify_shrink_per_ms" in ir:
+            notes.append(
+                f"gpu_pass.idle_start: verify graphs save min({ir['verify_shrink_per_ms']:.2f} "
+                f"x (idle - {ir['verify_shrink_after_ms']:.3f} ms), "
+                f"{ir['verify_shrink_max_fraction']:.2f} x pass), from {ir['verify_steps']} "
+                f"steps (measured/sweep median {ir['verify_ratio']:.3f}); median |error| "
+                f"{ir['verify_abs_err_ms_law']:.3f} ms (none: {ir['verify_abs_err_ms_none']:.3f})"
+            )
     spread_report: dict[str, Any] = {}
     if spread:  # around the fitted models: last, on the profile the sim will use
         tables, spread_report = fit_spread(resolve_profile(used), runs, steps, notes)

@@ -34,10 +34,11 @@ MIN_IDLE_MS = 0.05  # a step counts as an idle start after this much GPU idle (t
 MEASURED_IDLE_MS = 0.1  # ... and is used for the fit only after this much (clock alignment)
 
 
-def fit_idle_start(
-    runs: Sequence[Run], profile: Mapping[str, Any]
-) -> tuple[dict[str, float] | None, dict[str, Any]]:
-    """(the `gpu_pass.idle_start` table, or None when too few steps; a report)."""
+def _idle_steps(
+    runs: Sequence[Run], profile: Mapping[str, Any], verify: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(idle ms, measured ms, predicted ms) of the runs' pure decode (verify: drafted) steps
+    issued to a GPU idle for >= MEASURED_IDLE_MS."""
     idle_l: list[np.ndarray] = []
     meas_l: list[np.ndarray] = []
     pred_l: list[np.ndarray] = []
@@ -48,9 +49,10 @@ def fit_idle_start(
         s = run.arrays("steps")
         idle = s["gpu_idle_before_s"] * 1e3
         gpu_ms = (s["gpu_end_s"] - s["gpu_start_s"]) * 1e3
+        drafted = s["draft_tokens"] > 0
         rows = np.flatnonzero(
             (s["num_prefill_reqs"] == 0)
-            & (s["draft_tokens"] == 0)
+            & (drafted if verify else ~drafted)
             & np.isfinite(gpu_ms)
             & (idle >= MEASURED_IDLE_MS)
         )
@@ -61,13 +63,31 @@ def fit_idle_start(
         idle_l.append(idle[rows][ok])
         meas_l.append(gpu_ms[rows][ok])
         pred_l.append(pred[ok])
-    idle_ms = np.concatenate(idle_l) if idle_l else np.zeros(0)
-    meas = np.concatenate(meas_l) if meas_l else np.zeros(0)
-    pred = np.concatenate(pred_l) if pred_l else np.zeros(0)
+    if not idle_l:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    return np.concatenate(idle_l), np.concatenate(meas_l), np.concatenate(pred_l)
+
+
+def fit_idle_start(
+    runs: Sequence[Run], profile: Mapping[str, Any]
+) -> tuple[dict[str, float] | None, dict[str, Any]]:
+    """(the `gpu_pass.idle_start` table, or None when too few decode steps; a report). The
+    verify law is fitted alongside when the runs hold enough idle-start verify steps."""
+    idle_ms, meas, pred = _idle_steps(runs, profile, verify=False)
     report: dict[str, Any] = {"steps": int(idle_ms.size), "min_idle_ms": MEASURED_IDLE_MS}
+    table: dict[str, float] = {"scale": 1.0, "min_idle_ms": MIN_IDLE_MS}
     if idle_ms.size < MIN_STEPS:
         report["note"] = f"{idle_ms.size} idle-start decode graph steps (< {MIN_STEPS}): not fitted"
-        return None, report
+    else:
+        _fit_decode(idle_ms, meas, pred, table, report)
+    _fit_verify(runs, profile, table, report)
+    return (table if len(table) > 2 else None), report
+
+
+def _fit_decode(
+    idle_ms: np.ndarray, meas: np.ndarray, pred: np.ndarray, table: dict[str, float],
+    report: dict[str, Any],
+) -> None:  # fmt: skip
     r = meas / pred
     per, after, frac, err = fit_shrink_law(idle_ms, meas, pred)
     ratio = float(np.clip(np.median(r), 0.05, 1.0))
@@ -84,11 +104,27 @@ def fit_idle_start(
         abs_err_ms_ratio=float(np.median(np.abs(meas - ratio * pred))),
         abs_err_ms_none=float(np.median(np.abs(meas - pred))),
     )
-    table = {
-        "scale": 1.0, "min_idle_ms": MIN_IDLE_MS, "shrink_per_ms": per,
-        "shrink_after_ms": after, "shrink_max_fraction": frac,
-    }  # fmt: skip
-    return table, report
+    table.update(shrink_per_ms=per, shrink_after_ms=after, shrink_max_fraction=frac)
+
+
+def _fit_verify(
+    runs: Sequence[Run], profile: Mapping[str, Any], table: dict[str, float],
+    report: dict[str, Any],
+) -> None:  # fmt: skip
+    v_idle, v_meas, v_pred = _idle_steps(runs, profile, verify=True)
+    report["verify_steps"] = int(v_idle.size)
+    if v_idle.size >= MIN_STEPS:
+        v_per, v_after, v_frac, v_err = fit_shrink_law(v_idle, v_meas, v_pred)
+        table.update(
+            verify_shrink_per_ms=v_per, verify_shrink_after_ms=v_after,
+            verify_shrink_max_fraction=v_frac,
+        )  # fmt: skip
+        report.update(
+            verify_shrink_per_ms=v_per, verify_shrink_after_ms=v_after,
+            verify_shrink_max_fraction=v_frac, verify_abs_err_ms_law=v_err,
+            verify_abs_err_ms_none=float(np.median(np.abs(v_meas - v_pred))),
+            verify_ratio=float(np.median(v_meas / v_pred)),
+        )  # fmt: skip
 
 
 # the grid the law is chosen on (ms per ms of idle; ms; fraction of the pass)

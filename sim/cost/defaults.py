@@ -32,14 +32,20 @@ DEFAULTS: dict[str, Any] = {
         # about half of the pass, alike on both models. With `shrink_per_ms` > 0 the pass is
         # shortened by min(shrink_per_ms x (idle - shrink_after_ms), shrink_max_fraction x
         # pass); otherwise it runs `scale` x its time (the older law: one ratio for every gap).
-        # 1.0 / 0 = no effect; `replay calibrate` fits one or the other.
+        # 1.0 / 0 = no effect; `replay calibrate` fits one or the other. Verify graphs
+        # (speculative decoding) save less (llama3.2-1b: the spec calibration run's verify
+        # steps, all issued to an idle GPU, sit 13 % under the sweep, not ~35 %): with
+        # speculative decoding on, the `verify_` law applies to every graph instead.
         "idle_start": {
             "scale": 1.0,
             "min_idle_ms": 0.05,
             "shrink_per_ms": 0.0,
             "shrink_after_ms": 0.0,
             "shrink_max_fraction": 0.0,
-        },  # fmt: skip
+            "verify_shrink_per_ms": 0.0,
+            "verify_shrink_after_ms": 0.0,
+            "verify_shrink_max_fraction": 0.0,
+        },
         # Sampling penalties (engine.sampler.sample_graph): a pure decode step with any row
         # whose sampling needs the output history (history_tokens > 0, penalties on) replays
         # the decode graph's penalties variant, which applies them to every row of the bucket

@@ -126,7 +126,9 @@ class CostModel:
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
         # a graphed pass that starts on an idle GPU runs shorter (sim.stream.gpu_pass; the
         # defaults change nothing)
-        self.idle_start = IdleStart.from_table(prof["gpu_pass"]["idle_start"])
+        self.idle_start = IdleStart.from_table(
+            prof["gpu_pass"]["idle_start"], verify=config.spec.enabled
+        )
         # the shapes the fitted GPU models were measured on (sim.cost.envelope), if recorded
         self.envelope: dict[str, Any] | None = prof.get("envelope")
 

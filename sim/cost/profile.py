@@ -154,7 +154,7 @@ def _check_params(where: str, key: str, value: Any) -> None:
             raise _fail(where, full, f"expected an integer, got {v!r}")
         if k in EFFICIENCY_KEYS and not 0 < x <= 1:
             raise _fail(where, full, f"must be in (0, 1], got {v!r}")
-        if k == "shrink_max_fraction" and not 0 <= x < 1:
+        if k.endswith("shrink_max_fraction") and not 0 <= x < 1:
             raise _fail(where, full, f"must be in [0, 1), got {v!r}")
         if k == "pnorm" and x < 1:
             raise _fail(where, full, f"must be >= 1, got {v!r}")
