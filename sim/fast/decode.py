@@ -13,8 +13,9 @@ completes (its blocks are released then, through the block manager). Per-request
 affine in k, so it is kept lazily (`_Member`) and batch sums are updated only when a request
 joins or leaves (the longest context is the largest cr + k + 1 of the members, taken from a heap
 with lazy deletion when the members change): a step costs O(1) plus the block allocations it
-makes (done at once, in the per-step order) and what its arrivals, admissions and finishes
-touch. An iteration before the next drop, join or finish, with no arrival due, no admission to
+makes (done at once, in the per-step order: a member crosses into its next block every
+block_size launches, so the members of launch k's grow class, k % block_size, get one each)
+and what its arrivals, admissions and finishes touch. An iteration before the next drop, join or finish, with no arrival due, no admission to
 try (or only one `Scheduler.admission_blocked` knows fails) and no member settling in, is calm:
 calm iterations run one after another in a loop of their own (grows, decode costs, clock step).
 The segment ends before a step the normal path must run: nothing to decode, more decode tokens
@@ -71,7 +72,7 @@ class _Member:
     from launch s on. Its passes are launches l0 .. end - 1 (plus old passes for requests
     already running at the start)."""
 
-    __slots__ = ("req", "key", "l0", "j1", "end", "cr", "hr", "a", "s", "o0", "old")
+    __slots__ = ("req", "key", "l0", "j1", "end", "cr", "hr", "a", "s", "o0", "old", "grows")
 
     def __init__(self, req: Request, key: int, l0: int, j1: int, end: int, cr: int) -> None:
         self.req = req
@@ -85,6 +86,7 @@ class _Member:
         self.s = 0
         self.o0 = 0  # confirmed outputs at the start, or when admitted (after a preemption)
         self.old: list[int] = [0]  # old passes holding it, cumulative: old[q] = among first q
+        self.grows: list[Request] | None = None  # its grow class while it has launches to grow
 
 
 @dataclass
@@ -162,8 +164,8 @@ class FastForward:
             n_old = cum[-1]
             if not (ph == r.num_inflight_gen == r.num_inflight_batches == n_old):
                 return None
-            if len(r.block_ids) * bs < c:
-                return None  # fewer blocks than computed tokens: not ours to model
+            if not c <= len(r.block_ids) * bs < c + bs:
+                return None  # not the blocks its computed tokens take: not ours to model
             # launch k needs outputs_guaranteed = out + inflight_gen + k < output_len
             m = _Member(r, key, 0, 0, r.output_len - out - n_old, c)
             m.hr = out + ph
@@ -193,7 +195,11 @@ class FastForward:
         # Calendars (launch or iteration -> members) and the sums over the members of a launch.
         drop: dict[int, list[_Member]] = {}  # launch k = end: leaves the decode
         join: dict[int, list[_Member]] = {}  # launch k = j1: joins it
-        grow: dict[int, list[_Member]] = {}  # launch k: needs one more KV block
+        # grow classes: a member decoding at cr + k crosses into its next KV block at the
+        # launches k with (cr + k) % bs == 0, so classes[k % bs] lists (in entry order: keys
+        # only grow) the requests launch k gives one more block, from when they join the
+        # decode (their first crossing is within bs launches of then) until they leave it
+        classes: list[list[Request]] = [[] for _ in range(bs)]
         done: dict[int, list[_Member]] = {}  # iteration: its last pass completes, it finishes
         chunk_done: dict[int, list[Request]] = {}  # iteration: a partial prompt chunk completes
         young: list[_Member] = []  # confirmed outputs not yet a + k
@@ -219,8 +225,9 @@ class FastForward:
                     sum_hr += m.hr
                 drop.setdefault(m.end, []).append(m)
                 first = len(r.block_ids) * bs - m.cr  # launch k writes position cr + k
-                if first < m.end:
-                    grow.setdefault(first, []).append(m)
+                if first < m.end:  # 0 <= first < bs (_initial_members)
+                    m.grows = classes[first % bs]
+                    m.grows.append(r)
                 done.setdefault(nd + m.end - 1, []).append(m)
                 marks += (m.end, nd + m.end - 1)
             else:  # finished by the passes in flight
@@ -246,7 +253,8 @@ class FastForward:
         stop_after = False
         reload = True
         # bound once: the loop below runs for every step of the segment
-        drop_pop, join_pop, grow_pop = drop.pop, join.pop, grow.pop
+        drop_pop, join_pop = drop.pop, join.pop
+        allocate_next = self.blocks.allocate_next
         chunk_done_pop, done_pop = chunk_done.pop, done.pop
         po_s_add, po_objs_add, launches_add = po_s.append, po_objs.append, launches.append
         marks_add = partial(heappush, marks)
@@ -259,9 +267,9 @@ class FastForward:
                 end = min(calm_until, MAX_SEGMENT_STEPS)
                 short = False
                 while True:
-                    need = grow_pop(k, None)
-                    if need is not None and not self._grow(need, k, grow):
-                        short = True
+                    grows = classes[k % bs]
+                    if grows and not allocate_next(grows):
+                        short = True  # fewer free blocks than the step's decodes need
                         break
                     sh.kv_read_tokens = sh.attn_pairs = sum_cr + b * (k + 1)
                     sh.max_kv_tokens = top_cr + k + 1
@@ -299,6 +307,8 @@ class FastForward:
                     changed = True
                     for m in left:
                         r = m.req
+                        if m.grows is not None:
+                            m.grows.remove(r)
                         b -= 1
                         sum_cr -= m.cr
                         sum_prompt -= r.prompt_len
@@ -321,8 +331,8 @@ class FastForward:
                             sum_hr += m.hr
                 if b == 0 or b > max_tokens:
                     break  # an empty or budget-cut schedule: the normal path runs it
-            need = grow_pop(k, None)
-            if need is not None and not self._grow(need, k, grow):
+            grows = classes[k % bs]
+            if grows and not allocate_next(grows):
                 break  # the normal path preempts
             if changed or not k:
                 while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
@@ -388,7 +398,9 @@ class FastForward:
                         marks_add(m.end)
                         first = m.j1 + len(r.block_ids) * bs - computed
                         if first < m.end:
-                            grow.setdefault(first, []).append(m)
+                            assert first < m.j1 + bs, r  # blocks for its computed tokens
+                            m.grows = classes[first % bs]
+                            m.grows.append(r)
                         if m.s > m.j1:
                             young.append(m)
                     done.setdefault(nd + m.end - 1, []).append(m)
@@ -448,31 +460,6 @@ class FastForward:
             k += 1
         run.n = k
         return run
-
-    def _grow(self, need: list[_Member], k: int, grow: dict[int, list[_Member]]) -> bool:
-        """Launch k's members that cross into their next KV block get it, in entry order;
-        False (nothing done, `need` back in `grow`) where the free blocks are too few."""
-        nxt = k + self.block_size  # where each crosses next
-        if len(need) == 1:  # the common case, without the lists
-            m = need[0]
-            if not self.blocks.allocate_one(m.req):
-                grow[k] = need
-                return False
-            if nxt < m.end:
-                later = grow.get(nxt)
-                if later is None:
-                    grow[nxt] = need
-                else:
-                    later.append(m)
-            return True
-        need.sort(key=_key)  # entry order: the order allocate hands them out
-        if not self.blocks.allocate_next([m.req for m in need]):
-            grow[k] = need
-            return False
-        again = [m for m in need if nxt < m.end]
-        if again:
-            grow.setdefault(nxt, []).extend(again)
-        return True
 
     @staticmethod
     def _young_correction(young: list[_Member], k: int) -> int:
