@@ -15,9 +15,10 @@ joins or leaves (the longest context is the largest cr + k + 1 of the members, t
 with lazy deletion when the members change): a step costs O(1) plus the block allocations it
 makes (done at once, in the per-step order: a member crosses into its next block every
 block_size launches, so the members of launch k's grow class, k % block_size, get one each)
-and what its arrivals, admissions and finishes touch. An iteration before the next drop, join or finish, with no arrival due, no admission to
-try (or only one `Scheduler.admission_blocked` knows fails) and no member settling in, is calm:
-calm iterations run one after another in a loop of their own (grows, decode costs, clock step).
+and what its arrivals, admissions and finishes touch. An iteration before the next drop,
+join or finish, with no arrival due, no admission to try (or only one
+`Scheduler.admission_blocked` knows fails) and no member settling in, is calm: calm
+iterations run one after another in a loop of their own (grows, decode costs, clock step).
 The segment ends before a step the normal path must run: nothing to decode, more decode tokens
 than the budget, fewer free blocks than the step's decodes need (preemption), or after a step
 that admitted a partial prompt chunk.
@@ -32,9 +33,11 @@ the steps in bulk, request states are written back, and the passes still in flig
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import partial
 from heapq import heapify, heappop, heappush
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -193,8 +196,10 @@ class FastForward:
         clock_step = clock.step
 
         # Calendars (launch or iteration -> members) and the sums over the members of a launch.
+        # A member admitted in iteration k joins the decode at launch k + 1: it is added to the
+        # sums right away (nothing of iteration k reads them after its admissions) and
+        # `changed` takes the new decode set into launch k + 1, with no calendar entry.
         drop: dict[int, list[_Member]] = {}  # launch k = end: leaves the decode
-        join: dict[int, list[_Member]] = {}  # launch k = j1: joins it
         # grow classes: a member decoding at cr + k crosses into its next KV block at the
         # launches k with (cr + k) % bs == 0, so classes[k % bs] lists (in entry order: keys
         # only grow) the requests launch k gives one more block, from when they join the
@@ -203,7 +208,7 @@ class FastForward:
         done: dict[int, list[_Member]] = {}  # iteration: its last pass completes, it finishes
         chunk_done: dict[int, list[Request]] = {}  # iteration: a partial prompt chunk completes
         young: list[_Member] = []  # confirmed outputs not yet a + k
-        # the launches / iterations with an entry in drop, join, done or chunk_done (a heap,
+        # the launches / iterations with an entry in drop, done or chunk_done (a heap,
         # may repeat): an iteration before the smallest one, with no arrival, no admission to
         # try (or one Scheduler.admission_blocked: the free blocks only shrink meanwhile) and
         # no member settling in, is calm: only its grows and its decode vary
@@ -253,16 +258,22 @@ class FastForward:
         stop_after = False
         reload = True
         # bound once: the loop below runs for every step of the segment
-        drop_pop, join_pop = drop.pop, join.pop
+        drop_pop = drop.pop
         allocate_next = self.blocks.allocate_next
         chunk_done_pop, done_pop = chunk_done.pop, done.pop
         po_s_add, po_objs_add, launches_add = po_s.append, po_objs.append, launches.append
         marks_add = partial(heappush, marks)
         k = calm_until = 0
-        changed = False
+        changed = False  # launch k decodes other members than launch k - 1
         admitted: list[Entry] | None = None  # a list only when admit runs
         while k < MAX_SEGMENT_STEPS and not stop_after:
-            if k < calm_until and next_arrival_s > cpu and not reload and k >= nd > 0:
+            if (
+                k < calm_until
+                and next_arrival_s > cpu
+                and not reload
+                and not changed
+                and k >= nd > 0
+            ):
                 # calm iterations one after another: the calm path below, without its checks
                 end = min(calm_until, MAX_SEGMENT_STEPS)
                 short = False
@@ -301,7 +312,6 @@ class FastForward:
                 if next_arrival_s <= cpu:
                     next_arrival_s = loop.take_arrivals()
                 # ---- schedule(): the decodes of this launch
-                changed = False
                 left = drop_pop(k, None)
                 if left is not None:
                     changed = True
@@ -316,21 +326,8 @@ class FastForward:
                         if r.needs_history:
                             nh -= 1
                             sum_hr -= m.hr
-                joined = join_pop(k, None) if join else None  # admissions only
-                if joined is not None:
-                    changed = True
-                    for m in joined:
-                        r = m.req
-                        b += 1
-                        sum_cr += m.cr
-                        heappush(tops, (-m.cr, m.key, m))
-                        sum_prompt += r.prompt_len
-                        sum_a += m.a
-                        if r.needs_history:
-                            nh += 1
-                            sum_hr += m.hr
-                if b == 0 or b > max_tokens:
-                    break  # an empty or budget-cut schedule: the normal path runs it
+            if (changed or not k) and (b == 0 or b > max_tokens):
+                break  # an empty or budget-cut schedule: the normal path runs it
             grows = classes[k % bs]
             if grows and not allocate_next(grows):
                 break  # the normal path preempts
@@ -339,6 +336,9 @@ class FastForward:
                     heappop(tops)
                 top_cr = -tops[0][0]
                 pieces.append((k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
+                sh.set_decode(b)
+                reload = True
+                changed = False
             kv = sum_cr + b * (k + 1)
             longest = top_cr + k + 1
             ctx = sum_prompt + sum_a + b * k
@@ -349,9 +349,6 @@ class FastForward:
                     if corr:
                         ctx += corr
                         rows[k] = (b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0)
-                if changed:
-                    sh.set_decode(b)
-                    reload = True
                 budget = max_tokens - b
                 admitted = None
                 if waiting and budget > 0 and len(running) < max_seqs:
@@ -391,10 +388,17 @@ class FastForward:
                     m.s = nd + k
                     m.o0 = o0
                     run.members.append(m)
-                    if m.end > m.j1:
-                        join.setdefault(m.j1, []).append(m)
+                    if m.end > m.j1:  # joins the decode at launch j1 = k + 1
+                        changed = True
+                        b += 1
+                        sum_cr += m.cr
+                        heappush(tops, (-m.cr, m.key, m))
+                        sum_prompt += r.prompt_len
+                        sum_a += m.a
+                        if r.needs_history:
+                            nh += 1
+                            sum_hr += m.hr
                         drop.setdefault(m.end, []).append(m)
-                        marks_add(m.j1)
                         marks_add(m.end)
                         first = m.j1 + len(r.block_ids) * bs - computed
                         if first < m.end:
@@ -455,7 +459,6 @@ class FastForward:
                     calm_until = k + 1
                 else:
                     calm_until = marks[0] if marks else MAX_SEGMENT_STEPS
-                changed = False
                 admitted = None
             k += 1
         run.n = k
@@ -548,7 +551,10 @@ def _shape_rows(run: _Run) -> np.ndarray:
     """(n, len(SHAPE_FIELDS)) int64: the decode pieces evaluated at every launch, then the
     launches whose shape was written out."""
     n = run.n
-    p = np.array([x for x in run.pieces if x[0] < n], dtype=np.int64).reshape(-1, 7)
+    pieces = run.pieces
+    while pieces and pieces[-1][0] >= n:  # launches from n on did not run
+        pieces.pop()
+    p = _int_rows(pieces, 7)
     lengths = np.diff(np.append(p[:, 0], n))
     b, sum_cr, top_cr, sum_hr, nh, sum_pa = np.repeat(p[:, 1:], lengths, axis=0).T
     k = np.arange(n, dtype=np.int64)
@@ -558,10 +564,18 @@ def _shape_rows(run: _Run) -> np.ndarray:
     out[:, 7] = top_cr + k + 1  # max_kv_tokens
     out[:, 8] = sum_hr + nh * k  # history_tokens
     out[:, 9] = sum_pa + b * k  # context_tokens
-    for i, row in run.rows.items():
-        if i < n:
-            out[i] = row
+    if run.rows:  # launch -> its row; launches from n on did not run
+        at = np.fromiter(run.rows, np.int64, len(run.rows))
+        rows = _int_rows(run.rows.values(), len(SHAPE_FIELDS))
+        ran = at < n
+        out[at[ran]] = rows[ran]
     return out
+
+
+def _int_rows(rows: Collection[tuple[int, ...]], width: int) -> np.ndarray:
+    """(len(rows), width) int64 from tuples of `width` ints (fromiter: ~2x np.array's speed)."""
+    flat = chain.from_iterable(rows)
+    return np.fromiter(flat, np.int64, len(rows) * width).reshape(-1, width)
 
 
 def _set_state(m: _Member, n: int, nd: int) -> None:
