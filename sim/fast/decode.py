@@ -565,7 +565,7 @@ def _shape_rows(run: _Run) -> np.ndarray:
     lengths = np.diff(np.append(p[:, 0], n))
     b, sum_cr, top_cr, sum_hr, nh, sum_pa = np.repeat(p[:, 1:], lengths, axis=0).T
     k = np.arange(n, dtype=np.int64)
-    out = np.zeros((n, len(SHAPE_FIELDS)), dtype=np.int64)
+    out = np.zeros((n, len(SHAPE_FIELDS)), dtype=np.int64, order="F")  # by column, as recorded
     out[:, 0] = out[:, 3] = b  # num_reqs, decode_tokens
     out[:, 5] = out[:, 6] = sum_cr + b * (k + 1)  # kv_read_tokens, attn_pairs
     out[:, 7] = top_cr + k + 1  # max_kv_tokens
