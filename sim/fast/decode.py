@@ -281,27 +281,36 @@ class FastForward:
                 # calm iterations one after another: the calm path below, without its checks
                 end = min(calm_until, MAX_SEGMENT_STEPS)
                 short = False
+                # launch k's varying shape fields (as below), each advanced by its rate per
+                # launch; `at`: where the pass completed in iteration k keeps its GPU end
+                kv = sum_cr + b * (k + 1)
+                longest = top_cr + k + 1
+                hist = sum_hr + nh * k
+                ctx = sum_prompt + sum_a + b * k
+                at = (k - nd) * width + GPU_END
                 while True:
                     grows = classes[k % bs]
                     if grows and not allocate_next(grows):
                         short = True  # fewer free blocks than the step's decodes need
                         break
-                    sh.kv_read_tokens = sh.attn_pairs = sum_cr + b * (k + 1)
-                    sh.max_kv_tokens = top_cr + k + 1
-                    sh.history_tokens = sum_hr + nh * k
-                    sh.context_tokens = sum_prompt + sum_a + b * k
+                    sh.kv_read_tokens = sh.attn_pairs = kv
+                    sh.max_kv_tokens = longest
+                    sh.history_tokens = hist
+                    sh.context_tokens = ctx
                     for i, fn, ms in varying:  # StepCosts.varying
                         c[i] = fn(sh) / 1e3 if ms else fn(sh)
                     step = s0 + k
                     po_s_add(c[PO_S])
                     po_objs_add(c[PO_OBJS])
-                    t = clock_step(
-                        step, c, NO_EVENT, step - nd, times[(k - nd) * width + GPU_END],
-                        po_s[k], po_objs[k],
-                    )  # fmt: skip
+                    t = clock_step(step, c, NO_EVENT, step - nd, times[at], po_s[k], po_objs[k])
                     times_add(t)
                     cpu = t[PO1]
                     k += 1
+                    kv += b
+                    longest += 1
+                    hist += nh
+                    ctx += b
+                    at += width
                     if cpu >= tick_at_s:
                         stop_after = True  # the progress hook looks now
                         break
