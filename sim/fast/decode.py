@@ -32,7 +32,7 @@ the steps in bulk, request states are written back, and the passes still in flig
 
 from __future__ import annotations
 
-from array import array
+import struct
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -62,6 +62,7 @@ from sim.fast.host import Host
 from sim.stepcosts import StepShape
 
 MAX_SEGMENT_STEPS = 1 << 16  # bounds the lists of one segment
+_TIMES_ROW = struct.Struct(f"={len(TIMES)}d")  # StepClock.step's times, packed
 # a decode step's shape row is written out positionally below
 assert SHAPE_FIELDS == (
     "num_reqs", "num_prefill_reqs", "prefill_tokens", "decode_tokens", "draft_tokens",
@@ -102,9 +103,10 @@ class _Run:
     # (k0, b, sum cr, max cr, sum hr, history members, sum prompt+a)
     pieces: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
     rows: dict[int, tuple[int, ...]] = field(default_factory=dict)  # other shapes, by launch
-    # StepClock.step of iteration k: its TIMES at [k * len(TIMES), (k + 1) * len(TIMES)) (an
-    # array of doubles, not a list of tuples: a third of the memory, and no conversion after)
-    times: array[float] = field(default_factory=lambda: array("d"))
+    # StepClock.step of iteration k, packed as doubles (_TIMES_ROW: a third of a tuple's
+    # memory, no conversion after), and its pass's GPU end (read when that pass completes)
+    times: list[bytes] = field(default_factory=list)
+    gpu_end: list[float] = field(default_factory=list)
     # process_outputs seconds and objects of the pass completed in iteration i
     po_s: list[float] = field(default_factory=list)
     po_objs: list[int] = field(default_factory=list)
@@ -195,8 +197,7 @@ class FastForward:
         s0 = rec.num_steps
         run = _Run(members=members)
         pieces, rows = run.pieces, run.rows
-        times = run.times
-        width = len(TIMES)
+        gpu_end = run.gpu_end
         clock_step = clock.step
 
         # Calendars (launch or iteration -> members) and the sums over the members of a launch.
@@ -265,7 +266,8 @@ class FastForward:
         drop_pop = drop.pop
         allocate_next = self.blocks.allocate_next
         chunk_done_pop, done_pop = chunk_done.pop, done.pop
-        po_s_add, po_objs_add, times_add = po_s.append, po_objs.append, times.extend
+        po_s_add, po_objs_add = po_s.append, po_objs.append
+        times_add, gpu_end_add, pack = run.times.append, gpu_end.append, _TIMES_ROW.pack
         marks_add = partial(heappush, marks)
         k = calm_until = 0
         changed = False  # launch k decodes other members than launch k - 1
@@ -282,12 +284,12 @@ class FastForward:
                 end = min(calm_until, MAX_SEGMENT_STEPS)
                 short = False
                 # launch k's varying shape fields (as below), each advanced by its rate per
-                # launch; `at`: where the pass completed in iteration k keeps its GPU end
+                # launch; `at`: the launch whose pass iteration k completes
                 kv = sum_cr + b * (k + 1)
                 longest = top_cr + k + 1
                 hist = sum_hr + nh * k
                 ctx = sum_prompt + sum_a + b * k
-                at = (k - nd) * width + GPU_END
+                at = k - nd
                 while True:
                     grows = classes[k % bs]
                     if grows and not allocate_next(grows):
@@ -302,15 +304,16 @@ class FastForward:
                     step = s0 + k
                     po_s_add(c[PO_S])
                     po_objs_add(c[PO_OBJS])
-                    t = clock_step(step, c, NO_EVENT, step - nd, times[at], po_s[k], po_objs[k])
-                    times_add(t)
+                    t = clock_step(step, c, NO_EVENT, step - nd, gpu_end[at], po_s[k], po_objs[k])
+                    times_add(pack(*t))
+                    gpu_end_add(t[GPU_END])
                     cpu = t[PO1]
                     k += 1
                     kv += b
                     longest += 1
                     hist += nh
                     ctx += b
-                    at += width
+                    at += 1
                     if cpu >= tick_at_s:
                         stop_after = True  # the progress hook looks now
                         break
@@ -442,12 +445,13 @@ class FastForward:
             po_objs_add(c[PO_OBJS])
             if k >= nd:  # the pass launched nd iterations ago (nd = 0: the one launched now)
                 t = clock_step(
-                    step, c, NO_EVENT, step - nd, times[(k - nd) * width + GPU_END] if nd else None,
+                    step, c, NO_EVENT, step - nd, gpu_end[k - nd] if nd else None,
                     po_s[k], po_objs[k],
                 )  # fmt: skip
             else:  # an old pass
                 t = clock_step(step, c, NO_EVENT, old_step[k], old_end[k], po_s[k], po_objs[k])
-            times_add(t)
+            times_add(pack(*t))
+            gpu_end_add(t[GPU_END])
             cpu = t[PO1]
             if cpu >= tick_at_s:
                 stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
@@ -514,9 +518,8 @@ class FastForward:
         rec = loop.rec
         n, nd = run.n, len(old)
         shapes = _shape_rows(run)
-        t = np.frombuffer(run.times, np.float64).reshape(n, len(TIMES))
+        t = np.frombuffer(b"".join(run.times), np.float64).reshape(n, len(TIMES))
         s0, po1 = record_steps(rec, loop.clock, old, shapes, t)
-        del t  # a view of run.times
         for k, p in enumerate(old[:n]):
             rec.tokens_each([e.req.index for e in p.batch.entries], po1[k : k + 1])
         rows, starts, stops = [], [], []
@@ -552,7 +555,7 @@ class FastForward:
             shape = BatchShape(*shapes[k].tolist())
             batch = ScheduledBatch(first + k, entries, shape)
             po = run.po_s[nd + k], run.po_objs[nd + k]
-            t = tuple(run.times[k * len(TIMES) : (k + 1) * len(TIMES)])
+            t = _TIMES_ROW.unpack(run.times[k])
             inflight.append(launched_pass(batch, s0 + k, t, po))
         loop.inflight = inflight
         if loop.check:
