@@ -19,7 +19,6 @@ interval, as the engine's timers see it). Waits (`sync`) end `wake_s` after thei
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -102,9 +101,11 @@ class StepClock:
         self.cpu_ngram = cpu_ngram
         # (start_s, duration_s, generation, phase, step) of each collection
         self.pauses: list[tuple[float, float, int, str, int]] = []
-        self.sync_step: array[int] = array("q")
-        self.sync0: array[float] = array("d")
-        self.sync1: array[float] = array("d")
+        # lists: array.append converts each value through PyArg_Parse (~10x a list append);
+        # RunRecorder.syncs takes a segment's many at once
+        self.sync_step: list[int] = []
+        self.sync0: list[float] = []
+        self.sync1: list[float] = []
 
     def step(
         self, step: int, c: Sequence[Any] | None, counts_s: float = NO_EVENT,
@@ -235,7 +236,9 @@ class StepClock:
         """Record the pauses and waits kept so far, in order, and forget them."""
         if self.sync_step:
             rec.syncs(self.sync_step, self.sync0, self.sync1)
-            del self.sync_step[:], self.sync0[:], self.sync1[:]
+            self.sync_step.clear()
+            self.sync0.clear()
+            self.sync1.clear()
         if self.pauses:
             for start_s, dur_s, gen, phase, step in self.pauses:
                 rec.gc_pause(start_s, dur_s, gen, phase, step)

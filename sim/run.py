@@ -149,8 +149,17 @@ class RequestRows(Sequence[Request]):
         end = i + ROWS_CHUNK
         cols = (self.request_id, self.arrival_s, self.prompt_len, self.output_len)
         ids, arrival, prompt, output = (c[i:end].tolist() for c in cols)
-        self._chunk = ([_scalar(x) for x in ids], arrival, prompt, output)
+        if self.request_id.dtype == object:  # tolist leaves an object column's items as they are
+            ids = [_scalar(x) for x in ids]
+        self._chunk = (ids, arrival, prompt, output)
         self._chunk_start = i
+
+    def _row(self, i: int) -> Request:
+        """`self[i]`, made from row i alone: for reads out of order (a chunk each would be
+        converted for one row), leaving the loaded chunk and the last request as they are."""
+        rid = _scalar(self.request_id[i])
+        arrival, prompt, output = self.arrival_s[i], self.prompt_len[i], self.output_len[i]
+        return Request(i, rid, float(arrival), int(prompt), int(output))
 
     def first_unfit(self, sched: Scheduler) -> tuple[Request, str] | None:
         """The first request (arrival order) that `sched.check_fits` refuses, and why.
@@ -159,14 +168,14 @@ class RequestRows(Sequence[Request]):
         total = self.prompt_len.astype(np.int64) + self.output_len
         totals, first = np.unique(total, return_index=True)
         bad = []
-        for row in first.tolist():
-            why = sched.check_fits(self[row])
+        for row in first.tolist():  # in order of totals: rows far apart
+            why = sched.check_fits(self._row(row))
             if why is not None:
                 bad.append((row, why))
         if not bad:
             return None
         row, why = min(bad)
-        return self[row], why
+        return self._row(row), why
 
 
 def _scalar(x: Any) -> Any:

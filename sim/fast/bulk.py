@@ -42,14 +42,14 @@ def launch_phases(t: np.ndarray) -> dict[str, tuple[Sequence[float], Sequence[fl
 
 
 def record_steps(
-    rec: RunRecorder, clock: StepClock, old: list[Pass], shapes: np.ndarray, steps: list[Times]
+    rec: RunRecorder, clock: StepClock, old: list[Pass], shapes: np.ndarray, t: np.ndarray
 ) -> tuple[int, array[float]]:
     """A segment's steps (iteration k launched step k and completed the oldest pass: the
     len(old) passes in flight at its start, then its own launches in order): their shapes and
     CPU phases, every completed pass's process_outputs and GPU interval, the waits and pauses
-    the clock kept. Returns (the first step added, process_outputs' end per iteration)."""
-    n, nd = len(steps), len(old)
-    t = times_matrix(steps)
+    the clock kept; `t`: their times (`times_matrix`). Returns (the first step added,
+    process_outputs' end per iteration)."""
+    n, nd = len(t), len(old)
     s0 = rec.add_steps(shapes, launch_phases(t))
     po0, po1 = column(t, PO1 - 1), column(t, PO1)
     for k, p in enumerate(old[:n]):

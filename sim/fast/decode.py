@@ -13,10 +13,12 @@ completes (its blocks are released then, through the block manager). Per-request
 affine in k, so it is kept lazily (`_Member`) and batch sums are updated only when a request
 joins or leaves (the longest context is the largest cr + k + 1 of the members, taken from a heap
 with lazy deletion when the members change): a step costs O(1) plus the block allocations it
-makes (done at once, in the per-step order) and what its arrivals, admissions and finishes
-touch. An iteration before the next drop, join or finish, with no arrival due, no admission to
-try (or only one `Scheduler.admission_blocked` knows fails) and no member settling in, is calm:
-calm iterations run one after another in a loop of their own (grows, decode costs, clock step).
+makes (done at once, in the per-step order: a member crosses into its next block every
+block_size launches, so the members of launch k's grow class, k % block_size, get one each)
+and what its arrivals, admissions and finishes touch. An iteration before the next drop,
+join or finish, with no arrival due, no admission to try (or only one
+`Scheduler.admission_blocked` knows fails) and no member settling in, is calm: calm
+iterations run one after another in a loop of their own (grows, decode costs, clock step).
 The segment ends before a step the normal path must run: nothing to decode, more decode tokens
 than the budget, fewer free blocks than the step's decodes need (preemption), or after a step
 that admitted a partial prompt chunk.
@@ -30,10 +32,13 @@ the steps in bulk, request states are written back, and the passes still in flig
 
 from __future__ import annotations
 
+import struct
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import partial
 from heapq import heapify, heappop, heappush
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -48,8 +53,8 @@ from sim.clock import (
     PO1,
     PO_OBJS,
     PO_S,
+    TIMES,
     Pass,
-    Times,
     launched_pass,
 )
 from sim.fast.bulk import last_completed, record_steps
@@ -57,6 +62,7 @@ from sim.fast.host import Host
 from sim.stepcosts import StepShape
 
 MAX_SEGMENT_STEPS = 1 << 16  # bounds the lists of one segment
+_TIMES_ROW = struct.Struct(f"={len(TIMES)}d")  # StepClock.step's times, packed
 # a decode step's shape row is written out positionally below
 assert SHAPE_FIELDS == (
     "num_reqs", "num_prefill_reqs", "prefill_tokens", "decode_tokens", "draft_tokens",
@@ -71,7 +77,7 @@ class _Member:
     from launch s on. Its passes are launches l0 .. end - 1 (plus old passes for requests
     already running at the start)."""
 
-    __slots__ = ("req", "key", "l0", "j1", "end", "cr", "hr", "a", "s", "o0", "old")
+    __slots__ = ("req", "key", "l0", "j1", "end", "cr", "hr", "a", "s", "o0", "old", "grows")
 
     def __init__(self, req: Request, key: int, l0: int, j1: int, end: int, cr: int) -> None:
         self.req = req
@@ -85,6 +91,7 @@ class _Member:
         self.s = 0
         self.o0 = 0  # confirmed outputs at the start, or when admitted (after a preemption)
         self.old: list[int] = [0]  # old passes holding it, cumulative: old[q] = among first q
+        self.grows: list[Request] | None = None  # its grow class while it has launches to grow
 
 
 @dataclass
@@ -96,7 +103,10 @@ class _Run:
     # (k0, b, sum cr, max cr, sum hr, history members, sum prompt+a)
     pieces: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
     rows: dict[int, tuple[int, ...]] = field(default_factory=dict)  # other shapes, by launch
-    launches: list[Times] = field(default_factory=list)  # StepClock.step of iteration k
+    # StepClock.step of iteration k, packed as doubles (_TIMES_ROW: a third of a tuple's
+    # memory, no conversion after), and its pass's GPU end (read when that pass completes)
+    times: list[bytes] = field(default_factory=list)
+    gpu_end: list[float] = field(default_factory=list)
     # process_outputs seconds and objects of the pass completed in iteration i
     po_s: list[float] = field(default_factory=list)
     po_objs: list[int] = field(default_factory=list)
@@ -162,8 +172,8 @@ class FastForward:
             n_old = cum[-1]
             if not (ph == r.num_inflight_gen == r.num_inflight_batches == n_old):
                 return None
-            if len(r.block_ids) * bs < c:
-                return None  # fewer blocks than computed tokens: not ours to model
+            if not c <= len(r.block_ids) * bs < c + bs:
+                return None  # not the blocks its computed tokens take: not ours to model
             # launch k needs outputs_guaranteed = out + inflight_gen + k < output_len
             m = _Member(r, key, 0, 0, r.output_len - out - n_old, c)
             m.hr = out + ph
@@ -187,17 +197,23 @@ class FastForward:
         s0 = rec.num_steps
         run = _Run(members=members)
         pieces, rows = run.pieces, run.rows
-        launches = run.launches
+        gpu_end = run.gpu_end
         clock_step = clock.step
 
         # Calendars (launch or iteration -> members) and the sums over the members of a launch.
+        # A member admitted in iteration k joins the decode at launch k + 1: it is added to the
+        # sums right away (nothing of iteration k reads them after its admissions) and
+        # `changed` takes the new decode set into launch k + 1, with no calendar entry.
         drop: dict[int, list[_Member]] = {}  # launch k = end: leaves the decode
-        join: dict[int, list[_Member]] = {}  # launch k = j1: joins it
-        grow: dict[int, list[_Member]] = {}  # launch k: needs one more KV block
+        # grow classes: a member decoding at cr + k crosses into its next KV block at the
+        # launches k with (cr + k) % bs == 0, so classes[k % bs] lists (in entry order: keys
+        # only grow) the requests launch k gives one more block, from when they join the
+        # decode (their first crossing is within bs launches of then) until they leave it
+        classes: list[list[Request]] = [[] for _ in range(bs)]
         done: dict[int, list[_Member]] = {}  # iteration: its last pass completes, it finishes
         chunk_done: dict[int, list[Request]] = {}  # iteration: a partial prompt chunk completes
         young: list[_Member] = []  # confirmed outputs not yet a + k
-        # the launches / iterations with an entry in drop, join, done or chunk_done (a heap,
+        # the launches / iterations with an entry in drop, done or chunk_done (a heap,
         # may repeat): an iteration before the smallest one, with no arrival, no admission to
         # try (or one Scheduler.admission_blocked: the free blocks only shrink meanwhile) and
         # no member settling in, is calm: only its grows and its decode vary
@@ -219,8 +235,9 @@ class FastForward:
                     sum_hr += m.hr
                 drop.setdefault(m.end, []).append(m)
                 first = len(r.block_ids) * bs - m.cr  # launch k writes position cr + k
-                if first < m.end:
-                    grow.setdefault(first, []).append(m)
+                if first < m.end:  # 0 <= first < bs (_initial_members)
+                    m.grows = classes[first % bs]
+                    m.grows.append(r)
                 done.setdefault(nd + m.end - 1, []).append(m)
                 marks += (m.end, nd + m.end - 1)
             else:  # finished by the passes in flight
@@ -246,39 +263,57 @@ class FastForward:
         stop_after = False
         reload = True
         # bound once: the loop below runs for every step of the segment
-        drop_pop, join_pop, grow_pop = drop.pop, join.pop, grow.pop
+        drop_pop = drop.pop
+        allocate_next = self.blocks.allocate_next
         chunk_done_pop, done_pop = chunk_done.pop, done.pop
-        po_s_add, po_objs_add, launches_add = po_s.append, po_objs.append, launches.append
+        po_s_add, po_objs_add = po_s.append, po_objs.append
+        times_add, gpu_end_add, pack = run.times.append, gpu_end.append, _TIMES_ROW.pack
         marks_add = partial(heappush, marks)
         k = calm_until = 0
-        changed = False
+        changed = False  # launch k decodes other members than launch k - 1
         admitted: list[Entry] | None = None  # a list only when admit runs
         while k < MAX_SEGMENT_STEPS and not stop_after:
-            if k < calm_until and next_arrival_s > cpu and not reload and k >= nd > 0:
+            if (
+                k < calm_until
+                and next_arrival_s > cpu
+                and not reload
+                and not changed
+                and k >= nd > 0
+            ):
                 # calm iterations one after another: the calm path below, without its checks
                 end = min(calm_until, MAX_SEGMENT_STEPS)
                 short = False
+                # launch k's varying shape fields (as below), each advanced by its rate per
+                # launch; `at`: the launch whose pass iteration k completes
+                kv = sum_cr + b * (k + 1)
+                longest = top_cr + k + 1
+                hist = sum_hr + nh * k
+                ctx = sum_prompt + sum_a + b * k
+                at = k - nd
                 while True:
-                    need = grow_pop(k, None)
-                    if need is not None and not self._grow(need, k, grow):
-                        short = True
+                    grows = classes[k % bs]
+                    if grows and not allocate_next(grows):
+                        short = True  # fewer free blocks than the step's decodes need
                         break
-                    sh.kv_read_tokens = sh.attn_pairs = sum_cr + b * (k + 1)
-                    sh.max_kv_tokens = top_cr + k + 1
-                    sh.history_tokens = sum_hr + nh * k
-                    sh.context_tokens = sum_prompt + sum_a + b * k
+                    sh.kv_read_tokens = sh.attn_pairs = kv
+                    sh.max_kv_tokens = longest
+                    sh.history_tokens = hist
+                    sh.context_tokens = ctx
                     for i, fn, ms in varying:  # StepCosts.varying
                         c[i] = fn(sh) / 1e3 if ms else fn(sh)
                     step = s0 + k
                     po_s_add(c[PO_S])
                     po_objs_add(c[PO_OBJS])
-                    t = clock_step(
-                        step, c, NO_EVENT, step - nd, launches[k - nd][GPU_END], po_s[k],
-                        po_objs[k],
-                    )  # fmt: skip
-                    launches_add(t)
+                    t = clock_step(step, c, NO_EVENT, step - nd, gpu_end[at], po_s[k], po_objs[k])
+                    times_add(pack(*t))
+                    gpu_end_add(t[GPU_END])
                     cpu = t[PO1]
                     k += 1
+                    kv += b
+                    longest += 1
+                    hist += nh
+                    ctx += b
+                    at += 1
                     if cpu >= tick_at_s:
                         stop_after = True  # the progress hook looks now
                         break
@@ -293,12 +328,13 @@ class FastForward:
                 if next_arrival_s <= cpu:
                     next_arrival_s = loop.take_arrivals()
                 # ---- schedule(): the decodes of this launch
-                changed = False
                 left = drop_pop(k, None)
                 if left is not None:
                     changed = True
                     for m in left:
                         r = m.req
+                        if m.grows is not None:
+                            m.grows.remove(r)
                         b -= 1
                         sum_cr -= m.cr
                         sum_prompt -= r.prompt_len
@@ -306,29 +342,19 @@ class FastForward:
                         if r.needs_history:
                             nh -= 1
                             sum_hr -= m.hr
-                joined = join_pop(k, None) if join else None  # admissions only
-                if joined is not None:
-                    changed = True
-                    for m in joined:
-                        r = m.req
-                        b += 1
-                        sum_cr += m.cr
-                        heappush(tops, (-m.cr, m.key, m))
-                        sum_prompt += r.prompt_len
-                        sum_a += m.a
-                        if r.needs_history:
-                            nh += 1
-                            sum_hr += m.hr
-                if b == 0 or b > max_tokens:
-                    break  # an empty or budget-cut schedule: the normal path runs it
-            need = grow_pop(k, None)
-            if need is not None and not self._grow(need, k, grow):
+            if (changed or not k) and (b == 0 or b > max_tokens):
+                break  # an empty or budget-cut schedule: the normal path runs it
+            grows = classes[k % bs]
+            if grows and not allocate_next(grows):
                 break  # the normal path preempts
             if changed or not k:
                 while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
                     heappop(tops)
                 top_cr = -tops[0][0]
                 pieces.append((k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
+                sh.set_decode(b)
+                reload = True
+                changed = False
             kv = sum_cr + b * (k + 1)
             longest = top_cr + k + 1
             ctx = sum_prompt + sum_a + b * k
@@ -339,9 +365,6 @@ class FastForward:
                     if corr:
                         ctx += corr
                         rows[k] = (b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0)
-                if changed:
-                    sh.set_decode(b)
-                    reload = True
                 budget = max_tokens - b
                 admitted = None
                 if waiting and budget > 0 and len(running) < max_seqs:
@@ -381,14 +404,23 @@ class FastForward:
                     m.s = nd + k
                     m.o0 = o0
                     run.members.append(m)
-                    if m.end > m.j1:
-                        join.setdefault(m.j1, []).append(m)
+                    if m.end > m.j1:  # joins the decode at launch j1 = k + 1
+                        changed = True
+                        b += 1
+                        sum_cr += m.cr
+                        heappush(tops, (-m.cr, m.key, m))
+                        sum_prompt += r.prompt_len
+                        sum_a += m.a
+                        if r.needs_history:
+                            nh += 1
+                            sum_hr += m.hr
                         drop.setdefault(m.end, []).append(m)
-                        marks_add(m.j1)
                         marks_add(m.end)
                         first = m.j1 + len(r.block_ids) * bs - computed
                         if first < m.end:
-                            grow.setdefault(first, []).append(m)
+                            assert first < m.j1 + bs, r  # blocks for its computed tokens
+                            m.grows = classes[first % bs]
+                            m.grows.append(r)
                         if m.s > m.j1:
                             young.append(m)
                     done.setdefault(nd + m.end - 1, []).append(m)
@@ -413,12 +445,13 @@ class FastForward:
             po_objs_add(c[PO_OBJS])
             if k >= nd:  # the pass launched nd iterations ago (nd = 0: the one launched now)
                 t = clock_step(
-                    step, c, NO_EVENT, step - nd, launches[k - nd][GPU_END] if nd else None,
+                    step, c, NO_EVENT, step - nd, gpu_end[k - nd] if nd else None,
                     po_s[k], po_objs[k],
                 )  # fmt: skip
             else:  # an old pass
                 t = clock_step(step, c, NO_EVENT, old_step[k], old_end[k], po_s[k], po_objs[k])
-            launches_add(t)
+            times_add(pack(*t))
+            gpu_end_add(t[GPU_END])
             cpu = t[PO1]
             if cpu >= tick_at_s:
                 stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
@@ -443,36 +476,10 @@ class FastForward:
                     calm_until = k + 1
                 else:
                     calm_until = marks[0] if marks else MAX_SEGMENT_STEPS
-                changed = False
                 admitted = None
             k += 1
         run.n = k
         return run
-
-    def _grow(self, need: list[_Member], k: int, grow: dict[int, list[_Member]]) -> bool:
-        """Launch k's members that cross into their next KV block get it, in entry order;
-        False (nothing done, `need` back in `grow`) where the free blocks are too few."""
-        nxt = k + self.block_size  # where each crosses next
-        if len(need) == 1:  # the common case, without the lists
-            m = need[0]
-            if not self.blocks.allocate_one(m.req):
-                grow[k] = need
-                return False
-            if nxt < m.end:
-                later = grow.get(nxt)
-                if later is None:
-                    grow[nxt] = need
-                else:
-                    later.append(m)
-            return True
-        need.sort(key=_key)  # entry order: the order allocate hands them out
-        if not self.blocks.allocate_next([m.req for m in need]):
-            grow[k] = need
-            return False
-        again = [m for m in need if nxt < m.end]
-        if again:
-            grow.setdefault(nxt, []).extend(again)
-        return True
 
     @staticmethod
     def _young_correction(young: list[_Member], k: int) -> int:
@@ -511,7 +518,8 @@ class FastForward:
         rec = loop.rec
         n, nd = run.n, len(old)
         shapes = _shape_rows(run)
-        s0, po1 = record_steps(rec, loop.clock, old, shapes, run.launches)
+        t = np.frombuffer(b"".join(run.times), np.float64).reshape(n, len(TIMES))
+        s0, po1 = record_steps(rec, loop.clock, old, shapes, t)
         for k, p in enumerate(old[:n]):
             rec.tokens_each([e.req.index for e in p.batch.entries], po1[k : k + 1])
         rows, starts, stops = [], [], []
@@ -547,7 +555,8 @@ class FastForward:
             shape = BatchShape(*shapes[k].tolist())
             batch = ScheduledBatch(first + k, entries, shape)
             po = run.po_s[nd + k], run.po_objs[nd + k]
-            inflight.append(launched_pass(batch, s0 + k, run.launches[k], po))
+            t = _TIMES_ROW.unpack(run.times[k])
+            inflight.append(launched_pass(batch, s0 + k, t, po))
         loop.inflight = inflight
         if loop.check:
             sched.check_invariants()
@@ -561,20 +570,31 @@ def _shape_rows(run: _Run) -> np.ndarray:
     """(n, len(SHAPE_FIELDS)) int64: the decode pieces evaluated at every launch, then the
     launches whose shape was written out."""
     n = run.n
-    p = np.array([x for x in run.pieces if x[0] < n], dtype=np.int64).reshape(-1, 7)
+    pieces = run.pieces
+    while pieces and pieces[-1][0] >= n:  # launches from n on did not run
+        pieces.pop()
+    p = _int_rows(pieces, 7)
     lengths = np.diff(np.append(p[:, 0], n))
     b, sum_cr, top_cr, sum_hr, nh, sum_pa = np.repeat(p[:, 1:], lengths, axis=0).T
     k = np.arange(n, dtype=np.int64)
-    out = np.zeros((n, len(SHAPE_FIELDS)), dtype=np.int64)
+    out = np.zeros((n, len(SHAPE_FIELDS)), dtype=np.int64, order="F")  # by column, as recorded
     out[:, 0] = out[:, 3] = b  # num_reqs, decode_tokens
     out[:, 5] = out[:, 6] = sum_cr + b * (k + 1)  # kv_read_tokens, attn_pairs
     out[:, 7] = top_cr + k + 1  # max_kv_tokens
     out[:, 8] = sum_hr + nh * k  # history_tokens
     out[:, 9] = sum_pa + b * k  # context_tokens
-    for i, row in run.rows.items():
-        if i < n:
-            out[i] = row
+    if run.rows:  # launch -> its row; launches from n on did not run
+        at = np.fromiter(run.rows, np.int64, len(run.rows))
+        rows = _int_rows(run.rows.values(), len(SHAPE_FIELDS))
+        ran = at < n
+        out[at[ran]] = rows[ran]
     return out
+
+
+def _int_rows(rows: Collection[tuple[int, ...]], width: int) -> np.ndarray:
+    """(len(rows), width) int64 from tuples of `width` ints (fromiter: ~2x np.array's speed)."""
+    flat = chain.from_iterable(rows)
+    return np.fromiter(flat, np.int64, len(rows) * width).reshape(-1, width)
 
 
 def _set_state(m: _Member, n: int, nd: int) -> None:

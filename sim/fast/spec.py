@@ -51,7 +51,7 @@ from sim.clock import (
     Times,
     launched_pass,
 )
-from sim.fast.bulk import last_completed, record_steps
+from sim.fast.bulk import last_completed, record_steps, times_matrix
 from sim.fast.decode import MAX_SEGMENT_STEPS
 from sim.fast.host import Host
 from sim.stepcosts import StepShape
@@ -611,7 +611,7 @@ class _Segment:
         rec = loop.rec
         n, nd = run.n, self.nd
         shapes = np.fromiter(run.rows, np.int64, len(run.rows)).reshape(n, len(SHAPE_FIELDS))
-        s0, po1 = record_steps(rec, loop.clock, old, shapes, run.launches)
+        s0, po1 = record_steps(rec, loop.clock, old, shapes, times_matrix(run.launches))
         for k, p in enumerate(old[:n]):
             if run.accepted[k]:
                 rec.accepted(p.step, run.accepted[k])

@@ -75,12 +75,16 @@ class Bubbles:
 
 def gpu_intervals(rec: Recording, tol_s: float) -> tuple[IntArray, FloatArray, FloatArray]:
     """(step ids, starts, ends) of GPU intervals in time order; overlaps <= tol_s are clipped."""
-    sid = np.flatnonzero(~np.isnan(rec.gpu_start))
-    s = rec.gpu_start[sid]
+    has = ~np.isnan(rec.gpu_start)
+    every = bool(has.all())  # a step loop's: copies, not gathers (~10x faster on a spill map)
+    sid = np.arange(has.size) if every else np.flatnonzero(has)
+    del has
+    s = np.array(rec.gpu_start) if every else rec.gpu_start[sid]
     if not bool(np.all(s[1:] >= s[:-1])):  # a step loop's are in step order: no sort
         order = np.argsort(s, kind="stable")
         sid, s = sid[order], s[order]
-    e = rec.gpu_end[sid]
+        every = False
+    e = np.array(rec.gpu_end) if every else rec.gpu_end[sid]
     release(rec.gpu_start, rec.gpu_end)
     if s.size > 1:  # in place on the copies s and e: a run of millions of steps
         prev_reach = np.maximum.accumulate(e)[:-1]

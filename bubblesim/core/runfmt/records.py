@@ -31,6 +31,7 @@ from array import array
 from collections.abc import Hashable, Sequence
 from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -252,9 +253,9 @@ class RunRecorder:
             raise ValueError("syncs: steps, starts_s and ends_s differ in length")
         if len(steps) and not (min(steps) >= 0 and max(steps) < self.num_steps):
             raise IndexError("syncs: a step was not added")
-        self._sync_step.extend(steps)
-        self._sync_start.extend(starts_s)
-        self._sync_end.extend(ends_s)
+        _extend(self._sync_step, steps)
+        _extend(self._sync_start, starts_s)
+        _extend(self._sync_end, ends_s)
 
     def accepted_many(self, first_step: int, counts: Sequence[int]) -> None:
         """`accepted(first_step + i, counts[i])` for every i."""
@@ -382,30 +383,39 @@ class RunRecorder:
             raise ValueError("tokens_ranges: times_s must be ascending")
         last, out, first = self._last, self._out, self._first
         itl_v, itl_w = self._itl_v, self._itl_w
-        diff = [0] * (n + 1)  # diff[i] - diff[i - 1]: requests emitting at both i and i + 1
+        # diff[i] - diff[i - 1]: requests emitting at both i and i + 1
+        diff: list[int] | np.ndarray = [0] * (n + 1)
         entries = 0
-        for r, i0, i1 in zip(reqs, starts, stops):
-            if i0 >= i1:
-                continue
-            if i0 < 0 or i1 > n:
-                raise IndexError(f"tokens_ranges: request row {r}: range {i0}..{i1} of {n} times")
-            t0 = times_s[i0]
-            count = out[r]
-            if count:
-                gap_s = t0 - last[r]
-                if gap_s < 0:
-                    raise ValueError(f"tokens: request row {r}: emission at {t0} before the last")
-                itl_v.append(gap_s)
-                itl_w.append(1)
-                entries += 1
-            else:
-                first[r] = t0
-            last[r] = times_s[i1 - 1]
-            out[r] = count + i1 - i0
-            diff[i0] += 1
-            diff[i1 - 1] -= 1
+        heads = self._range_heads(reqs, starts, stops, times_s) if vector else None
+        if heads is not None:  # many distinct requests: their part in numpy too
+            diff, entries = heads
+        else:
+            for r, i0, i1 in zip(reqs, starts, stops):
+                if i0 >= i1:
+                    continue
+                if i0 < 0 or i1 > n:
+                    raise IndexError(
+                        f"tokens_ranges: request row {r}: range {i0}..{i1} of {n} times"
+                    )
+                t0 = times_s[i0]
+                count = out[r]
+                if count:
+                    gap_s = t0 - last[r]
+                    if gap_s < 0:
+                        raise ValueError(
+                            f"tokens: request row {r}: emission at {t0} before the last"
+                        )
+                    itl_v.append(gap_s)
+                    itl_w.append(1)
+                    entries += 1
+                else:
+                    first[r] = t0
+                last[r] = times_s[i1 - 1]
+                out[r] = count + i1 - i0
+                diff[i0] += 1
+                diff[i1 - 1] -= 1
         if vector:  # both[i]: the requests emitting at both times i and i + 1
-            both = np.cumsum(np.array(diff[: n - 1], np.int64))
+            both = np.cumsum(np.asarray(diff[: n - 1], np.int64))
             keep = both != 0
             itl_v.extend(array("d", gap_arr[keep].tobytes()))
             itl_w.extend(array("q", both[keep].tobytes()))
@@ -421,6 +431,54 @@ class RunRecorder:
         self._itl_entries += entries
         if self._itl_entries >= self._itl_limit:
             self._fold_itl()
+
+    def _range_heads(
+        self,
+        reqs: Sequence[int],
+        starts: Sequence[int],
+        stops: Sequence[int],
+        times_s: Sequence[float],
+    ) -> tuple[np.ndarray, int] | None:
+        """`tokens_ranges`' per-request part (each request's first emission there: its gap
+        from its last one, or its first token; its last token and count) for many distinct
+        requests, in numpy: the same values, ITL entries in the same order, the same first
+        error. Returns (diff, ITL entries added); None (nothing done) for few requests or a
+        request named twice (the loop's order then matters)."""
+        r = np.asarray(reqs, np.int64)
+        if r.size <= _VECTOR_TIMES or np.unique(r).size < r.size:
+            return None
+        n = len(times_s)
+        i0, i1 = np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        live = np.flatnonzero(i0 < i1)
+        r, i0, i1 = r[live], i0[live], i1[live]
+        t = np.asarray(times_s, np.float64)
+        out = np.frombuffer(self._out, np.int64)
+        last = np.frombuffer(self._last, np.float64)
+        first = np.frombuffer(self._first, np.float64)
+        outside = np.flatnonzero((i0 < 0) | (i1 > n))
+        at = np.minimum(i0, n - 1)  # the first emission's time (any, for a range outside)
+        count = out[r]
+        has = count > 0
+        t0 = t[at]
+        gap = t0 - last[r]
+        early = np.flatnonzero(has & (gap < 0))
+        if outside.size or early.size:  # the first error in request order, as the loop's
+            j = min(x[0] for x in (outside, early) if x.size)
+            del out, last, first
+            if outside.size and outside[0] == j:
+                raise IndexError(
+                    f"tokens_ranges: request row {r[j]}: range {i0[j]}..{i1[j]} of {n} times"
+                )
+            raise ValueError(f"tokens: request row {r[j]}: emission at {t0[j]} before the last")
+        first[r[~has]] = t0[~has]
+        last[r] = t[i1 - 1]
+        out[r] = count + (i1 - i0)
+        del out, last, first  # views into the columns: release before they grow
+        gap = gap[has]
+        self._itl_v.extend(array("d", gap.tobytes()))
+        self._itl_w.extend(array("q", [1]) * gap.size)
+        diff = np.bincount(i0, minlength=n + 1) - np.bincount(i1 - 1, minlength=n + 1)
+        return diff, int(gap.size)
 
     def _steps_slice(
         self, what: str, first: int, starts_s: Sequence[float], ends_s: Sequence[float]
@@ -707,6 +765,15 @@ class RunRecorder:
         self._gpu_end.extend(nans)
         self._accepted.extend(array("q", [0]) * more)
         self._cap += more
+
+
+def _extend(col: array[Any], values: Sequence[Any]) -> None:
+    """`col.extend(values)`; many values that are not an array through numpy (array converts
+    each value through PyArg_Parse, ~10x numpy's conversion)."""
+    if isinstance(values, array) or len(values) < _VECTOR_TIMES:
+        col.extend(values)
+    else:
+        col.frombytes(np.asarray(values, np.dtype(col.typecode)).tobytes())
 
 
 def _doubles(values: Sequence[float]) -> array[float]:
