@@ -111,6 +111,11 @@ class Config:
     accepted_count_by_sum: bool = True  # seed 2 (PR 38372)
     reverse_placeholder_scan: bool = True  # seed 3 (PR 42938)
     profile: str = ""  # sim: a cost profile file written by `replay calibrate`
+    # sim: the host's speed against the profile's: every CPU phase's modelled time (launch and
+    # the TP broadcast included; GC pauses and waits not) x this. 1 = the profile's host; 1.3 =
+    # a host 1.3x slower. Hosts differ, and one host's level moves between runs by up to 1.75x
+    # (reports/fidelity/README.md section 1); replay ignores it (it measures the host it has)
+    host_scale: float = 1.0
     arrival: str = "realtime"  # realtime (open loop) | asap (all queued at time 0)
     spec: SpecConfig = field(default_factory=SpecConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -144,6 +149,7 @@ class Config:
             self.cuda_graphs or not self.cuda_graphs_mixed, "cuda_graphs_mixed", "needs cuda_graphs"
         )
         _check(self.arrival in ("realtime", "asap"), "arrival", "must be realtime or asap")
+        _check(0 < self.host_scale <= 100, "host_scale", "must be in (0, 100]")
         _check(
             self.chunked_prefill or self.max_num_batched_tokens >= 1,
             "chunked_prefill",

@@ -132,11 +132,21 @@ class CostModel:
         # the shapes the fitted GPU models were measured on (sim.cost.envelope), if recorded
         self.envelope: dict[str, Any] | None = prof.get("envelope")
 
+        # config.host_scale: every CPU phase's time x this (1.0: the profile's numbers as they
+        # are, to the bit)
+        hs = float(config.host_scale)
+
+        def host(ms: float) -> float:
+            return ms if hs == 1.0 else ms * hs
+
+        def scaled(model: Mapping[str, float]) -> Mapping[str, float]:
+            return model if hs == 1.0 else {k: v * hs for k, v in model.items()}
+
         # Launch: constant per mode; graphs only for pure decode of <= graph_max_tokens.
         la = prof["launch"]
         nodes = la["kernels_per_layer"] * self.model.num_layers + la["kernels_fixed"]
-        self._graph_launch_ms = la["graph_ms"] + la["graph_ms_per_node"] * nodes
-        self._eager_launch_ms = la["eager_ms"] + la["eager_ms_per_kernel"] * nodes
+        self._graph_launch_ms = host(la["graph_ms"] + la["graph_ms_per_node"] * nodes)
+        self._eager_launch_ms = host(la["eager_ms"] + la["eager_ms_per_kernel"] * nodes)
         self._graph_max_tokens = int(la["graph_max_tokens"])
         # with speculative decoding only uniform verify batches replay a graph (k drafts per
         # request): the engine captures k + 1 query tokens per row (engine.graphs), as vLLM's
@@ -149,7 +159,9 @@ class CostModel:
         for phase in CPU_PHASES:
             mine = [t for t in terms if term_target(t) == phase]
             fn = compile_linear(
-                add_linear(prof["cpu_phases"].get(phase, {}), *(prof["terms"][t] for t in mine))
+                scaled(
+                    add_linear(prof["cpu_phases"].get(phase, {}), *(prof["terms"][t] for t in mine))
+                )
             )
             self._phase_fn[phase] = fn
             allocs = [prof["alloc_terms"][t] for t in mine if t in prof["alloc_terms"]]
@@ -158,7 +170,7 @@ class CostModel:
             )
         self._sync = compile_linear(prof["sync"])
         self._broadcast = compile_linear(
-            prof["terms"][BROADCAST_TERM] if BROADCAST_TERM in terms else {}
+            scaled(prof["terms"][BROADCAST_TERM] if BROADCAST_TERM in terms else {})
         )
         # a host that waits for a GPU event resumes this long after it (sim.clock.StepClock)
         self.sync_wake_s = float(prof["sync_wait"]["wake_ms"]) / 1e3
