@@ -1,13 +1,13 @@
 """Attribution, not prediction: how much of a check's miss is its host's level.
 
 For each measured check, the host's level against the profile's is the ratio of the measured
-CPU phases' mean time per step to the predicted one (schedule, prepare_inputs, launch, sample,
-draft, process_outputs; the comparison `checks.py` wrote); the check is then predicted again
-with `--set host_scale=<level>` and judged on the same targets. This READS the measured run, so
-its table is no prediction: it says which misses a known host level would remove (the rest are
-the model's).
+CPU phases' total time to what the profile predicts for the same steps (the run's own batch
+shapes, every phase, launch included: replay.analysis.quality.phase_predicted_ms); the check is
+then predicted again with `--set host_scale=<level>` and judged on the same targets. This
+READS the measured run, so its table is no prediction: it says which misses a known host level
+would remove (the rest are the model's).
 
-    python reports/fidelity/host_level.py PROFILE RUNS_DIR --gpu h100 --prefix 1b- --tag set2
+    python reports/fidelity/host_level.py PROFILE RUNS_DIR --gpu h100 --prefix 1b- [--tag T]
 """
 
 from __future__ import annotations
@@ -17,19 +17,32 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from checks import ROOT, TARGETS, cell, sh, sim_sets  # noqa: E402
 
-PHASES = ("schedule", "prepare_inputs", "launch", "sample", "draft", "process_outputs")
 
+def host_level(run_dir: Path, profile: Path) -> float:
+    """Measured over predicted CPU phase time summed over the run's own steps."""
+    from bubblesim.core.phases import CPU_PHASES
+    from bubblesim.core.runfmt import load_run
+    from replay.analysis.quality import phase_predicted_ms
+    from replay.analysis.steps import load_steps
+    from sim.cost.profile import load_profile, resolve_profile
 
-def host_level(fid: dict) -> float:
-    """Measured over predicted mean CPU time per step, over the launch phases."""
-    m = fid["metrics"]
-    meas = sum(m[f"cpu_ms_mean.{p}"]["measured"] for p in PHASES if f"cpu_ms_mean.{p}" in m)
-    pred = sum(m[f"cpu_ms_mean.{p}"]["predicted"] for p in PHASES if f"cpu_ms_mean.{p}" in m)
+    run = load_run(run_dir)
+    steps = load_steps([run])
+    prof = resolve_profile(load_profile(profile))
+    meas = pred = 0.0
+    for phase in CPU_PHASES:
+        y = steps.phase_ms[phase]
+        rows = np.flatnonzero(np.isfinite(y))
+        if rows.size:
+            meas += float(y[rows].sum())
+            pred += float(phase_predicted_ms(prof, [run], steps, phase, rows).sum())
     return meas / pred if pred > 0 else 1.0
 
 
@@ -39,7 +52,7 @@ def main() -> None:
     ap.add_argument("runs", type=Path)
     ap.add_argument("--gpu", required=True)
     ap.add_argument("--prefix", default="")
-    ap.add_argument("--tag", default="", help="the tag checks.py used for these runs")
+    ap.add_argument("--tag", default="", help="names the predicted runs under --work")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "checks-work")
     args = ap.parse_args()
     sfx = f"-{args.tag}" if args.tag else ""
@@ -48,10 +61,7 @@ def main() -> None:
     for meas in sorted(p for p in args.runs.iterdir() if (p / "summary.json").is_file()):
         if not meas.name.startswith(args.prefix) or "-calib" in meas.name:
             continue
-        base_fid = args.work / f"fid-{meas.name}{sfx}" / "fidelity.json"
-        if not base_fid.is_file():
-            raise SystemExit(f"{base_fid} missing: run checks.py with --tag {args.tag!r} first")
-        level = host_level(json.loads(base_fid.read_text()))
+        level = host_level(meas, args.profile)
         summary = json.loads((meas / "summary.json").read_text())
         pred = args.work / f"sim-{meas.name}{sfx}-host"
         sh("-m", "sim", "run", str(ROOT / summary["trace"]["path"]), "-q", "--force", "-o",
