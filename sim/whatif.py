@@ -100,6 +100,14 @@ VARIANTS: tuple[Variant, ...] = (
     *(_switch_variant(sw) for sw in SWITCHES if sw.seed is None),
     Variant("gc_freeze", "gc.freeze() after start-up flipped", _flip("gc_freeze"), _needs_gc),
     Variant("gc.model", "GC pauses modelled at all, flipped", _flip("gc.model"), _always),
+    # the host itself: every CPU phase x host_scale (a faster or slower CPU, or a host whose
+    # level sits elsewhere; one host moved by up to 1.75x between runs, reports/fidelity)
+    *(
+        Variant(
+            f"host_scale={x}", f"every CPU phase x {x} (the host)", _set("host_scale", x), _always
+        )
+        for x in (0.5, 1.5)
+    ),  # fmt: skip
 )
 VARIANT_NAMES: tuple[str, ...] = tuple(v.name for v in VARIANTS)
 _BY_NAME = {v.name: v for v in VARIANTS}
