@@ -20,7 +20,7 @@ gpu_pass_ms assumes a shape with at least one query token; CPU phases accept an 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from bubblesim.core.config import Config
@@ -281,8 +281,7 @@ class CostModel:
         if self._oneshot is None:  # one linear model (tp_allreduce "nccl", one GPU)
             if not ring:
                 return self.roofline
-            roof, add = self.roofline, compile_linear(ring)
-            return lambda s: roof(s) + add(s)
+            return _sum(self.roofline, compile_linear(ring))
         roof, add_ring = self.roofline, compile_linear(ring)
         add_one = compile_linear(add_linear(extra, self._oneshot.model))
         limit = self._oneshot.max_tokens
@@ -442,3 +441,22 @@ def load_cost_model(config: Config) -> CostModel:
     """The cost model for `config`: defaults, with `config.profile` (a JSON file) on top."""
     profile = load_profile(config.profile) if config.profile else None
     return CostModel(config, profile)
+
+
+def _sum(roof: Callable[[Any], float], add: Callable[[Any], float]) -> LinearFn:
+    """`roof(s) + add(s)`, with `keyed(shape, fixed)` (sim.stepcosts.StepCosts takes it for a
+    run of steps whose `fixed` fields are `shape`'s) where both parts have one: the sum of
+    their keyed forms, each the same value to the bit, so the sum is too."""
+
+    def fn(s: Any) -> float:
+        return roof(s) + add(s)
+
+    def keyed(shape: Any, fixed: Collection[str]) -> Callable[[Any], float]:
+        rk, ak = getattr(roof, "keyed", None), getattr(add, "keyed", None)
+        if rk is None or ak is None:
+            return fn
+        r, a = rk(shape, fixed), ak(shape, fixed)
+        return lambda s: r(s) + a(s)
+
+    setattr(fn, "keyed", keyed)  # noqa: B010
+    return fn

@@ -565,23 +565,24 @@ class _Segment:
                         while a < K and draw() < rate:  # type: ignore[misc]
                             a += 1
                         accepted += a
-                        o = m.out + 1 + a
-                        if o < m.ev or o <= m.tail:
-                            if o >= m.ev:  # the next launch writes past its blocks
-                                grow_next.append(m)
-                            m.out = o
-                            o += m.prompt  # its prompt + out, for the batch's longest
-                            if o > top:
-                                top = o
-                            m.acc += a
-                            d_out += 1 + a
-                            if m.hist:
-                                d_out_h += 1 + a
-                            tok_rows.append(m.row)
-                            tok_n.append(1 + a)
-                            tok_acc.append(a)
-                        else:
-                            steady_event(m, a, cpu)
+                        n = 1 + a
+                        o = m.out + n
+                        if o >= m.ev:
+                            if o > m.tail:
+                                steady_event(m, a, cpu)
+                                continue
+                            grow_next.append(m)  # the next launch writes past its blocks
+                        m.out = o
+                        o += m.prompt  # its prompt + out, for the batch's longest
+                        if o > top:
+                            top = o
+                        m.acc += a
+                        d_out += n
+                        if m.hist:
+                            d_out_h += n
+                        tok_rows.append(m.row)
+                        tok_n.append(n)
+                        tok_acc.append(a)
                     else:  # left the fast path after this launch
                         x, y = self.complete_general(Entry(m.req, 0, Kp, K, True, False), cpu)
                         accepted += x
