@@ -65,42 +65,66 @@ def cell(data: dict, key: str, target: float | None) -> str:
     return f"**{100 * e:+.1f} %**" if ok else f"{100 * e:+.1f} %"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments naming the profile, the measured runs and where predictions go (this
+    script's and host_level.py's)."""
     ap.add_argument("profile", type=Path)
     ap.add_argument("runs", type=Path)
     ap.add_argument("--gpu", required=True)
-    ap.add_argument("--tag", default="")
+    ap.add_argument("--tag", default="", help="a suffix naming this set's outputs")
     ap.add_argument(
         "--prefix", default="",
         help="only the run folders whose name starts with this (the model tag, e.g. 8b-)",
     )  # fmt: skip
-    ap.add_argument("--out", type=Path, default=HERE)
-    ap.add_argument(
-        "--seed", type=int, default=0, help="the simulator's seed; 0 made the committed tables"
-    )
     ap.add_argument(
         "--work", type=Path, default=ROOT / "runs" / "checks-work",
         help="where the predicted runs and comparisons go (not the measured runs' folder)",
     )  # fmt: skip
+
+
+def measured_runs(runs: Path, prefix: str) -> list[tuple[Path, dict]]:
+    """(folder, summary) of the replayed runs in `runs` whose name starts with `prefix`."""
+    out = []
+    for meas in sorted(p for p in runs.iterdir() if (p / "summary.json").is_file()):
+        if not meas.name.startswith(prefix):
+            continue
+        summary = json.loads((meas / "summary.json").read_text())
+        if summary["source"]["kind"] == "replay":
+            out.append((meas, summary))
+    return out
+
+
+def predict_and_compare(
+    meas: Path, summary: dict, profile: Path, gpu: str, work: Path, name: str, seed: int = 0,
+    extra_sets: tuple[str, ...] = (),
+) -> dict:  # fmt: skip
+    """`sim run` on the measured run's trace and config (+ `--set extra_sets`), then `replay
+    compare` against it: the comparison (fidelity.json), kept under `work` as sim-/fid-`name`."""
+    pred = work / f"sim-{name}"
+    sets = [x for s in extra_sets for x in ("--set", s)]
+    sh("-m", "sim", "run", str(ROOT / summary["trace"]["path"]), "-q", "--force", "-o",
+       str(pred), *sim_sets(summary["config"], profile, gpu, seed), *sets)  # fmt: skip
+    fid = work / f"fid-{name}"
+    sh("-m", "replay", "compare", str(pred), str(meas), "--force", "-o", str(fid))
+    return json.loads((fid / "fidelity.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_args(ap)
+    ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument(
+        "--seed", type=int, default=0, help="the simulator's seed; 0 made the committed tables"
+    )
     args = ap.parse_args()
     sfx = f"-{args.tag}" if args.tag else ""
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
-    for meas in sorted(p for p in args.runs.iterdir() if (p / "summary.json").is_file()):
-        if not meas.name.startswith(args.prefix):
-            continue
-        summary = json.loads((meas / "summary.json").read_text())
-        if summary["source"]["kind"] != "replay":
-            continue
-        trace = ROOT / summary["trace"]["path"]
-        pred = args.work / f"sim-{meas.name}{sfx}"
-        sh("-m", "sim", "run", str(trace), "-q", "--force", "-o", str(pred),
-           *sim_sets(summary["config"], args.profile, args.gpu, args.seed))  # fmt: skip
-        fid = args.work / f"fid-{meas.name}{sfx}"
-        sh("-m", "replay", "compare", str(pred), str(meas), "--force", "-o", str(fid))
-        data = json.loads((fid / "fidelity.json").read_text())
+    for meas, summary in measured_runs(args.runs, args.prefix):
+        data = predict_and_compare(
+            meas, summary, args.profile, args.gpu, args.work, f"{meas.name}{sfx}", args.seed
+        )
         data["role"] = "calibration" if "-calib" in meas.name else "check"
         data["profile"] = str(args.profile)
         (args.out / f"{args.gpu}-{meas.name}{sfx}.json").write_text(json.dumps(data, indent=1))

@@ -13,7 +13,6 @@ would remove (the rest are the model's).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from checks import ROOT, TARGETS, cell, sh, sim_sets  # noqa: E402
+from checks import TARGETS, add_run_args, cell, measured_runs, predict_and_compare  # noqa: E402
 
 
 def host_level(run_dir: Path, profile: Path) -> float:
@@ -48,28 +47,20 @@ def host_level(run_dir: Path, profile: Path) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("profile", type=Path)
-    ap.add_argument("runs", type=Path)
-    ap.add_argument("--gpu", required=True)
-    ap.add_argument("--prefix", default="")
-    ap.add_argument("--tag", default="", help="names the predicted runs under --work")
-    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "checks-work")
+    add_run_args(ap)
     args = ap.parse_args()
     sfx = f"-{args.tag}" if args.tag else ""
+    args.work.mkdir(parents=True, exist_ok=True)
     head = "| run | host level | " + " | ".join(c for _, c, _ in TARGETS) + " |"
     rows = [head, "|---" * (len(TARGETS) + 2) + "|"]
-    for meas in sorted(p for p in args.runs.iterdir() if (p / "summary.json").is_file()):
-        if not meas.name.startswith(args.prefix) or "-calib" in meas.name:
+    for meas, summary in measured_runs(args.runs, args.prefix):
+        if "-calib" in meas.name:
             continue
         level = host_level(meas, args.profile)
-        summary = json.loads((meas / "summary.json").read_text())
-        pred = args.work / f"sim-{meas.name}{sfx}-host"
-        sh("-m", "sim", "run", str(ROOT / summary["trace"]["path"]), "-q", "--force", "-o",
-           str(pred), *sim_sets(summary["config"], args.profile, args.gpu),
-           "--set", f"host_scale={level:.4f}")  # fmt: skip
-        fid = args.work / f"fid-{meas.name}{sfx}-host"
-        sh("-m", "replay", "compare", str(pred), str(meas), "--force", "-o", str(fid))
-        data = json.loads((fid / "fidelity.json").read_text())
+        data = predict_and_compare(
+            meas, summary, args.profile, args.gpu, args.work, f"{meas.name}{sfx}-host",
+            extra_sets=(f"host_scale={level:.4f}",),
+        )  # fmt: skip
         cells = [cell(data, k, t) for k, _, t in TARGETS]
         rows.append(f"| {meas.name} | x{level:.2f} | " + " | ".join(cells) + " |")
     print("\n".join(rows))

@@ -27,15 +27,16 @@ DEFAULTS: dict[str, Any] = {
     "gpu_pass": {
         # A decode CUDA graph that starts on an idle GPU (idle >= min_idle_ms before its
         # launch) runs shorter than one queued behind other work (the mechanism is not known).
-        # Measured on an H100 (2026-11-26, llama3.2-1b and llama3-8b, depths 1-3): the time
-        # saved grows with the idle gap, ~0.6-0.7 ms per ms of idle beyond ~0.2-0.35 ms, up to
-        # about half of the pass, alike on both models. With `shrink_per_ms` > 0 the pass is
+        # Measured on an H100 (2026-11-26): the time saved grows with the idle gap; on the
+        # llama3.2-1b calibration run `replay calibrate` fits 0.84 ms per ms of idle beyond
+        # 0.25 ms, at most half the pass, and llama3-8b at depth 1 saves alike
+        # (reports/fidelity/gen_diagnose.py item 8). With `shrink_per_ms` > 0 the pass is
         # shortened by min(shrink_per_ms x (idle - shrink_after_ms), shrink_max_fraction x
         # pass); otherwise it runs `scale` x its time (the older law: one ratio for every gap).
         # 1.0 / 0 = no effect; `replay calibrate` fits one or the other. Verify graphs
         # (speculative decoding) save less (llama3.2-1b: the spec calibration run's verify
-        # steps, all issued to an idle GPU, sit 13 % under the sweep, not ~35 %): with
-        # speculative decoding on, the `verify_` law applies to every graph instead.
+        # steps, all issued to an idle GPU, sit at 0.83x the sweep, its decode graphs at
+        # 0.65x): with speculative decoding on, the `verify_` law applies to every graph.
         "idle_start": {
             "scale": 1.0,
             "min_idle_ms": 0.05,

@@ -29,8 +29,8 @@ from bubblesim.core.graph_buckets import decode_graph_rows, mixed_graph_rows, mi
 from bubblesim.core.models import get_model, with_context
 from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.shape import BatchShape
+from sim.stream import IdleStart
 
-from ..stream import IdleStart
 from .collective import Collectives
 from .linear import (
     PROGRAM_KEYS,
