@@ -15,7 +15,18 @@ H100, llama3.2-1b), from the committed measured runs and profile:
    penalties (the steps the sweep's samples stand for): median measured / predicted by band;
 5. its mixed pass on each run's clean mixed steps (kernels alone): median measured / predicted;
 6. speculative-decoding runs: the host phases `sample` and `draft` on steps without a prefill,
-   median ms over the run and over each eighth of it (the host's level and its drift).
+   median ms over the run and over each eighth of it (the host's level and its drift);
+7. the host's level: median `sample` us on steps without a prefill (all, and 6-10 rows), the
+   median eager (mixed-step) launch and mixed-step GPU interval in ms, and `sample`'s median
+   (4-12 rows) per 5 s window of the run;
+8. decode graphs issued to an idle GPU: median ms saved against the profile's decode pass
+   (predicted - measured) per idle gap, with the predicted median (the idle-start law);
+9. speculative-decoding runs: the verify (+ GPU draft) interval by batch band, median ms and
+   median measured / profile.
+
+The check runs' folders left the tree at 7d0ab5f (their step records are 21 MB); restore them
+first with `git checkout 4521a71 -- reports/fidelity/gen/runs reports/fidelity/gen/runs2
+reports/fidelity/gen/repeats reports/tp/runs reports/tp/runs2`. The calibration runs stay.
 """
 
 from __future__ import annotations
@@ -140,6 +151,66 @@ def host_level(s: dict[str, np.ndarray], phase: str) -> str:
     return f"{np.median(ms[rows]):.3f} | eighths {eighths}"
 
 
+IDLE_BINS_MS = (0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0)
+WINDOW_S = 5.0
+
+
+def host_phases(s: dict[str, np.ndarray]) -> str:
+    """Item 7: the host's level in this run."""
+    dec = s["num_prefill_reqs"] == 0
+    sample_us = (s["sample_end_s"] - s["sample_start_s"]) * 1e6
+    launch_ms = (s["launch_end_s"] - s["launch_start_s"]) * 1e3
+    gpu_ms = (s["gpu_end_s"] - s["gpu_start_s"]) * 1e3
+    mid = dec & (s["num_reqs"] >= 6) & (s["num_reqs"] <= 10)
+    small = dec & (s["num_reqs"] >= 4) & (s["num_reqs"] <= 12)
+    t = s["sample_start_s"]
+    windows = []
+    for w0 in np.arange(0.0, float(np.nanmax(t)), WINDOW_S):
+        w = small & (t >= w0) & (t < w0 + WINDOW_S) & np.isfinite(sample_us)
+        windows.append(f"{np.median(sample_us[w]):.1f}" if w.sum() > 20 else "-")
+
+    def med(x: np.ndarray, rows: np.ndarray) -> str:
+        ok = rows & np.isfinite(x)
+        return f"{np.median(x[ok]):.2f}" if ok.any() else "-"
+
+    return (
+        f"sample us {med(sample_us, dec)} (6-10 rows {med(sample_us, mid)}); "
+        f"eager launch ms {med(launch_ms, ~dec)}, mixed GPU ms {med(gpu_ms, ~dec)}; "
+        f"sample us per {WINDOW_S:.0f} s (4-12 rows): {' '.join(windows)}"
+    )
+
+
+def idle_saving(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  # noqa: ANN001
+    """Item 8: ms saved by decode graphs issued to an idle GPU, by idle gap."""
+    idle_ms = s["gpu_idle_before_s"] * 1e3
+    rows = np.flatnonzero(_decode(s) & (idle_ms >= IDLE_BINS_MS[0]))
+    if rows.size < 5:
+        return []
+    pred = predicted_gpu_ms(run, profile, s, rows)
+    saved = pred - (s["gpu_end_s"][rows] - s["gpu_start_s"][rows]) * 1e3
+    out = []
+    for lo, hi in zip(IDLE_BINS_MS, (*IDLE_BINS_MS[1:], np.inf), strict=True):
+        b = (idle_ms[rows] >= lo) & (idle_ms[rows] < hi)
+        if b.sum() >= 5:
+            out.append(
+                f"{lo}-{hi}: {np.median(saved[b]):.2f} of {np.median(pred[b]):.2f} ({b.sum()})"
+            )
+    return out
+
+
+def verify_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  # noqa: ANN001
+    """Item 9: the verify (+ GPU draft) interval by batch band."""
+    ms = (s["gpu_end_s"] - s["gpu_start_s"]) * 1e3
+    v = (s["num_prefill_reqs"] == 0) & (s["draft_tokens"] > 0) & np.isfinite(ms)
+    out = []
+    for lo, hi in BANDS:
+        rows = np.flatnonzero(v & (s["num_reqs"] >= lo) & (s["num_reqs"] < hi))
+        if rows.size >= 20:
+            ratio = np.median(ms[rows] / predicted_gpu_ms(run, profile, s, rows))
+            out.append(f"b{lo}-{hi - 1}: {np.median(ms[rows]):.3f} ms, x{ratio:.3f} ({rows.size})")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=ROOT / "reports/fidelity/gen/runs")
@@ -167,6 +238,13 @@ def main() -> None:
         if run_config(run).spec.enabled:
             for phase in ("sample", "draft"):
                 print(f"  6. host {phase} ms:", host_level(s, phase))
+        print("  7. host:", host_phases(s))
+        print(
+            "  8. idle start, ms saved of predicted by idle ms:",
+            "; ".join(idle_saving(run, s, profile)),
+        )
+        if run_config(run).spec.enabled:
+            print("  9. verify interval:", "; ".join(verify_by_band(run, s, profile)))
 
 
 if __name__ == "__main__":
