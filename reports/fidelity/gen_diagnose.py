@@ -24,8 +24,8 @@ H100, llama3.2-1b), from the committed measured runs and profile:
 9. speculative-decoding runs: the verify (+ GPU draft) interval by batch band, median ms and
    median measured / profile.
 
-The check runs' folders left the tree at 7d0ab5f (their step records are 21 MB); restore them
-first with `git checkout 4521a71 -- reports/fidelity/gen/runs reports/fidelity/gen/runs2
+The check runs' folders are not in the tree (their step records are 21 MB); restore them first:
+`git restore --source=ca31aaf -- reports/fidelity/gen/runs reports/fidelity/gen/runs2
 reports/fidelity/gen/repeats reports/tp/runs reports/tp/runs2`. The calibration runs stay.
 """
 
