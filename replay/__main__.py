@@ -167,6 +167,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             gpu_model=args.gpu_model,
             spread=not args.no_spread,
             host_speed=not args.no_host_speed,
+            idle_sweeps=args.idle_sweep,
         )
         checks = {}
         if args.check:
@@ -254,6 +255,58 @@ def cmd_shapes(args: argparse.Namespace) -> int:
         print(f"  stopped {why}: {res.rows} of {m['shapes']} shapes (file complete: false)")
     print(f"shapes -> {res.path}")
     return {"SIGTERM": 143, "interrupted": 130}.get(m["stopped"], 0) if not res.complete else 0
+
+
+# ---- idlegap ------------------------------------------------------------------------------------
+def cmd_idlegap(args: argparse.Namespace) -> int:
+    # lazy: the sweep runs the engine (torch)
+    from replay.analysis.idlegap_file import fit_idle_sweep
+    from replay.gpu.idlegap import sweep_idle
+
+    cfg = config_from_args(args)
+    gaps = _float_list(args.gaps, "--gaps")
+    if not gaps or min(gaps) < 0:
+        raise UsageError("--gaps: expected a comma-separated list of ms >= 0")
+    if args.repeats < 1 or args.shapes < 1:
+        raise UsageError("--repeats and --shapes must be >= 1")
+    out = Path(args.output or Path("runs") / f"idlegap-{Path(cfg.model).name}.parquet")
+    if out.exists() and not args.force:
+        raise UsageError(f"{out} exists (--force replaces it)")
+    bar = _Progress(not args.quiet)
+    try:
+        try:
+            res = sweep_idle(cfg, out, gaps, args.repeats, args.shapes, args.max_seconds, bar)
+        finally:
+            bar.close()
+    except NotImplementedError as e:
+        raise ConfigError(f"the engine cannot run this config: {e}") from None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    print(
+        f"idle gaps of {res.meta['model']} on '{res.meta['gpu']}': {res.samples} samples over "
+        f"{res.shapes} decode shapes in {res.wall_s:.1f} s (shapes dropped: {res.dropped_shapes})"
+    )
+    _, report = fit_idle_sweep([res.path])
+    for kind, r in report.items():
+        if "shrink_per_ms" not in r:
+            print(f"  {kind}: {r['note']}")
+            continue
+        print(
+            f"  {kind} law: saves min({r['shrink_per_ms']:.2f} x (idle - "
+            f"{r['shrink_after_ms']:.3f} ms), {r['shrink_max_fraction']:.2f} x pass); median "
+            f"|error| {r['abs_err_ms_law']:.3f} ms (none {r['abs_err_ms_none']:.3f} ms)"
+        )
+        for lo, hi, n, saved, frac in r["saved_ms_by_gap"]:
+            print(f"    idle {lo:g}-{hi:g} ms: {n} samples, saved {saved:.3f} ms ({frac:.1%})")
+    print(f"idle gaps -> {res.path}")
+    return 0
+
+
+def _float_list(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} '{text}': expected comma-separated numbers") from None
 
 
 # ---- ablate -------------------------------------------------------------------------------------
@@ -487,6 +540,14 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         "then takes the linear models' time",
     )
     p.add_argument(
+        "--idle-sweep",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a `replay idlegap` sweep: the idle-start law it gives replaces the runs' "
+        "(repeatable; a spec-decoding sweep gives the verify law)",
+    )
+    p.add_argument(
         "--no-host-speed",
         action="store_true",
         help="leave out the host's slowly varying speed (profile key host_speed): the CPU "
@@ -517,6 +578,17 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", type=float, help="stop adding shapes after this long")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=cmd_shapes)
+
+    p = sub.add_parser(
+        "idlegap", help="decode graphs timed after set GPU idle gaps (calibrate --idle-sweep)"
+    )
+    add_config_args(p)
+    p.add_argument("--gaps", default="0.05,0.1,0.2,0.3,0.5,0.75,1,1.5,2,3", help="host waits, ms")
+    p.add_argument("--repeats", type=int, default=5, help="samples per shape and gap")
+    p.add_argument("--shapes", type=int, default=12, help="about this many decode shapes")
+    p.add_argument("--max-seconds", type=float, help="stop adding shapes after this long")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=cmd_idlegap)
 
     p = sub.add_parser("ablate", help="each seed switch off/on: measured beside predicted")
     p.add_argument("trace", help="trace parquet file")

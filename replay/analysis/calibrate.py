@@ -76,6 +76,7 @@ from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
 from replay.analysis.hostspeed import describe_host_speed, fit_host_speed
 from replay.analysis.idle_start import fit_idle_start
+from replay.analysis.idlegap_file import IdleGapFileError, fit_idle_sweep
 from replay.analysis.level import TOLERANCE as LEVEL_TOLERANCE
 from replay.analysis.level import level_curve, scaled_by
 from replay.analysis.lsq import fit, numeric_rank
@@ -269,6 +270,7 @@ def calibrate(
     gpu_model: str = "auto",
     spread: bool = True,
     host_speed: bool = True,
+    idle_sweeps: Sequence[str | Path] = (),
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
     (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
@@ -277,7 +279,9 @@ def calibrate(
     replay.analysis.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps).
     `spread`: fit the CPU phases' spread around the fitted models (`cpu_spread`,
     replay.analysis.spread). `host_speed` (with `spread`): fit the host's slowly varying speed
-    and the phases' spread around it (`host_speed`, replay.analysis.hostspeed)."""
+    and the phases' spread around it (`host_speed`, replay.analysis.hostspeed). `idle_sweeps`:
+    `replay idlegap` files; the idle-start laws they give replace the ones the runs give
+    (replay.analysis.idlegap_file), which are still reported."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise CalibrationError("calibrate needs at least one run folder")
@@ -404,6 +408,8 @@ def calibrate(
         )
         used = merge_profile(base, prof) if base else prof
     idle, idle_report = fit_idle_start(runs, used)  # needs the fitted decode pass
+    if idle_sweeps:
+        idle = idle_from_sweeps(idle_sweeps, identity["model"], idle, notes)
     if idle is not None:
         prof.setdefault("gpu_pass", {})["idle_start"] = idle
         used = merge_profile(base, prof) if base else prof
@@ -848,3 +854,30 @@ def write_calibration(cal: Calibration, path: str | Path, checks: dict[str, Any]
         report[HOST_KEY] = cal.host_speed
     text = json.dumps(report, indent=2, allow_nan=False) + "\n"
     return atomic_file(p.with_name(p.stem + ".fit.json"), text)
+
+
+def idle_from_sweeps(
+    paths: Sequence[str | Path], model: str, from_runs: dict[str, float] | None, notes: list[str]
+) -> dict[str, float] | None:
+    """The runs' `gpu_pass.idle_start` table with the laws the idle-gap sweeps give in place
+    of the runs' (a note each; the runs' laws stay in the fit report)."""
+    try:
+        keys, report = fit_idle_sweep(paths, model)
+    except IdleGapFileError as e:
+        raise CalibrationError(str(e)) from None
+    for kind, r in report.items():
+        if "shrink_per_ms" not in r:
+            notes.append(f"idle-gap sweep, {kind} graphs: {r['note']}")
+            continue
+        notes.append(
+            f"gpu_pass.idle_start ({kind} graphs, from the idle-gap sweep: {r['samples']} "
+            f"samples over {r['shapes']} shapes): saves min({r['shrink_per_ms']:.2f} x (idle - "
+            f"{r['shrink_after_ms']:.3f} ms), {r['shrink_max_fraction']:.2f} x pass); median "
+            f"|error| {r['abs_err_ms_law']:.3f} ms (none: {r['abs_err_ms_none']:.3f} ms); it "
+            "replaces the runs' law"
+        )
+    if not keys:
+        return from_runs
+    table = dict(from_runs) if from_runs is not None else {"scale": 1.0, "min_idle_ms": 0.05}
+    table.update(keys)
+    return table

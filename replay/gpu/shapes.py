@@ -248,7 +248,7 @@ def sweep(
                 f"{pl.estimate_s:.0f} s (budget {budget_s or 0:g} s; cache "
                 f"{engine.num_kv_blocks} blocks)"
             )
-        stats["warmup_s"] = _warm_up(engine)
+        stats["warmup_s"] = warm_up(engine)
         timer = Timer.create(engine.device.type == "cuda")
         meta_of = _meta_fn(
             cfg, engine, timer, stats, rows, pl, (repeats, budget_s, points), t_start
@@ -298,7 +298,7 @@ def _stats() -> dict[str, Any]:
     )
 
 
-def _warm_up(engine: Any) -> float:
+def warm_up(engine: Any) -> float:
     """CUDA with Triton kernels: every compile an eager step of the config can select, 16 at
     a time (engine.warmup's forward plan, as `replay run` warms up), so the grid's untimed
     launches meet few; they would compile one by one. Returns the seconds it took."""
@@ -417,7 +417,7 @@ def _meta_fn(
     """The file's metadata, built when written (rows and stats grow during the sweep); `cut`:
     repeats, budget_s, points."""
     repeats, budget_s, points = cut
-    commit, dirty = _engine_commit()
+    commit, dirty = engine_commit()
     fixed = {
         "format": "replay.shapes",
         "version": FORMAT_VERSION,
@@ -480,7 +480,7 @@ def _meta_fn(
     return meta
 
 
-def _engine_commit() -> tuple[str | None, bool | None]:
+def engine_commit() -> tuple[str | None, bool | None]:
     """HEAD of the repository holding engine/, and whether engine/ or bubblesim/core/ differ
     from it."""
     root = Path(__file__).resolve().parents[2]  # replay/gpu/shapes.py -> the repository

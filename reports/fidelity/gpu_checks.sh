@@ -6,7 +6,9 @@
 # checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
 # never used in a fit), checks2 (the second, fresh set of traces/checks2/: every run, or the
 # names in $CHECKS2), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
-# sweep-spec (the verify-width sweep: ngram-gpu, k=3, decode shapes, cut at $SPEC_SWEEP_S s).
+# sweep-spec (the verify-width sweep: ngram-gpu, k=3, decode shapes, cut at $SPEC_SWEEP_S s),
+# idlegap / idlegap-spec (decode / verify graphs timed after set GPU idle gaps: the idle-start
+# law for `replay calibrate --idle-sweep`).
 # Each run folder is packed into PACKDIR/<model>-<name>.tgz (without timeline.json) as soon as
 # it is done, so a cut call still brings back what finished. Every run fixes num_kv_blocks so
 # the simulator can be given the same KV budget.
@@ -73,6 +75,15 @@ case $part in
       --set spec.method=ngram-gpu --set spec.k=3 --kinds decode \
       --max-seconds "${SPEC_SWEEP_S:-70}" -o "$out/shapes-$tag-spec.parquet" 2>&1 | tail -8
     cp "$out/shapes-$tag-spec.parquet" "$pack/"
+    ;;
+  idlegap|idlegap-spec)
+    extra=(); sfx=""
+    if [ "$part" = idlegap-spec ]; then extra=(--set spec.method=ngram-gpu --set spec.k=3); sfx=-spec; fi
+    log "idlegap $tag$sfx"
+    python3 -m replay idlegap --set model="$model" --set num_kv_blocks="$blocks" "${extra[@]}" \
+      --shapes "${IDLEGAP_SHAPES:-16}" --repeats "${IDLEGAP_REPEATS:-6}" -q \
+      -o "$out/idlegap-$tag$sfx.parquet" 2>&1 | grep -v -e leaked -e nanobind -e "skipped rem" | tail -16
+    cp "$out/idlegap-$tag$sfx.parquet" "$pack/"
     ;;
   *) echo "unknown part $part"; exit 2 ;;
 esac
