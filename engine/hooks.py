@@ -18,8 +18,15 @@ One row per launched batch (in launch order; row == the batch's `ScheduledBatch.
   pauses during it name it as their activity).
 - sync waits (`sync_ns`, `sync_row`) and GC pauses (`gc_ns`, generation, the activity that was
   running as an index into `ALL_CPU_ACTIVITIES` or -1, the newest row) are append-only columns.
-All times are `time.perf_counter_ns()`; GPU event times are put on that clock through a base
-event recorded right after a device synchronize in `start()`.
+All times are `time.perf_counter_ns()`. GPU event times are put on that clock through two
+anchors, a base event recorded on the idle device in `start()` and another in `finish()` (each
+the host time halfway between its record and its synchronize's return, retried until that
+window is under ANCHOR_WINDOW_NS): an event's host time is the base's plus its GPU time since
+the base x the rate between the anchors. The GPU's timer and the host's clock run at rates that
+differ by tens of ppm (H100 host, 2026-11-26: the GPU's clock fell behind by ~26 us a second, a
+millisecond over a 45 s run), so one anchor alone shifts every late GPU time by up to that much
+against the host's phases. Until `finish()` the harvested GPU times are held as ns since the
+base on the GPU's clock; `finish()` maps them.
 
 Cost (bench/hooks_overhead.py): the per-row columns are preallocated flat `array`s that grow by
 doubling (an item store costs about what a numpy scalar store does, and unlike a list of ints
@@ -56,6 +63,8 @@ MARKS = ("forward_begin", "forward_end", "draft_begin")  # mark_ns columns
 FORWARD_BEGIN, FORWARD_END, DRAFT_BEGIN = range(len(MARKS))
 _NM = len(MARKS)
 _now = time.perf_counter_ns
+ANCHOR_WINDOW_NS = 50_000  # an anchor's record-to-synchronize window is retried above this
+ANCHOR_TRIES = 8
 
 
 @dataclass
@@ -78,6 +87,8 @@ class StepTrace:
     gc_row: np.ndarray  # int64 [g]: newest row when the pause began (-1 = before any)
     # int64 [n, 2]: the tensor-parallel step broadcast of each row, -1 = absent
     broadcast_ns: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
+    # CUDA: how GPU times were put on the host clock (StepHooks.finish; empty on CPU)
+    clock: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_steps(self) -> int:
@@ -118,9 +129,12 @@ class StepHooks:
         self._t0 = 0
         self._gc_t0 = 0
         self._base_ns = 0
+        self._base_window_ns = 0
         self.stream = None  # CUDA: the stream step events go to (the C record needs one)
+        self.clock: dict[str, float] = {}
         if self.cuda:
             self._base = torch.cuda.Event(enable_timing=True)
+            self._base_end = torch.cuda.Event(enable_timing=True)
             self._ev_start = [torch.cuda.Event(enable_timing=True) for _ in range(self._ring)]
             self._ev_end = [torch.cuda.Event(enable_timing=True) for _ in range(self._ring)]
             self._ev_mark = [
@@ -180,14 +194,49 @@ class StepHooks:
         stream the step events are recorded on (the current one: the engine's compute stream)."""
         self.reset()
         if self.cuda:
-            torch.cuda.synchronize()
             self.stream = torch.cuda.current_stream()
-            t_a = _now()
-            self._base.record(self.stream)
-            self._base.synchronize()
-            self._base_ns = (t_a + _now()) // 2
+            self._base_ns, self._base_window_ns = self._anchor(self._base)
         self.t0_ns = _now()
         return self.t0_ns
+
+    def _anchor(self, ev: torch.cuda.Event) -> tuple[int, int]:
+        """Record `ev` on the idle device; (its host time, the record-to-return window it lies
+        in). Retried while the window is wider than ANCHOR_WINDOW_NS (a slow wake-up)."""
+        best = (0, 1 << 62)
+        for _ in range(ANCHOR_TRIES):
+            torch.cuda.synchronize()
+            t_a = _now()
+            ev.record(self.stream)
+            ev.synchronize()
+            t_b = _now()
+            best = ((t_a + t_b) // 2, t_b - t_a)
+            if t_b - t_a <= ANCHOR_WINDOW_NS:
+                break
+        return best
+
+    def _map_gpu_times(self) -> None:
+        """Put the harvested GPU times (ns since the base, GPU clock) on the host clock, with
+        the rate between the start and end anchors (module docstring)."""
+        rate = 1.0
+        try:
+            end_ns, window = self._anchor(self._base_end)
+            gpu_span_ns = self.elapsed_ms(self._base, self._base_end) * 1e6
+        except RuntimeError:  # a failed device: one anchor only
+            end_ns, window, gpu_span_ns = 0, 0, 0.0
+        host_span_ns = end_ns - self._base_ns
+        if gpu_span_ns > 1e8 and host_span_ns > 0:  # >= 0.1 s apart: a rate worth fitting
+            rate = host_span_ns / gpu_span_ns
+        self.clock = {
+            "host_per_gpu_ns": rate,
+            "drift_ppm": (rate - 1.0) * 1e6,
+            "span_s": gpu_span_ns / 1e9,
+            "anchor_window_us": max(self._base_window_ns, window) / 1e3,
+        }
+        for a, n in ((self._gpu, 2 * self.num_steps), (self._mark, _NM * self.num_steps)):
+            v = np.frombuffer(a, np.int64, n)  # a view: writes go to the array
+            have = v >= 0
+            v[have] = self._base_ns + np.round(v[have] * rate).astype(np.int64)
+            del v  # the array may grow again (a view would pin its size)
 
     def finish(self) -> StepTrace:
         """Read every outstanding GPU event (synchronizes the device) and freeze the record.
@@ -197,6 +246,9 @@ class StepHooks:
                 torch.cuda.synchronize()
             for k in range(min(self._ring, self.num_steps)):
                 self._harvest(k)
+            if self._base_ns:
+                self._map_gpu_times()
+                self._base_ns = 0  # mapped once: a second finish() leaves them as they are
         n = self.num_steps
         return StepTrace(
             t0_ns=self.t0_ns,
@@ -214,6 +266,7 @@ class StepHooks:
             gc_activity=_col(self.gc_activity),
             gc_row=_col(self.gc_row),
             broadcast_ns=_col(self._bcast, 2 * n).reshape(n, 2),
+            clock=dict(self.clock),
         )
 
     # ---- CPU phases --------------------------------------------------------------------------
@@ -319,8 +372,8 @@ class StepHooks:
             t1 = self.elapsed_ms(self._base, self._ev_end[k])
         except RuntimeError:
             return
-        self._gpu[2 * row] = self._base_ns + int(t0 * 1e6)
-        self._gpu[2 * row + 1] = self._base_ns + int(t1 * 1e6)
+        self._gpu[2 * row] = int(t0 * 1e6)  # GPU ns since the base: finish() maps them
+        self._gpu[2 * row + 1] = int(t1 * 1e6)
         for m in range(_NM):
             j = k * _NM + m
             if self._ring_marks[j]:
@@ -328,7 +381,7 @@ class StepHooks:
                     t = self.elapsed_ms(self._base, self._ev_mark[j])
                 except RuntimeError:
                     continue
-                self._mark[_NM * row + m] = self._base_ns + int(t * 1e6)
+                self._mark[_NM * row + m] = int(t * 1e6)
 
     # ---- GC pauses ---------------------------------------------------------------------------
     def install_gc(self) -> None:

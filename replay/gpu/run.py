@@ -386,6 +386,8 @@ def _measure(
     extra = _extra(engine, cfg, conv, wall, error, len(outputs), len(trace))
     extra["engine"]["preemptions"] -= preempted_before
     extra["jit_compiles"] = measured.summary()
+    # how GPU event times were put on the host clock (engine.hooks: two anchors, their rate)
+    extra["gpu_clock"] = dict(getattr(step_trace, "clock", {}) or {})
     if getattr(engine, "tp", None) is not None:
         extra["tensor_parallel"] = _tp_extra(engine, step_trace)
     return Measured(conv.recorder, extra, _summarize(conv.recorder, cfg), complete, error)

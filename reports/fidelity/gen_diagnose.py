@@ -22,7 +22,11 @@ H100, llama3.2-1b), from the committed measured runs and profile:
 8. decode graphs issued to an idle GPU: median ms saved against the profile's decode pass
    (predicted - measured) per idle gap, with the predicted median (the idle-start law);
 9. speculative-decoding runs: the verify (+ GPU draft) interval by batch band, median ms and
-   median measured / profile.
+   median measured / profile;
+10. the GPU clock against the host's: the token wait's p10 (item 2) per sixth of the run, and
+   its slope in us per s of run (a slope far from 0 is the GPU timer drifting against the
+   host's clock: runs measured before the hooks' two-anchor mapping were mapped with one
+   anchor; a run made since records the fitted rate, summary `replay.gpu_clock`).
 
 The check runs' folders are not in the tree (their step records are 21 MB); restore them first:
 `git restore --source=ca31aaf -- reports/fidelity/gen/runs reports/fidelity/gen/runs2
@@ -77,6 +81,25 @@ def token_wait(s: dict[str, np.ndarray]) -> str:
     lat = (s1 - g1)[waited] * 1e3
     p10, p50, p90 = np.percentile(lat, [10, 50, 90])
     return f"{int(waited.sum())} waits: p10 {p10:.3f} p50 {p50:.3f} p90 {p90:.3f} ms"
+
+
+def clock_drift(run, s: dict[str, np.ndarray]) -> str:  # noqa: ANN001
+    s0, s1, g1 = s["sync_start_s"], s["sync_end_s"], s["gpu_end_s"]
+    waited = np.isfinite(s0) & np.isfinite(g1) & (s0 < g1) & (s1 >= g1)
+    if waited.sum() < 60:
+        return "too few token waits"
+    t, lat = g1[waited], (s1 - g1)[waited] * 1e3
+    edges = np.linspace(t.min(), t.max(), 7)
+    mid, p10 = [], []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        m = (t >= lo) & (t <= hi)
+        if m.sum() >= 10:
+            mid.append((lo + hi) / 2)
+            p10.append(float(np.percentile(lat[m], 10)))
+    slope = float(np.polyfit(mid, p10, 1)[0]) * 1e3 if len(mid) >= 3 else float("nan")
+    rec = ((run.summary.get("replay") or {}).get("gpu_clock") or {}).get("drift_ppm")
+    tail = f"; recorded rate: {rec:+.1f} ppm" if rec is not None else "; one-anchor run"
+    return f"p10 ms {' '.join(f'{v:.3f}' for v in p10)}: slope {slope:+.1f} us/s{tail}"
 
 
 def decode_by_band(s: dict[str, np.ndarray]) -> list[str]:
@@ -245,6 +268,7 @@ def main() -> None:
         )
         if run_config(run).spec.enabled:
             print("  9. verify interval:", "; ".join(verify_by_band(run, s, profile)))
+        print(" 10. token wait p10 over the run:", clock_drift(run, s))
 
 
 if __name__ == "__main__":
