@@ -414,6 +414,10 @@ def calibrate(
         prof.setdefault("gpu_pass", {})["idle_start"] = idle
         used = merge_profile(base, prof) if base else prof
         ir = idle_report
+        if "note" in ir:
+            notes.append(f"gpu_pass.idle_start (decode): {ir['note']}")
+        if "verify_note" in ir:
+            notes.append(f"gpu_pass.idle_start (verify): {ir['verify_note']}")
         if "shrink_per_ms" in ir:
             notes.append(
                 f"gpu_pass.idle_start: a graph issued to an idle GPU saves "

@@ -90,6 +90,9 @@ def _fit_decode(
 ) -> None:  # fmt: skip
     r = meas / pred
     per, after, frac, err = fit_shrink_law(idle_ms, meas, pred)
+    if err >= float(np.median(np.abs(meas - pred))):
+        report["note"] = "no saving measured: the best law is no better than none"
+        return
     ratio = float(np.clip(np.median(r), 0.05, 1.0))
     report.update(
         scale=ratio,  # the older law's one ratio, for comparison
@@ -115,6 +118,9 @@ def _fit_verify(
     report["verify_steps"] = int(v_idle.size)
     if v_idle.size >= MIN_STEPS:
         v_per, v_after, v_frac, v_err = fit_shrink_law(v_idle, v_meas, v_pred)
+        if v_err >= float(np.median(np.abs(v_meas - v_pred))):
+            report["verify_note"] = "no saving measured: the best law is no better than none"
+            return
         table.update(
             verify_shrink_per_ms=v_per, verify_shrink_after_ms=v_after,
             verify_shrink_max_fraction=v_frac,
