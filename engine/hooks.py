@@ -23,10 +23,10 @@ anchors, a base event recorded on the idle device in `start()` and another in `f
 the host time halfway between its record and its synchronize's return, retried until that
 window is under ANCHOR_WINDOW_NS): an event's host time is the base's plus its GPU time since
 the base x the rate between the anchors. The GPU's timer and the host's clock run at rates that
-differ by tens of ppm (H100 host, 2026-11-26: the GPU's clock fell behind by ~26 us a second, a
-millisecond over a 45 s run), so one anchor alone shifts every late GPU time by up to that much
-against the host's phases. Until `finish()` the harvested GPU times are held as ns since the
-base on the GPU's clock; `finish()` maps them.
+differ by tens of ppm (H100 hosts, 2026-11-26: the GPU's clock fell behind by 6-25 us a
+second, up to a millisecond over a 45 s run), so one anchor alone shifts every late GPU time
+by up to that much against the host's phases. Until `finish()` the harvested GPU times are
+held as ns since the base on the GPU's clock; `finish()` maps them.
 
 Cost (bench/hooks_overhead.py): the per-row columns are preallocated flat `array`s that grow by
 doubling (an item store costs about what a numpy scalar store does, and unlike a list of ints
@@ -201,18 +201,17 @@ class StepHooks:
 
     def _anchor(self, ev: torch.cuda.Event) -> tuple[int, int]:
         """Record `ev` on the idle device; (its host time, the record-to-return window it lies
-        in). Retried while the window is wider than ANCHOR_WINDOW_NS (a slow wake-up)."""
-        best = (0, 1 << 62)
+        in). Re-recorded while the window is wider than ANCHOR_WINDOW_NS (a slow wake-up), at
+        most ANCHOR_TRIES times: the event holds the last recording, so the last try counts."""
         for _ in range(ANCHOR_TRIES):
             torch.cuda.synchronize()
             t_a = _now()
             ev.record(self.stream)
             ev.synchronize()
             t_b = _now()
-            best = ((t_a + t_b) // 2, t_b - t_a)
             if t_b - t_a <= ANCHOR_WINDOW_NS:
                 break
-        return best
+        return (t_a + t_b) // 2, t_b - t_a
 
     def _map_gpu_times(self) -> None:
         """Put the harvested GPU times (ns since the base, GPU clock) on the host clock, with

@@ -261,6 +261,7 @@ def cmd_shapes(args: argparse.Namespace) -> int:
 def cmd_idlegap(args: argparse.Namespace) -> int:
     # lazy: the sweep runs the engine (torch)
     from replay.analysis.idlegap_file import fit_idle_sweep
+    from replay.analysis.outdir import IDLEGAP_FILE
     from replay.gpu.idlegap import sweep_idle
 
     cfg = config_from_args(args)
@@ -270,12 +271,11 @@ def cmd_idlegap(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.shapes < 1:
         raise UsageError("--repeats and --shapes must be >= 1")
     out = Path(args.output or Path("runs") / f"idlegap-{Path(cfg.model).name}.parquet")
-    if out.exists() and not args.force:
-        raise UsageError(f"{out} exists (--force replaces it)")
     bar = _Progress(not args.quiet)
     try:
         try:
-            res = sweep_idle(cfg, out, gaps, args.repeats, args.shapes, args.max_seconds, bar)
+            with output_place(out, IDLEGAP_FILE, args.force):
+                res = sweep_idle(cfg, out, gaps, args.repeats, args.shapes, args.max_seconds, bar)
         finally:
             bar.close()
     except NotImplementedError as e:

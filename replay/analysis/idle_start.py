@@ -1,21 +1,16 @@
 """Fit `gpu_pass.idle_start`: how much faster a decode CUDA graph runs when it is issued to an
 idle GPU than when it is queued behind the previous step.
 
-Measured on an H100 (llama3.2-1b, 2026-11-26): in one depth-2 run, decode graphs that started
-after >= 100 us of GPU idle took 0.97-1.42 ms against 1.37-1.82 ms for queued ones of the same
-batch sizes and contexts; at depth 1 (every step starts idle) the same held against depth 3 on
-one workload. The mechanism is not known (it is not waits inside the interval: the hooks'
-marks show the forward's own span is shorter). The decode pass that `calibrate` fits comes from
-kernel-only ("clean") steps, which at depth 2 are the queued ones, so the sim applies a scale
-to graphs it issues to an idle GPU (sim.stream.gpu_pass), fitted here as the median ratio of
-measured to predicted time over the runs' idle-start decode graph steps.
-
-That one ratio held at depth 2 but not at depth 1, where most gaps are short: the saving grows
-with the gap (H100, 2026-11-26, llama3.2-1b calibration run at depth 2: 0.16 ms saved after
-0.35-0.5 ms of idle, 0.50 ms after 0.75-1 ms, 0.77 ms after 1-1.5 ms, on passes of ~1.5 ms; the
-same at depths 1 and 3 and on llama3-8b at depth 1 in runs the fit never saw). So the fit is a
-law in the gap: saved = min(per_ms x (idle - after_ms), max_fraction x pass), chosen by least
-absolute error over the steps, and the ratio is kept in the report for comparison.
+What was measured (H100, 2026-11-26): on runs recorded with the hooks' one-anchor clock,
+decode graphs that started after an idle gap looked up to ~50 % shorter than queued ones, the
+more so the longer the gap; that was the GPU timer's drift against the host's clock (the step's
+start clamped to its host launch, its end put early by the drift: reports/fidelity/README.md
+section 0). On runs recorded with two anchors (engine.hooks) idle-start and queued graphs take
+the same time, and `replay idlegap` measures no saving either. The fit stays for any GPU where
+a real effect shows: a law in the gap, saved = min(per_ms x (idle - after_ms), max_fraction x
+pass), chosen by least absolute error over the runs' idle-start decode (verify) graph steps
+against the profile's pass, kept only when it fits better than no law; the older single ratio
+is kept in the report for comparison.
 """
 
 from __future__ import annotations

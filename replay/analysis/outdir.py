@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,11 +14,13 @@ import pyarrow.parquet as pq
 from bubblesim.core import outplace
 from bubblesim.core.atomic import atomic_file
 from bubblesim.core.outplace import OutKind
+from replay.analysis.idlegap_file import META_KEY as IDLEGAP_META_KEY
 from replay.analysis.shapes_file import META_KEY
 
 __all__ = [
     "ABLATE_FOLDER",
     "FIDELITY_FOLDER",
+    "IDLEGAP_FILE",
     "PROFILE_FILE",
     "SHAPES_FILE",
     "atomic_dir",
@@ -45,12 +47,17 @@ def _is_profile(p: Path) -> bool:
     return isinstance(data, dict) and "version" in data and "source_runs" in data
 
 
-def _is_shapes(p: Path) -> bool:
-    try:
-        meta = pq.read_schema(p).metadata or {}
-    except Exception:  # noqa: BLE001 - not parquet at all
-        return False
-    return META_KEY in meta
+def _parquet_with(key: bytes) -> Callable[[Path], bool]:
+    """A recogniser: a parquet file whose schema metadata holds `key`."""
+
+    def recognise(p: Path) -> bool:
+        try:
+            meta = pq.read_schema(p).metadata or {}
+        except Exception:  # noqa: BLE001 - not parquet at all
+            return False
+        return key in meta
+
+    return recognise
 
 
 def _is_ablation(p: Path) -> bool:
@@ -64,4 +71,5 @@ ABLATE_SIDES = ("-off", "-on", "-off.sim", "-on.sim")
 FIDELITY_FOLDER = folder_kind("fidelity.json", "fidelity folder")
 ABLATE_FOLDER = OutKind("ablation folder", folder=True, recognise=_is_ablation)
 PROFILE_FILE = OutKind("cost profile", folder=False, recognise=_is_profile)
-SHAPES_FILE = OutKind("shape sweep", folder=False, recognise=_is_shapes)
+SHAPES_FILE = OutKind("shape sweep", folder=False, recognise=_parquet_with(META_KEY))
+IDLEGAP_FILE = OutKind("sweep of idle gaps", folder=False, recognise=_parquet_with(IDLEGAP_META_KEY))

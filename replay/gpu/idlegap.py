@@ -1,10 +1,12 @@
 """Decode graphs timed after set GPU idle gaps (`python -m replay idlegap`), for the idle-start law.
 
-A decode CUDA graph issued to an idle GPU runs shorter than one queued behind other work
-(sim.stream.IdleStart; replay.analysis.idle_start fits the law from a run's idle-start steps).
-A run at depth 2 on a GPU-bound model has no such steps, so its profile gets no law. This
-sweep measures the law for any model without a depth-1 run: for each decode graph shape of a
-short grid (the same synthetic steps as `replay shapes`, replay.gpu.shapes_step):
+Whether a decode CUDA graph issued to an idle GPU runs shorter than one queued behind other
+work (sim.stream.IdleStart; replay.analysis.idle_start fits the law from a run's idle-start
+steps), measured without a run, so that a model whose depth-2 runs never idle the GPU is
+covered too (H100, 2026-11-26: no saving on llama3.2-1b or llama3-8b at any gap; the saving
+runs once showed was the hooks' clock drift, reports/fidelity/README.md section 0). For each
+decode graph shape of a short grid (the same synthetic steps as `replay shapes`,
+replay.gpu.shapes_step):
 
     queued: GPU spin | the step                      (replay.gpu.shapes.Timer: the pass)
     idle g: previous step | sync, idle mark | host waits g ms | the step
@@ -162,9 +164,7 @@ def _time_shape(
     """The shape's idle samples, each with the shape's queued median; None: no clean queued
     sample."""
     path = "graph" if st.bucket else "eager"  # eager: CPU only (tests)
-    timer.launch(st, marks)  # untimed: held rows' blocks reach the device
-    if timer.cuda and timer.issue_estimate(path) is None:
-        timer.note_issue(path, timer.launch(st, marks))
+    timer.prime(st, marks, path)
     queued = []
     for _ in range(repeats):
         s, _bad = timer.sample(st, marks, path)

@@ -156,6 +156,14 @@ class Timer:
         step.after()
         return issue_ms
 
+    def prime(self, step: Any, marks: Any, path: str) -> None:
+        """One untimed launch of a new shape (compiles, cuBLAS loads, held rows' blocks reach
+        the device) and, on CUDA, a second that seeds the spin's size for the first shape of
+        `path` (graph / eager)."""
+        self.launch(step, marks)
+        if self.cuda and self.issue_estimate(path) is None:
+            self.note_issue(path, self.launch(step, marks))
+
     def sample(self, step: Any, marks: Any, path: str) -> tuple[Sample | None, int]:
         """One clean sample of `step` (or None after SPIN_TRIES + 1 unclean ones) and the number
         of unclean tries."""
@@ -374,9 +382,7 @@ def _time_batch(
     engine: Any, marks: Any, timer: Timer, st: Any, repeats: int, stats: dict[str, Any]
 ) -> dict[str, Any] | None:
     path = "graph" if st.bucket else "eager"
-    timer.launch(st, marks)  # untimed: compiles, cuBLAS loads, held rows' blocks
-    if timer.cuda and timer.issue_estimate(path) is None:
-        timer.note_issue(path, timer.launch(st, marks))  # the first spin's size
+    timer.prime(st, marks, path)
     samples: list[Sample] = []
     unclean = 0
     want = repeats

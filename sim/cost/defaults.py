@@ -25,18 +25,14 @@ DEFAULTS: dict[str, Any] = {
     # step's GPU end and the end of the host's wait for its tokens. 0 = resume at the event.
     "sync_wait": {"wake_ms": 0.0},
     "gpu_pass": {
-        # A decode CUDA graph that starts on an idle GPU (idle >= min_idle_ms before its
-        # launch) runs shorter than one queued behind other work (the mechanism is not known).
-        # Measured on an H100 (2026-11-26): the time saved grows with the idle gap; on the
-        # llama3.2-1b calibration run `replay calibrate` fits 0.84 ms per ms of idle beyond
-        # 0.25 ms, at most half the pass, and llama3-8b at depth 1 saves alike
-        # (reports/fidelity/gen_diagnose.py item 8). With `shrink_per_ms` > 0 the pass is
-        # shortened by min(shrink_per_ms x (idle - shrink_after_ms), shrink_max_fraction x
-        # pass); otherwise it runs `scale` x its time (the older law: one ratio for every gap).
-        # 1.0 / 0 = no effect; `replay calibrate` fits one or the other. Verify graphs
-        # (speculative decoding) save less (llama3.2-1b: the spec calibration run's verify
-        # steps, all issued to an idle GPU, sit at 0.83x the sweep, its decode graphs at
-        # 0.65x): with speculative decoding on, the `verify_` law applies to every graph.
+        # A CUDA graph that starts on an idle GPU (idle >= min_idle_ms before its launch)
+        # runs shorter than one queued behind other work by min(shrink_per_ms x (idle -
+        # shrink_after_ms), shrink_max_fraction x pass) (`verify_` keys: speculative decoding's
+        # verify graphs), or `scale` x its time (the older one-ratio law). 1.0 / 0 = no effect.
+        # The savings once fitted here (0.84 ms per ms of idle on llama3.2-1b, H100) were the
+        # GPU clock's drift against the host's (engine.hooks, reports/fidelity/README.md
+        # section 0): on clock-correct runs and in `replay idlegap` no saving is measured,
+        # and `replay calibrate` keeps a law only where it fits better than none.
         "idle_start": {
             "scale": 1.0,
             "min_idle_ms": 0.05,
