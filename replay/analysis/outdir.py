@@ -72,4 +72,6 @@ FIDELITY_FOLDER = folder_kind("fidelity.json", "fidelity folder")
 ABLATE_FOLDER = OutKind("ablation folder", folder=True, recognise=_is_ablation)
 PROFILE_FILE = OutKind("cost profile", folder=False, recognise=_is_profile)
 SHAPES_FILE = OutKind("shape sweep", folder=False, recognise=_parquet_with(META_KEY))
-IDLEGAP_FILE = OutKind("sweep of idle gaps", folder=False, recognise=_parquet_with(IDLEGAP_META_KEY))
+IDLEGAP_FILE = OutKind(
+    "sweep of idle gaps", folder=False, recognise=_parquet_with(IDLEGAP_META_KEY)
+)
