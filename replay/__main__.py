@@ -61,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             with output_place(out, RUN_FOLDER, args.force):
                 res = replay(
                     cfg, args.trace, out, args.repeat, args.max_seconds, not args.no_warmup, bar,
-                    timeline=timeline,
+                    timeline=timeline, probe=not args.no_probe,
                 )  # fmt: skip
         finally:
             bar.close()
@@ -458,6 +458,25 @@ def _is_allreduce(p: Path) -> bool:
 _ALLREDUCE_FILE = OutKind("all-reduce sweep", folder=False, recognise=_is_allreduce)
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from replay.analysis.probe import host_scale, probe_level
+    from replay.gpu.run import probe_host
+    from sim.cost.profile import load_profile, resolve_profile
+
+    cfg = config_from_args(args)
+    out = Path(args.output or Path("runs") / "probe")
+    profile = load_profile(args.against) if args.against else None  # bad input: before
+    with output_place(out, RUN_FOLDER, args.force):
+        summary = probe_host(cfg, out)
+    print(f"host probe -> {out}  ({summary['num_steps']} steps)")
+    if profile is not None:
+        level = probe_level(out, resolve_profile(profile))
+        print(f"  level against {args.against}: {level:.3f}")
+        if "host_probe" in profile:
+            print(f"  host_scale={host_scale(out, args.against):.3f}")
+    return 0
+
+
 def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -475,9 +494,24 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         help="an extra run under torch.profiler -> DIR.kernels/",
     )
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up requests")
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the host probe served before the run (its folder DIR/probe/: the host's "
+        "level, replay.analysis.probe)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     add_timeline_args(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "probe",
+        help="the host probe alone: this host's CPU level, and with --profile the host_scale "
+        "that carries the profile here",
+    )
+    add_config_args(p)
+    p.add_argument("--against", metavar="PROFILE", help="a profile with `host_probe`")
+    p.set_defaults(func=cmd_probe)
 
     p = sub.add_parser("compare", help="fidelity of a predicted run against a measured one")
     p.add_argument("predicted", help="predicted run folder (python -m sim run)")

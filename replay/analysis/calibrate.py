@@ -82,6 +82,7 @@ from replay.analysis.level import level_curve, scaled_by
 from replay.analysis.lsq import fit, numeric_rank
 from replay.analysis.outdir import atomic_file
 from replay.analysis.piecewise import Piecewise, fit_piecewise, use_piecewise
+from replay.analysis.probe import calibration_level
 from replay.analysis.quality import active_terms_ms, evaluate, print_quality, stats
 from replay.analysis.shapes_file import SweepRows, read_sweeps
 from replay.analysis.spread import fit_spread
@@ -101,7 +102,7 @@ from replay.analysis.syncwake import fit_sync_wake
 from sim.cost import merge_profile, resolve_profile, save_profile, validate_profile
 from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
 from sim.cost.hostspeed import HOST_KEY
-from sim.cost.profile import TP_KEY
+from sim.cost.profile import PROBE_KEY, TP_KEY
 from sim.cost.spread import SPREAD_KEY
 from sim.cost.terms import BROADCAST_TERM, TERM_NAMES, term_target
 
@@ -450,6 +451,11 @@ def calibrate(
             prof[HOST_KEY] = {**hs, **({SPREAD_KEY: around} if around else {})}
             used = merge_profile(base, prof) if base else prof
             notes.append(describe_host_speed(host_report))
+    probe = calibration_level(runs, resolve_profile(used))
+    if probe is not None:  # the calibration host's level, for a target host's host_scale
+        prof[PROBE_KEY] = probe
+        notes.append(f"host_probe: level {probe['level']:.3f} (measured / predicted CPU time "
+                     f"over the probes of {probe['runs']} run(s))")  # fmt: skip
     quality = evaluate(used, runs, steps)
     quality.update(_gpu_fit_quality(used, joined, joined_y, fit_rows, len(steps)))
     if straggler:

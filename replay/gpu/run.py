@@ -48,6 +48,7 @@ from engine.tp.workers import stop_all as stop_tp_workers
 from replay.analysis.metrics import flat_metrics, spread
 from replay.gpu.compiles import CompileCounter
 from replay.gpu.measure import hook_overhead, overhead_summary, to_recorder
+from replay.gpu.probe import PROBE_DIR, probe_inputs, probe_trace_info
 
 WARMUP_SHAPES = ((48, 6), (200, 4), (16, 3))  # (prompt, output) of the warm-up requests
 WARMUP_KEY = 1 << 30  # warm-up requests' sampling/prompt keys, far from the trace's 0..n-1
@@ -68,6 +69,7 @@ class Measured:
     complete: bool
     error: BaseException | None
     event_ring: int = 256  # the measured hooks' CUDA event ring (steps read only at the end)
+    probe: Measured | None = None  # the host probe served just before (replay.gpu.probe)
 
 
 @dataclass
@@ -110,12 +112,14 @@ def replay(
     progress: Callable[[str], None] | None = None,
     fail_after_steps: int | None = None,
     timeline: dict[str, Any] | None = None,
+    probe: bool = True,
 ) -> ReplayResult:
     """Run the trace `repeat` times; write the run folder of the median repeat (by output
     tokens/s) with the spread of every metric over the repeats in `repeat_spread`. On an
     interruption, write the interrupted repeat (complete: false) and re-raise.
     `fail_after_steps` injects an engine error after that many steps (tests); `timeline`:
-    write_run's timeline_max_steps / timeline_from_s (which steps timeline.json holds)."""
+    write_run's timeline_max_steps / timeline_from_s (which steps timeline.json holds);
+    `probe`: serve the host probe (replay.gpu.probe) before each repeat's measured run."""
     trace = check_trace(cfg, trace_path)
     try:
         return _replay(
@@ -129,6 +133,7 @@ def replay(
             progress,
             fail_after_steps,
             timeline,
+            probe,
         )
     finally:
         # the engine froze its start-up heap (gc_freeze); leave the process as we found it
@@ -148,6 +153,7 @@ def _replay(
     progress: Callable[[str], None] | None,
     fail_after_steps: int | None,
     timeline: dict[str, Any] | None,
+    probe: bool = True,
 ) -> ReplayResult:
     deadline = time.monotonic() + max_seconds if max_seconds else None
     t_start = time.monotonic()
@@ -156,7 +162,7 @@ def _replay(
     for k in range(repeat):
         m, model = _one_repeat(
             cfg, trace, trace_path, out, model, done, deadline, warmup, progress, fail_after_steps,
-            timeline,
+            timeline, probe,
         )  # fmt: skip
         done.append(m)
         if progress is not None and k < repeat - 1:
@@ -212,9 +218,11 @@ def _one_repeat(
     progress: Callable[[str], None] | None,
     fail_after_steps: int | None,
     timeline: dict[str, Any] | None = None,
+    probe: bool = True,
 ) -> tuple[Measured, Any]:
-    """One measured run on a fresh engine (the model's weights reused). An incomplete run
-    writes its folder (with the spread of the repeats `done` before it) and raises."""
+    """One measured run on a fresh engine (the model's weights reused), after the warm-up and
+    the host probe. An incomplete run writes its folder (with the spread of the repeats `done`
+    before it) and raises."""
     engine, model = new_engine(cfg, model)
     _check_fits(engine, trace, trace_path)
     warm = CompileCounter.for_engine(engine)
@@ -222,10 +230,12 @@ def _one_repeat(
     if warmup:
         with warm:
             warm_info = warm_up(engine)
+    probed = host_probe(engine, cfg) if probe else None  # short: --max-seconds spares it
     ring = event_ring(cfg, trace)
     _fresh_hooks(engine, ring, step_bound(cfg, trace))
     m = _measure(engine, cfg, trace, deadline, progress, fail_after_steps)
     m.event_ring = ring
+    m.probe = probed
     if warm_info is not None:
         m.extra["warmup"] = {**warm_info, "jit_compiles": warm.summary()}
     del engine
@@ -314,6 +324,40 @@ def warm_up(engine: Any) -> dict[str, Any]:
     return info
 
 
+def host_probe(engine: Any, cfg: Config) -> Measured:
+    """Serve the host probe's requests (replay.gpu.probe) on the warm engine with fresh hooks;
+    every request finishes, so every KV block is free again (synthetic prompts register no
+    prefix-cache blocks)."""
+    inputs = probe_inputs(engine.max_model_len, cfg.max_num_batched_tokens, engine.device.type)
+    rows = sum(r.output_len + 1 for r in inputs) + 16  # a step per token + one per prefill
+    _fresh_hooks(engine, 256, rows)
+    m = _measure(engine, cfg, inputs, None, None, None)
+    if not m.complete:
+        raise RuntimeError(f"the host probe did not finish: {m.error}") from m.error
+    m.extra["probe_requests"] = probe_trace_info(inputs)
+    return m
+
+
+def probe_host(cfg: Config, out: Path) -> dict[str, Any]:
+    """`python -m replay probe`: the host probe alone on a fresh, warm engine, written as the run
+    folder `out`; returns its summary."""
+    try:
+        engine, _ = new_engine(cfg, None)
+        warm_up(engine)
+        m = host_probe(engine, cfg)
+        return write_run(
+            out,
+            m.recorder,
+            config=as_run(cfg),
+            trace=m.extra["probe_requests"],
+            source={"kind": "replay", "gpu": gpu_name(cfg)},
+            extra={"replay": m.extra},
+        )
+    finally:
+        gc.unfreeze()  # as `replay`
+        stop_tp_workers()
+
+
 def step_bound(cfg: Config, trace: Trace) -> int:
     """Most steps the trace can take: one per output token plus one per prefill chunk (a
     preemption's recompute can add some), capped at MAX_EVENT_RING."""
@@ -345,7 +389,7 @@ def _fresh_hooks(engine: Any, ring: int, rows: int) -> None:
 def _measure(
     engine: Any,
     cfg: Config,
-    trace: Trace,
+    trace: Trace | list[RequestInput],
     deadline: float | None,
     progress: Callable[[str], None] | None,
     fail_after_steps: int | None,
@@ -519,8 +563,14 @@ def _write(
     harvests = (m.summary.get("num_steps") or 0) > m.event_ring  # rows read inside the run
     cost = hook_overhead(cfg.device, harvests=harvests)
     extra["instrumentation"] = {**overhead_summary(cost, m.summary), "event_ring": m.event_ring}
+    if m.probe is not None:
+        extra["host_probe"] = {
+            "folder": PROBE_DIR,
+            "steps": m.probe.summary.get("num_steps"),
+            "wall_s": m.probe.extra.get("wall_s"),
+        }
     summary_extra: dict[str, Any] = {"replay": extra, **(repeat_extra or {})}
-    return write_run(
+    summary = write_run(
         out,
         m.recorder,
         config=as_run(cfg),
@@ -530,6 +580,16 @@ def _write(
         extra=summary_extra,
         **(timeline or {}),
     )
+    if m.probe is not None:  # inside the run's folder, after it: the run's swap replaces all
+        write_run(
+            out / PROBE_DIR,
+            m.probe.recorder,
+            config=as_run(cfg),
+            trace=m.probe.extra["probe_requests"],
+            source={"kind": "replay", "gpu": gpu_name(cfg)},
+            extra={"replay": m.probe.extra},
+        )
+    return summary
 
 
 def _median_index(done: list[Measured]) -> int:

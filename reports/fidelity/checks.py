@@ -21,6 +21,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from replay.analysis.probe import host_scale  # noqa: E402
+
 # (metric key in fidelity.json, column, target: |rel error| <= x, or |points| <= x for bubbles)
 TARGETS = [
     ("output_tok_per_s", "tok/s", 0.03),
@@ -116,17 +120,26 @@ def main() -> None:
     ap.add_argument(
         "--seed", type=int, default=0, help="the simulator's seed; 0 made the committed tables"
     )
+    ap.add_argument(
+        "--probe", action="store_true",
+        help="predict each run at its host probe's level (host_scale = the probe's level over "
+        "the profile's host_probe level; replay.analysis.probe): read before the run, not from it",
+    )  # fmt: skip
     args = ap.parse_args()
     sfx = f"-{args.tag}" if args.tag else ""
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for meas, summary in measured_runs(args.runs, args.prefix):
+        scale = host_scale(meas, args.profile) if args.probe else None
+        sets = (f"host_scale={scale!r}",) if scale is not None else ()
         data = predict_and_compare(
-            meas, summary, args.profile, args.gpu, args.work, f"{meas.name}{sfx}", args.seed
+            meas, summary, args.profile, args.gpu, args.work, f"{meas.name}{sfx}", args.seed, sets
         )
         data["role"] = "calibration" if "-calib" in meas.name else "check"
         data["profile"] = str(args.profile)
+        if scale is not None:
+            data["host_scale"] = scale
         (args.out / f"{args.gpu}-{meas.name}{sfx}.json").write_text(json.dumps(data, indent=1))
         rows.append((meas.name, data))
     head = "| run | role | " + " | ".join(c for _, c, _ in TARGETS) + " |"

@@ -16,8 +16,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -26,23 +24,11 @@ from checks import TARGETS, add_run_args, cell, measured_runs, predict_and_compa
 
 def host_level(run_dir: Path, profile: Path) -> float:
     """Measured over predicted CPU phase time summed over the run's own steps."""
-    from bubblesim.core.phases import CPU_PHASES
     from bubblesim.core.runfmt import load_run
-    from replay.analysis.quality import phase_predicted_ms
-    from replay.analysis.steps import load_steps
+    from replay.analysis.probe import host_level as level
     from sim.cost.profile import load_profile, resolve_profile
 
-    run = load_run(run_dir)
-    steps = load_steps([run])
-    prof = resolve_profile(load_profile(profile))
-    meas = pred = 0.0
-    for phase in CPU_PHASES:
-        y = steps.phase_ms[phase]
-        rows = np.flatnonzero(np.isfinite(y))
-        if rows.size:
-            meas += float(y[rows].sum())
-            pred += float(phase_predicted_ms(prof, [run], steps, phase, rows).sum())
-    return meas / pred if pred > 0 else 1.0
+    return level(load_run(run_dir), resolve_profile(load_profile(profile)))
 
 
 def main() -> None:

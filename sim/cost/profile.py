@@ -58,6 +58,9 @@ EFFICIENCY_KEYS = (
 # the tensor-parallel degree the profile's GPU fits were measured at (sim.cost.model refuses
 # it for another degree; a profile without it and with fitted GPU models is for degree 1)
 TP_KEY = "tensor_parallel_size"
+# the calibration runs' host probe level (replay.analysis.probe): {"level": x, "runs": n}; the
+# simulator does not read it: a target host's probe over it is that host's `host_scale`
+PROBE_KEY = "host_probe"
 TOP_KEYS = (
     "version",
     *META_STR_KEYS,
@@ -68,6 +71,7 @@ TOP_KEYS = (
     "cpu_phases",
     SPREAD_KEY,
     HOST_KEY,
+    PROBE_KEY,
     "terms",
     "ngram_gpu",
     "sync",
@@ -246,6 +250,11 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
         _check_spread(where, prof[SPREAD_KEY])
     if HOST_KEY in prof:
         _check_host_speed(where, prof[HOST_KEY])
+    if PROBE_KEY in prof:
+        probe = _table(where, PROBE_KEY, prof[PROBE_KEY])
+        _known(where, f"{PROBE_KEY}.", probe, ("level", "runs"))
+        if _number(where, f"{PROBE_KEY}.level", probe.get("level")) <= 0:
+            raise _fail(where, f"{PROBE_KEY}.level", "must be > 0")
     if "sync" in prof:
         _check_linear(where, "sync", prof["sync"])
     if "gc" in prof:
