@@ -26,7 +26,8 @@ from replay.analysis.probe import PROBE_DIR, PROBE_TRACE
 __all__ = ["PROBE_DIR", "probe_inputs", "probe_trace_info"]
 
 PROBE_REQUESTS = 40
-PROBE_REQUESTS_CPU = 8
+PROBE_REQUESTS_CPU = 8  # a CPU engine (tests, tiny models): 8 requests, prompts <= 128 tokens
+PROBE_PROMPT_CPU = 128
 PROBE_SPACING_S = 0.005  # arrival spacing (realtime runs; an asap run queues them all at once)
 _PROMPTS = (96, 384, 1536, 160, 640, 2048, 64, 1024)
 _OUTPUTS = (12, 32, 20, 48, 8, 24)
@@ -36,13 +37,15 @@ PROBE_KEY = 1 << 29  # request ids far from a trace's (keys are the engine's arr
 def probe_inputs(max_model_len: int, max_tokens: int, device: str) -> list[RequestInput]:
     """The probe's requests: the same for every host of a config. A prompt is cut to what one
     step's token budget and the model's context hold (it keeps at least one token); a CPU
-    engine serves the first PROBE_REQUESTS_CPU of them (its steps are 100x slower).
+    engine serves the first PROBE_REQUESTS_CPU of them, prompts cut to PROBE_PROMPT_CPU (its
+    steps are 100x slower).
     """
-    n = PROBE_REQUESTS if device == "cuda" else PROBE_REQUESTS_CPU
+    cuda = device == "cuda"
+    n, cap = (PROBE_REQUESTS, max_tokens) if cuda else (PROBE_REQUESTS_CPU, PROBE_PROMPT_CPU)
     out = []
     for i in range(n):
         o = min(_OUTPUTS[i % len(_OUTPUTS)], max(1, max_model_len // 4))
-        p = max(1, min(_PROMPTS[i % len(_PROMPTS)], max_model_len - o, max_tokens))
+        p = max(1, min(_PROMPTS[i % len(_PROMPTS)], max_model_len - o, max_tokens, cap))
         out.append(RequestInput(f"probe-{PROBE_KEY + i}", p, o, arrival_s=i * PROBE_SPACING_S))
     return out
 
