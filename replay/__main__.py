@@ -459,6 +459,7 @@ _ALLREDUCE_FILE = OutKind("all-reduce sweep", folder=False, recognise=_is_allred
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    # lazy, as every command's: `--help` and the other commands skip torch
     from replay.analysis.probe import host_scale, probe_level
     from replay.gpu.run import probe_host
     from sim.cost.profile import load_profile, resolve_profile

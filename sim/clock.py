@@ -84,20 +84,25 @@ class StepClock:
     GC pauses and waits are kept in `pauses` and `sync_*` until `flush` records them."""
 
     __slots__ = ("cpu_s", "gpu_free_s", "gc", "spread", "wake_s", "idle", "cpu_ngram", "pauses",
-                 "sync_step", "sync0", "sync1")  # fmt: skip
+                 "sync_step", "sync0", "sync1", "eager_lag_s", "other_ranks")  # fmt: skip
 
     def __init__(
         self, gc: GCModel, spread: PhaseSpread | None, wake_s: float, idle: IdleStart,
-        cpu_ngram: bool,
+        cpu_ngram: bool, eager_lag_s: float = 0.0, other_ranks: int = 0,
     ) -> None:  # fmt: skip
         """`cpu_ngram`: a CPU proposer drafts from the sampled tokens, so the draft phase
-        waits for its own pass."""
+        waits for its own pass. `eager_lag_s`: an eager pass ends at least this long after its
+        launch does (sim.stream.gpu_pass). `other_ranks` (tensor parallelism: size - 1): each
+        issues an eager step itself, at its own draw of the launch spread, and the pass's
+        all-reduces wait for the last of them (with a spread only)."""
         self.cpu_s = 0.0
         self.gpu_free_s = 0.0
         self.gc = gc
         self.spread = spread
         self.wake_s = wake_s
         self.idle = idle  # a graph issued to an idle GPU runs shorter (sim.stream.IdleStart)
+        self.eager_lag_s = eager_lag_s
+        self.other_ranks = other_ranks
         self.cpu_ngram = cpu_ngram
         # (start_s, duration_s, generation, phase, step) of each collection
         self.pauses: list[tuple[float, float, int, str, int]] = []
@@ -135,9 +140,15 @@ class StepClock:
                 s_sched, s_prep, s_launch, s_sample, s_draft, _, gpu_s, dgpu_s,
                 a_sched, a_prep, a_launch, a_sample, a_draft, _, graphed,
             ) = c  # fmt: skip
+            lag = self.eager_lag_s
             if sp is not None:  # no spread: no multiplication (x 1.0 would change no bit)
                 s_sched *= sp.at(_SCHED, step)
                 s_prep *= sp.at(_PREP, step)
+                if self.other_ranks and not graphed:  # the last rank's own eager launch
+                    own = sp.at(_LAUNCH, step)
+                    worst = sp.others_max(_LAUNCH, step, self.other_ranks)
+                    if worst > own:
+                        lag += s_launch * (worst - own) * (sp.host.at(t0) if sp.host else 1.0)
                 s_launch *= sp.at(_LAUNCH, step)
                 s_sample *= sp.at(_SAMPLE, step)
                 s_draft *= sp.at(_DRAFT, step)
@@ -169,7 +180,7 @@ class StepClock:
                     start = free
                     counts = free + gpu_s
                 else:
-                    start, counts = gpu_pass(prep1, cpu, free, gpu_s, graphed, self.idle)
+                    start, counts = gpu_pass(prep1, cpu, free, gpu_s, graphed, self.idle, lag)
                 end = self.gpu_free_s = counts + dgpu_s if dgpu_s > 0 else counts
                 cpu += s_sample
                 if a_sample > 0:  # allocations: maybe a collection

@@ -85,7 +85,8 @@ class SimLoop:
         # the CPU thread's clock (>= env.now while it runs ahead) and the GPU stream
         self.clock = StepClock(
             gc, phase_spread(cost.profile, cfg.seed, stream), cost.sync_wake_s,
-            cost.idle_start, cfg.spec.method == "ngram-cpu",
+            cost.idle_start, cfg.spec.method == "ngram-cpu", cost.eager_lag_s,
+            cfg.tensor_parallel_size - 1,
         )  # fmt: skip
         # the profile's measured CPU spread: one multiplier per (step, phase), None without
         self.spread: PhaseSpread | None = self.clock.spread

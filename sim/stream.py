@@ -58,14 +58,15 @@ NO_IDLE_EFFECT = IdleStart()
 
 def gpu_pass(
     launch_s: float, ready_s: float, free_s: float, gpu_s: float, graphed: bool,
-    idle: IdleStart = NO_IDLE_EFFECT,
+    idle: IdleStart = NO_IDLE_EFFECT, eager_lag_s: float = 0.0,
 ) -> tuple[float, float]:  # fmt: skip
     """(start, end) of a forward pass on the in-order stream. A CUDA graph starts once its
     replay is issued; eager kernels start as the first is issued and the pass cannot end before
     the last is (the stream's busy interval, as the engine's CUDA events measure it). A graph
     issued to a GPU idle for more than `idle.min_s` runs `idle.shorten(gpu_s, idle_s)`
     (measured: such decode graphs run up to ~half shorter than ones queued behind the previous
-    step, more the longer the GPU sat idle)."""
+    step, more the longer the GPU sat idle). An eager pass ends `eager_lag_s` after its last
+    issue at the earliest (profile `launch.eager_lag_ms`)."""
     if graphed:
         if ready_s > free_s:
             if ready_s - free_s > idle.min_s:
@@ -74,4 +75,6 @@ def gpu_pass(
         return free_s, free_s + gpu_s
     start = launch_s if launch_s > free_s else free_s
     end = start + gpu_s
+    if eager_lag_s:  # the tail past the last issue (other tensor-parallel ranks' own launch)
+        ready_s += eager_lag_s
     return start, end if end > ready_s else ready_s

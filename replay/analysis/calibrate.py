@@ -72,6 +72,8 @@ from bubblesim.core.config import Config
 from bubblesim.core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS
 from bubblesim.core.runfmt import Run, load_run
 from replay.analysis.decodetail import MIN_TAIL_KEYS, fit_tail, with_tail
+from replay.analysis.eagerlag import describe as describe_eager_lag
+from replay.analysis.eagerlag import fit_eager_lag
 from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
 from replay.analysis.hostspeed import describe_host_speed, fit_host_speed
@@ -451,6 +453,16 @@ def calibrate(
             prof[HOST_KEY] = {**hs, **({SPREAD_KEY: around} if around else {})}
             used = merge_profile(base, prof) if base else prof
             notes.append(describe_host_speed(host_report))
+    lag, lag_report = fit_eager_lag(runs, steps, resolve_profile(used))
+    notes.append(describe_eager_lag(lag_report))
+    if int(identity.get(TP_KEY, 1)) > 1 and (SPREAD_KEY in prof or HOST_KEY in prof):
+        # the other ranks' eager launches, drawn from the fitted launch spread, make it
+        lag = None
+        notes.append("launch.eager_lag_ms: not kept with tensor parallelism and a fitted spread "
+                     "(the simulator draws the other ranks' eager launches from it)")  # fmt: skip
+    if lag is not None:  # after the GPU fits: it classifies steps by their predicted kernels
+        prof.setdefault("launch", {})["eager_lag_ms"] = lag
+        used = merge_profile(base, prof) if base else prof
     probe = calibration_level(runs, resolve_profile(used))
     if probe is not None:  # the calibration host's level, for a target host's host_scale
         prof[PROBE_KEY] = probe

@@ -147,6 +147,7 @@ class CostModel:
         nodes = la["kernels_per_layer"] * self.model.num_layers + la["kernels_fixed"]
         self._graph_launch_ms = host(la["graph_ms"] + la["graph_ms_per_node"] * nodes)
         self._eager_launch_ms = host(la["eager_ms"] + la["eager_ms_per_kernel"] * nodes)
+        self.eager_lag_s = host(float(la["eager_lag_ms"])) / 1e3  # sim.stream.gpu_pass
         self._graph_max_tokens = int(la["graph_max_tokens"])
         # with speculative decoding only uniform verify batches replay a graph (k drafts per
         # request): the engine captures k + 1 query tokens per row (engine.graphs), as vLLM's

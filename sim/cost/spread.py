@@ -18,7 +18,9 @@ The multipliers of a phase come in blocks of BLOCK_STEPS steps, block b drawn fr
 (step, phase) is a function of those alone, never of the order in which the step loop and the
 fast path (sim.fast) asks for it, so both see the same value and
 stay bit-identical. `stream` tells replicas behind a router apart. No `cpu_spread` (the
-default): no multiplier, the simulator's arithmetic is unchanged.
+default): no multiplier, the simulator's arithmetic is unchanged. With tensor parallelism
+`PhaseSpread.others_max` draws the launch phase of the other ranks (their own eager launch of a
+step) from another stream, seeded with (seed, stream, phase index, b, 1, ranks).
 
 With a `host_speed` (sim.cost.hostspeed) the tables are `host_speed.cpu_spread` (the spread
 around the host's speed; none: the top-level `cpu_spread`) and `PhaseSpread.host` holds the
@@ -117,6 +119,7 @@ class PhaseSpread:
         self.lo = self.hi = 0
         self.window: list[list[float]] = [[] for _ in CPU_PHASES]
         self._blocks: dict[tuple[int, int], list[float]] = {}
+        self._others: dict[tuple[int, int, int], list[float]] = {}  # others_max's blocks
 
     def _block(self, i: int, b: int) -> list[float]:
         got = self._blocks.get((i, b))
@@ -141,6 +144,26 @@ class PhaseSpread:
         for i in range(len(CPU_PHASES)):
             self.window[i] = [x for b in range(b0, b1 + 1) for x in self._block(i, b)]
         self.lo, self.hi = b0 * BLOCK_STEPS, (b1 + 1) * BLOCK_STEPS
+
+    def others_max(self, i: int, step: int, n: int) -> float:
+        """The largest of `n` more draws of CPU_PHASES[i]'s multiplier at `step`, independent of
+        `at`'s: the same phase on the other tensor-parallel ranks (each its own process). Drawn
+        per block of steps from their own stream, so a run stays deterministic."""
+        b = step // BLOCK_STEPS
+        got = self._others.get((i, b, n))
+        if got is None:
+            table = self.tables[i]
+            if table is None:
+                got = [1.0] * BLOCK_STEPS
+            else:
+                import numpy as np
+
+                rng = np.random.default_rng([*self.key, i, b, 1, n])
+                got = draw(table, rng.random((BLOCK_STEPS, n))).max(axis=1).tolist()
+            if len(self._others) > 64:  # the loop moves forward: old blocks go
+                self._others.clear()
+            self._others[(i, b, n)] = got
+        return got[step - b * BLOCK_STEPS]
 
     def at(self, i: int, step: int) -> float:
         """The multiplier of CPU_PHASES[i] at `step`."""
