@@ -136,11 +136,16 @@ def write_run(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(out)  # follows the umask; sweeps dead processes' temps
     try:
-        # steps.parquet (mostly pyarrow's, which lets go of the GIL) is written by a thread
-        # while this one builds the timeline and the summary; an error in either removes
-        # the temp folder once the thread is done
+        # a steps.parquet of one row group (mostly pyarrow's work, which lets go of the GIL)
+        # is written by a thread while this one builds the timeline and the summary; a longer
+        # one after them (its row groups are written on codec's own thread: both at once
+        # would hold a row group and the summary's arrays together). An error in either
+        # removes the temp folder once the thread is done
+        one_group = steps and frozen.num_steps <= codec.ROW_GROUP_ROWS
         with ThreadPoolExecutor(1, thread_name_prefix="steps") as pool:
-            steps_written = pool.submit(_write_steps, tmp / STEPS, frozen, bub) if steps else None
+            steps_written = (
+                pool.submit(_write_steps, tmp / STEPS, frozen, bub) if one_group else None
+            )
             timeline = (
                 build_timeline(frozen, bub, source["kind"], timeline_max_steps, timeline_from_s)
                 if steps
@@ -168,6 +173,8 @@ def write_run(
             codec.write_table(gc_table(frozen), tmp / GC_PAUSES)
             if steps_written is not None:
                 steps_written.result()
+            elif steps:
+                _write_steps(tmp / STEPS, frozen, bub)
         if steps:
             (tmp / TIMELINE).write_text(timeline_text)
         (tmp / SUMMARY).write_text(summary_text)  # last: a folder with it is complete
