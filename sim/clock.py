@@ -84,7 +84,7 @@ class StepClock:
     GC pauses and waits are kept in `pauses` and `sync_*` until `flush` records them."""
 
     __slots__ = ("cpu_s", "gpu_free_s", "gc", "spread", "wake_s", "idle", "cpu_ngram", "pauses",
-                 "syncs")  # fmt: skip
+                 "sync_step", "sync0", "sync1")  # fmt: skip
 
     def __init__(
         self, gc: GCModel, spread: PhaseSpread | None, wake_s: float, idle: IdleStart,
@@ -101,10 +101,11 @@ class StepClock:
         self.cpu_ngram = cpu_ngram
         # (start_s, duration_s, generation, phase, step) of each collection
         self.pauses: list[tuple[float, float, int, str, int]] = []
-        # (step, start_s, end_s) of each wait, flat in one list (one extend a wait; array.append
-        # converts each value through PyArg_Parse, ~10x a list append); RunRecorder.syncs
-        # takes a segment's many at once
-        self.syncs: list[Any] = []
+        # lists: array.append converts each value through PyArg_Parse (~10x a list append);
+        # RunRecorder.syncs takes a segment's many at once
+        self.sync_step: list[int] = []
+        self.sync0: list[float] = []
+        self.sync1: list[float] = []
 
     def step(
         self, step: int, c: Sequence[Any] | None, counts_s: float = NO_EVENT,
@@ -186,9 +187,10 @@ class StepClock:
             if done_end_s is None:
                 done_end_s = end
             if done_end_s > cpu:  # _wait, inlined: most steps of a GPU-bound run wait here
-                woke = done_end_s + self.wake_s
-                self.syncs.extend((done_step, cpu, woke))
-                cpu = woke
+                self.sync_step.append(done_step)
+                self.sync0.append(cpu)
+                cpu = done_end_s + self.wake_s
+                self.sync1.append(cpu)
             po0 = cpu
             if sp is not None:
                 po_s *= sp.at(_PO, done_step)
@@ -225,15 +227,18 @@ class StepClock:
         """A host waiting from `cpu` resumes `wake_s` after the event (the result's copy and
         the wake-up: ~0.5 ms measured on an H100 host, cost.sync_wake_s, default 0)."""
         end = event_s + self.wake_s
-        self.syncs.extend((step, cpu, end))
+        self.sync_step.append(step)
+        self.sync0.append(cpu)
+        self.sync1.append(end)
         return end
 
     def flush(self, rec: RunRecorder) -> None:
         """Record the pauses and waits kept so far, in order, and forget them."""
-        syncs = self.syncs
-        if syncs:
-            rec.syncs(syncs[0::3], syncs[1::3], syncs[2::3])
-            syncs.clear()
+        if self.sync_step:
+            rec.syncs(self.sync_step, self.sync0, self.sync1)
+            self.sync_step.clear()
+            self.sync0.clear()
+            self.sync1.clear()
         if self.pauses:
             for start_s, dur_s, gen, phase, step in self.pauses:
                 rec.gc_pause(start_s, dur_s, gen, phase, step)
