@@ -18,7 +18,8 @@ block_size launches, so the members of launch k's grow class, k % block_size, ge
 and what its arrivals, admissions and finishes touch. An iteration before the next drop,
 join or finish, with no arrival due, no admission to try (or only one
 `Scheduler.admission_blocked` knows fails) and no member settling in, is calm: calm
-iterations run one after another in a loop of their own (grows, decode costs, clock step).
+iterations run one after another in a loop of their own (decode costs, clock step; their
+grows after them, in one call, as far as the free blocks go).
 The segment ends before a step the normal path must run: nothing to decode, more decode tokens
 than the budget, fewer free blocks than the step's decodes need (preemption), or after a step
 that admitted a partial prompt chunk.
@@ -262,6 +263,8 @@ class FastForward:
         cpu = clock.cpu_s
         stop_after = False
         reload = True
+        vary_one, vary_i = False, 0  # (set with `varying`)
+        vary_fn: Any = None
         # bound once: the loop below runs for every step of the segment
         drop_pop = drop.pop
         allocate_next = self.blocks.allocate_next
@@ -280,9 +283,15 @@ class FastForward:
                 and not changed
                 and k >= nd > 0
             ):
-                # calm iterations one after another: the calm path below, without its checks
-                end = min(calm_until, MAX_SEGMENT_STEPS)
-                short = False
+                # calm iterations one after another: the calm path below, without its checks.
+                # Their grows are made after them, in launch order, in one call (nothing a calm
+                # iteration does reads the block manager): `end` stops before the first launch
+                # whose grows would find too few free blocks (`short`: the normal path
+                # preempts there)
+                k0 = k
+                end, short = self._calm_end(classes, k, min(calm_until, MAX_SEGMENT_STEPS), b)
+                # a step whose CPU clock reaches the next arrival or the progress tick ends it
+                stop_s = next_arrival_s if next_arrival_s < tick_at_s else tick_at_s
                 # launch k's varying shape fields (as below), each advanced by its rate per
                 # launch; `at`: the launch whose pass iteration k completes
                 kv = sum_cr + b * (k + 1)
@@ -290,36 +299,39 @@ class FastForward:
                 hist = sum_hr + nh * k
                 ctx = sum_prompt + sum_a + b * k
                 at = k - nd
-                while True:
-                    grows = classes[k % bs]
-                    if grows and not allocate_next(grows):
-                        short = True  # fewer free blocks than the step's decodes need
-                        break
+                while k < end:
                     sh.kv_read_tokens = sh.attn_pairs = kv
                     sh.max_kv_tokens = longest
                     sh.history_tokens = hist
                     sh.context_tokens = ctx
-                    for i, fn, ms in varying:  # StepCosts.varying
-                        c[i] = fn(sh) / 1e3 if ms else fn(sh)
+                    if vary_one:
+                        c[vary_i] = vary_fn(sh) / 1e3
+                    else:
+                        for i, fn, ms in varying:  # StepCosts.varying
+                            c[i] = fn(sh) / 1e3 if ms else fn(sh)
                     step = s0 + k
                     po_s_add(c[PO_S])
                     po_objs_add(c[PO_OBJS])
                     t = clock_step(step, c, NO_EVENT, step - nd, gpu_end[at], po_s[k], po_objs[k])
                     times_add(pack(*t))
                     gpu_end_add(t[GPU_END])
-                    cpu = t[PO1]
                     k += 1
                     kv += b
                     longest += 1
                     hist += nh
                     ctx += b
                     at += 1
-                    if cpu >= tick_at_s:
-                        stop_after = True  # the progress hook looks now
+                    if t[PO1] >= stop_s:
                         break
-                    if k >= end or next_arrival_s <= cpu:
-                        break
-                if short:
+                cpu = clock.cpu_s
+                if k > k0:
+                    grown = [r for j in range(k0, k) for r in classes[j % bs]]
+                    if grown:
+                        ok = allocate_next(grown)
+                        assert ok, "a calm stretch's grows fit the free blocks (_calm_end)"
+                if cpu >= tick_at_s:
+                    stop_after = True  # the progress hook looks now (sim.loop.SimLoop.tick_at_s)
+                elif short and k == end and next_arrival_s > cpu:
                     break  # the normal path preempts
                 continue
             full = k >= calm_until or next_arrival_s <= cpu  # else calm: skip to the grows
@@ -432,6 +444,9 @@ class FastForward:
                 if reload:
                     c = list(costs.const(sh, b))
                     varying = costs.varying(b)
+                    # one varying cost in ms (the GPU pass's, as a rule): called without the loop
+                    vary_one = len(varying) == 1 and varying[0][2]
+                    vary_i, vary_fn = varying[0][:2] if vary_one else (0, None)
                     reload = False
                 sh.kv_read_tokens = sh.attn_pairs = kv
                 sh.max_kv_tokens = longest
@@ -481,6 +496,24 @@ class FastForward:
         run.n = k
         return run
 
+    def _calm_end(self, classes: list[list[Request]], k: int, end: int, b: int) -> tuple[int, bool]:
+        """How far calm launches k .. end - 1 go with the free blocks their grows take (launch
+        j: one for each of classes[j % bs], in launch order; the classes hold b requests at
+        most): (a launch they surely reach, or the first whose grows find too few blocks;
+        whether it is that one)."""
+        free = self.blocks.num_free
+        bs = self.block_size
+        if free >= b * -(-(end - k) // bs):  # b blocks per bs launches at most
+            return end, False
+        per_round = sum(map(len, classes))  # any bs launches in a row take this many
+        if free >= per_round:  # whole rounds surely fit; the next stretch looks again
+            return min(end, k + bs * (free // per_round)) if per_round else end, False
+        for j in range(k, min(end, k + bs)):  # less than a round: a launch in it is short
+            free -= len(classes[j % bs])
+            if free < 0:
+                return j, True
+        return end, False
+
     @staticmethod
     def _young_correction(young: list[_Member], k: int) -> int:
         """Sum over members still settling in of (confirmed outputs before launch k) - (a + k);
@@ -525,7 +558,7 @@ class FastForward:
         rows, starts, stops = [], [], []
         for m in run.members:
             # its passes are launches l0 .. end - 1, completed in iterations nd + l
-            stop = min(nd + m.end, n)
+            stop = nd + m.end if nd + m.end < n else n
             if nd + m.l0 < stop:
                 rows.append(m.req.index)
                 starts.append(nd + m.l0)

@@ -13,6 +13,7 @@ import json
 import math
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,33 +133,49 @@ def write_run(
         validate(frozen)
     pieces_until_s = window(frozen, timeline_max_steps, timeline_from_s).to_s
     bub = account_bubbles(frozen, pieces_until_s=pieces_until_s)
-    timeline = (
-        build_timeline(frozen, bub, source["kind"], timeline_max_steps, timeline_from_s)
-        if steps
-        else None
-    )
-    summary = build_summary(
-        frozen,
-        bub,
-        config=cfg,
-        trace=trace,
-        source=source,
-        complete=complete,
-        timeline=timeline["otherData"] if timeline else None,
-        extra=extra,
-        step_records=steps,
-    )
-    # serialized before anything touches the disk: a bad `extra` value fails here
-    summary_text = json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n"
-    timeline_text = json.dumps(timeline, separators=(",", ":"), allow_nan=False) if steps else ""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(out)  # follows the umask; sweeps dead processes' temps
     try:
-        codec.write_table(requests_table(frozen), tmp / REQUESTS)
-        codec.write_table(gc_table(frozen), tmp / GC_PAUSES)
+        # a steps.parquet of one row group (mostly pyarrow's work, which lets go of the GIL)
+        # is written by a thread while this one builds the timeline and the summary; a longer
+        # one after them (its row groups are written on codec's own thread: both at once
+        # would hold a row group and the summary's arrays together). An error in either
+        # removes the temp folder once the thread is done
+        one_group = steps and frozen.num_steps <= codec.ROW_GROUP_ROWS
+        with ThreadPoolExecutor(1, thread_name_prefix="steps") as pool:
+            steps_written = (
+                pool.submit(_write_steps, tmp / STEPS, frozen, bub) if one_group else None
+            )
+            timeline = (
+                build_timeline(frozen, bub, source["kind"], timeline_max_steps, timeline_from_s)
+                if steps
+                else None
+            )
+            summary = build_summary(
+                frozen,
+                bub,
+                config=cfg,
+                trace=trace,
+                source=source,
+                complete=complete,
+                timeline=timeline["otherData"] if timeline else None,
+                extra=extra,
+                step_records=steps,
+            )
+            # serialized before a file but steps.parquet is written: a bad `extra` value
+            # fails here
+            summary_text = json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n"
+            timeline_text = (
+                json.dumps(timeline, separators=(",", ":"), allow_nan=False) if steps else ""
+            )
+            del timeline
+            codec.write_table(requests_table(frozen), tmp / REQUESTS)
+            codec.write_table(gc_table(frozen), tmp / GC_PAUSES)
+            if steps_written is not None:
+                steps_written.result()
+            elif steps:
+                _write_steps(tmp / STEPS, frozen, bub)
         if steps:
-            rows, plan_rows = _step_rows(frozen, bub)
-            codec.write_chunks(tmp / STEPS, frozen.num_steps, rows, plan_rows=plan_rows)
             (tmp / TIMELINE).write_text(timeline_text)
         (tmp / SUMMARY).write_text(summary_text)  # last: a folder with it is complete
         swap_in(tmp, out)
@@ -167,6 +184,12 @@ def write_run(
         raise
     loaded: dict[str, Any] = json.loads(summary_text)
     return loaded
+
+
+def _write_steps(path: Path, rec: Recording, bub: Bubbles) -> None:
+    """steps.parquet, in row groups of bounded memory (`_step_rows`)."""
+    rows, plan_rows = _step_rows(rec, bub)
+    codec.write_chunks(path, rec.num_steps, rows, plan_rows=plan_rows)
 
 
 def _step_rows(

@@ -190,7 +190,7 @@ class RunRecorder:
         if isinstance(shapes, np.ndarray):
             if shapes.ndim != 2 or shapes.shape[1] != width or shapes.dtype.kind not in "iu":
                 raise ValueError(f"add_steps: shapes must be an (n, {width}) integer array")
-            rows = shapes.astype(np.int64)
+            rows = shapes.astype(np.int64, copy=False)  # kept (the caller's: read only)
         else:
             for row in shapes:
                 if len(row) != width:
@@ -251,9 +251,15 @@ class RunRecorder:
         """`sync(steps[i], starts_s[i], ends_s[i])` for every i, in order."""
         if not len(steps) == len(starts_s) == len(ends_s):
             raise ValueError("syncs: steps, starts_s and ends_s differ in length")
-        if len(steps) and not (min(steps) >= 0 and max(steps) < self.num_steps):
-            raise IndexError("syncs: a step was not added")
-        _extend(self._sync_step, steps)
+        if len(steps) >= _VECTOR_TIMES and not isinstance(steps, array):
+            many = np.asarray(steps, np.int64)  # checked and stored through numpy
+            if not (many.min() >= 0 and many.max() < self.num_steps):
+                raise IndexError("syncs: a step was not added")
+            self._sync_step.frombytes(many.tobytes())
+        else:
+            if len(steps) and not (min(steps) >= 0 and max(steps) < self.num_steps):
+                raise IndexError("syncs: a step was not added")
+            _extend(self._sync_step, steps)
         _extend(self._sync_start, starts_s)
         _extend(self._sync_end, ends_s)
 
