@@ -6,6 +6,7 @@ puts tests/ on sys.path; a subprocess adds it to PYTHONPATH)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,6 +42,15 @@ CUDA_TINY: dict[str, object] = dict(
     num_kv_blocks=512,
     cuda_graphs=True,
 )
+
+
+def mark_measured(run_dir: Path) -> None:
+    """Make a simulated run folder read as measured (summary `source.kind` "replay"), for the
+    fits that take measured runs only: a run made with a known model gives that model back."""
+    path = Path(run_dir) / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["source"]["kind"] = "replay"
+    path.write_text(json.dumps(summary))
 
 
 def make_cfg(sampling: tuple[tuple[str, object], ...] | None = None, **kw: object) -> Config:

@@ -4,7 +4,6 @@ steps carry it, and fast-forward equality with it."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from sim.cost.splits import TAIL_CAP_KEYS, program_keys_fn, tail_keys_fn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
+from helpers import mark_measured  # noqa: E402
 from test_sim_max_kv import _mixed_trace  # noqa: E402
 
 LIN = {"intercept": 1.0, "kv_read_tokens": 2e-5}
@@ -63,9 +63,7 @@ def _measured(tmp_path: Path, decode: dict) -> list:
     path = save_profile(tmp_path / "p.json", {"version": 1, "gpu_pass": {"decode": decode}})
     cfg = load_config(None, ["model=llama3-8b", "gpu=h100", f"profile={path}"])
     simrun.simulate(cfg, trace, tmp_path / "run")
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    summary["source"]["kind"] = "replay"
-    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    mark_measured(tmp_path / "run")
     return [load_run(tmp_path / "run")]
 
 

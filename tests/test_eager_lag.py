@@ -22,6 +22,7 @@ from replay.analysis.steps import load_steps
 from sim.cost import ProfileError, load_cost_model, resolve_profile
 from sim.stream import gpu_pass
 from tests.ffcheck import assert_same_records, records_without_and_with_fast_forward
+from tests.helpers import mark_measured
 from tests.test_sim import trace_file
 
 
@@ -74,9 +75,7 @@ def test_calibrate_recovers_the_lag(tmp_path: Path) -> None:
     (tmp_path / "p.json").write_text(json.dumps(made))
     cfg = load_config(None, ["model=llama3.2-1b", f"profile={tmp_path / 'p.json'}"])
     simrun.simulate(cfg, trace, tmp_path / "run")
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    summary["source"]["kind"] = "replay"
-    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    mark_measured(tmp_path / "run")
     run = load_run(tmp_path / "run")
     lag, report = fit_eager_lag([run], load_steps([run]), resolve_profile({"version": 1}))
     assert report["launch_bound"] >= 20 and lag == pytest.approx(6.0, rel=1e-3)

@@ -16,6 +16,7 @@ from bubblesim.core.config import load_config
 from sim.cost import ProfileError, load_cost_model
 from sim.stream import IdleStart, gpu_pass
 from tests.ffcheck import assert_same_records, records_without_and_with_fast_forward
+from tests.helpers import mark_measured
 from tests.test_sim import trace_file
 
 
@@ -112,9 +113,7 @@ def test_calibrate_recovers_the_shrink_law(tmp_path: Path) -> None:
     cfg = load_config(None, ["model=llama3.2-1b", "batches_in_flight=1",
                              f"profile={tmp_path / 'p.json'}"])  # fmt: skip
     simrun.simulate(cfg, trace, tmp_path / "run")
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    summary["source"]["kind"] = "replay"
-    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    mark_measured(tmp_path / "run")
     fit_with = {"version": 1, "gpu_pass": {"decode": decode}}
     table, report = fit_idle_start([load_run(tmp_path / "run")], fit_with)
     assert table is not None and report["steps"] >= 30

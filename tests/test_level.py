@@ -13,6 +13,7 @@ import sim.run as simrun
 from bubblesim.core.config import load_config
 from bubblesim.core.runfmt import load_run
 from replay.analysis.level import Curve, level_curve, level_ratio, scaled, scaled_by
+from tests.helpers import mark_measured
 from tests.test_sim import trace_file
 
 
@@ -36,9 +37,7 @@ def test_level_is_the_runs_ratio(tmp_path: Path) -> None:
     (tmp_path / "p.json").write_text(json.dumps({"version": 1, "gpu_pass": {"decode": made}}))
     cfg = load_config(None, ["model=llama3.2-1b", f"profile={tmp_path / 'p.json'}"])
     simrun.simulate(cfg, trace, tmp_path / "run")
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    summary["source"]["kind"] = "replay"  # as if measured
-    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    mark_measured(tmp_path / "run")
     run = load_run(tmp_path / "run")
     k, report = level_ratio([run], scaled(made, 1 / 1.1))  # a model 10 % low
     assert k == pytest.approx(1.1, rel=1e-6) and report["steps"] >= 200
@@ -75,9 +74,7 @@ def test_level_curve_finds_a_level_per_batch_band(tmp_path: Path) -> None:
     (tmp_path / "p.json").write_text(json.dumps({"version": 1, "gpu_pass": {"decode": made}}))
     cfg = load_config(None, ["model=llama3.2-1b", f"profile={tmp_path / 'p.json'}"])
     simrun.simulate(cfg, trace, tmp_path / "run")
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    summary["source"]["kind"] = "replay"
-    (tmp_path / "run" / "summary.json").write_text(json.dumps(summary))
+    mark_measured(tmp_path / "run")
     run = load_run(tmp_path / "run")
     low = {"spline": {**made["spline"], "ms": [9 / 1.1, 9 / 1.1, 9 / 1.3, 9 / 1.3]}}
     curve, report = level_curve([run], low)
