@@ -507,8 +507,8 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "probe",
-        help="the host probe alone: this host's CPU level, and with --profile the host_scale "
-        "that carries the profile here",
+        help="the host probe alone: this host's CPU level, and with --against PROFILE the "
+        "host_scale that carries the profile here",
     )
     add_config_args(p)
     p.add_argument("--against", metavar="PROFILE", help="a profile with `host_probe`")

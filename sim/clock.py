@@ -144,18 +144,22 @@ class StepClock:
             if sp is not None:  # no spread: no multiplication (x 1.0 would change no bit)
                 s_sched *= sp.at(_SCHED, step)
                 s_prep *= sp.at(_PREP, step)
-                if self.other_ranks and not graphed:  # the last rank's own eager launch
-                    own = sp.at(_LAUNCH, step)
+                own = sp.at(_LAUNCH, step)
+                ranks = 0.0  # the last other rank's eager launch past rank 0's
+                if self.other_ranks and not graphed:
                     worst = sp.others_max(_LAUNCH, step, self.other_ranks)
                     if worst > own:
-                        lag += s_launch * (worst - own) * (sp.host.at(t0) if sp.host else 1.0)
-                s_launch *= sp.at(_LAUNCH, step)
+                        ranks = s_launch * (worst - own)
+                s_launch *= own
                 s_sample *= sp.at(_SAMPLE, step)
                 s_draft *= sp.at(_DRAFT, step)
                 if sp.host is not None:  # the host's speed at the step's start (hostspeed.py)
                     h = sp.host.at(t0)
                     s_sched, s_prep, s_launch = s_sched * h, s_prep * h, s_launch * h
                     s_sample, s_draft = s_sample * h, s_draft * h
+                    ranks *= h
+                if ranks:
+                    lag += ranks
             cpu += s_sched
             if a_sched > 0:  # allocations: maybe a collection
                 cpu = self._collect(cpu, a_sched, P.SCHEDULE, step - 1)

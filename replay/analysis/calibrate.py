@@ -453,14 +453,17 @@ def calibrate(
             prof[HOST_KEY] = {**hs, **({SPREAD_KEY: around} if around else {})}
             used = merge_profile(base, prof) if base else prof
             notes.append(describe_host_speed(host_report))
-    lag, lag_report = fit_eager_lag(runs, steps, resolve_profile(used))
-    notes.append(describe_eager_lag(lag_report))
     if int(identity.get(TP_KEY, 1)) > 1 and (SPREAD_KEY in prof or HOST_KEY in prof):
         # the other ranks' eager launches, drawn from the fitted launch spread, make it
         lag = None
-        notes.append("launch.eager_lag_ms: not kept with tensor parallelism and a fitted spread "
-                     "(the simulator draws the other ranks' eager launches from it)")  # fmt: skip
-    if lag is not None:  # after the GPU fits: it classifies steps by their predicted kernels
+        notes.append(
+            "launch.eager_lag_ms: not fitted with tensor parallelism and a fitted spread "
+            "(the simulator draws the other ranks' eager launches from it)"
+        )
+    else:  # after the GPU fits: it classifies steps by their predicted kernels
+        lag, lag_report = fit_eager_lag(runs, steps, resolve_profile(used))
+        notes.append(describe_eager_lag(lag_report))
+    if lag is not None:
         prof.setdefault("launch", {})["eager_lag_ms"] = lag
         used = merge_profile(base, prof) if base else prof
     probe = calibration_level(runs, resolve_profile(used))

@@ -79,14 +79,22 @@ def fit_idle_start(
     return (table if len(table) > 2 else None), report
 
 
+NO_LAW = "no saving measured: the best law is no better than none"
+
+
+def _beats_none(err_ms: float, meas: np.ndarray, pred: np.ndarray) -> bool:
+    """A law's median |error| (ms) under no law's: only then is it kept."""
+    return err_ms < float(np.median(np.abs(meas - pred)))
+
+
 def _fit_decode(
     idle_ms: np.ndarray, meas: np.ndarray, pred: np.ndarray, table: dict[str, float],
     report: dict[str, Any],
 ) -> None:  # fmt: skip
     r = meas / pred
     per, after, frac, err = fit_shrink_law(idle_ms, meas, pred)
-    if err >= float(np.median(np.abs(meas - pred))):
-        report["note"] = "no saving measured: the best law is no better than none"
+    if not _beats_none(err, meas, pred):
+        report["note"] = NO_LAW
         return
     ratio = float(np.clip(np.median(r), 0.05, 1.0))
     report.update(
@@ -113,8 +121,8 @@ def _fit_verify(
     report["verify_steps"] = int(v_idle.size)
     if v_idle.size >= MIN_STEPS:
         v_per, v_after, v_frac, v_err = fit_shrink_law(v_idle, v_meas, v_pred)
-        if v_err >= float(np.median(np.abs(v_meas - v_pred))):
-            report["verify_note"] = "no saving measured: the best law is no better than none"
+        if not _beats_none(v_err, v_meas, v_pred):
+            report["verify_note"] = NO_LAW
             return
         table.update(
             verify_shrink_per_ms=v_per, verify_shrink_after_ms=v_after,

@@ -344,15 +344,7 @@ def probe_host(cfg: Config, out: Path) -> dict[str, Any]:
     try:
         engine, _ = new_engine(cfg, None)
         warm_up(engine)
-        m = host_probe(engine, cfg)
-        return write_run(
-            out,
-            m.recorder,
-            config=as_run(cfg),
-            trace=m.extra["probe_requests"],
-            source={"kind": "replay", "gpu": gpu_name(cfg)},
-            extra={"replay": m.extra},
-        )
+        return _write_probe(host_probe(engine, cfg), cfg, out)
     finally:
         gc.unfreeze()  # as `replay`
         stop_tp_workers()
@@ -581,15 +573,20 @@ def _write(
         **(timeline or {}),
     )
     if m.probe is not None:  # inside the run's folder, after it: the run's swap replaces all
-        write_run(
-            out / PROBE_DIR,
-            m.probe.recorder,
-            config=as_run(cfg),
-            trace=m.probe.extra["probe_requests"],
-            source={"kind": "replay", "gpu": gpu_name(cfg)},
-            extra={"replay": m.probe.extra},
-        )
+        _write_probe(m.probe, cfg, out / PROBE_DIR)
     return summary
+
+
+def _write_probe(probe: Measured, cfg: Config, out: Path) -> dict[str, Any]:
+    """A host probe's run folder (its trace: the probe's request list, replay.gpu.probe)."""
+    return write_run(
+        out,
+        probe.recorder,
+        config=as_run(cfg),
+        trace=probe.extra["probe_requests"],
+        source={"kind": "replay", "gpu": gpu_name(cfg)},
+        extra={"replay": probe.extra},
+    )
 
 
 def _median_index(done: list[Measured]) -> int:

@@ -115,11 +115,11 @@ DEFAULTS: dict[str, Any] = {
         # Eager: every op is a Python -> ATen -> cudaLaunchKernel dispatch of ~5-20 us.
         "eager_ms": 50 * US,  # forward() entry, attention-metadata context
         "eager_ms_per_kernel": 8 * US,
-        # An eager pass ends this long after rank 0's launch at the earliest (the tail after the
-        # last kernel is issued; with tensor parallelism, the other ranks' own eager launch,
-        # which every all-reduce waits for). `replay calibrate` fits it as the mean over the
-        # runs' clearly launch-bound eager steps: H100, 0.16 ms on one GPU (llama3.2-1b),
-        # 3.1 ms at TP2 (llama3-8b, heavy-tailed: median 0.06), 38 ms at TP4 (llama3-70b).
+        # An eager pass ends this long after its launch at the earliest (the tail after the
+        # last kernel is issued). `replay calibrate` fits it as the mean over the runs' eager
+        # steps whose kernels end before the launch: H100, 0.16 ms on llama3.2-1b. With tensor
+        # parallelism and a launch spread the other ranks' own eager launches, drawn from the
+        # spread, add to it (sim.clock.StepClock) and calibrate fits no constant.
         "eager_lag_ms": 0.0,
         # Llama layer: add+rmsnorm, qkv, rotary, kv store, attention, o_proj, add+rmsnorm,
         # gate_up, silu*mul, down. Fixed: embedding, final norm, lm_head, logits gather, ...
