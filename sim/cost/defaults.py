@@ -117,7 +117,8 @@ DEFAULTS: dict[str, Any] = {
         "eager_ms_per_kernel": 8 * US,
         # An eager pass ends this long after its launch at the earliest (the tail after the
         # last kernel is issued). `replay calibrate` fits it as the mean over the runs' eager
-        # steps whose kernels end before the launch: H100, 0.16 ms on llama3.2-1b. With tensor
+        # steps whose kernels end before the launch (H100, llama3.2-1b calibration runs: 0.42 ms,
+        # median 0.17: a few slow tails). With tensor
         # parallelism and a launch spread the other ranks' own eager launches, drawn from the
         # spread, add to it (sim.clock.StepClock) and calibrate fits no constant.
         "eager_lag_ms": 0.0,
