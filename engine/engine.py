@@ -73,11 +73,15 @@ from engine.spec.inputs import SpecInputBuffers
 from engine.tp.comm import (
     OP_END_ENGINE,
     OP_ENGINE,
+    OP_RANK_TIMES,
     OP_STEP,
     OP_WARM_FORWARDS,
+    RANK_TIMES_GATHER,
+    RANK_TIMES_START,
     Comm,
     check_oneshot,
 )
+from engine.tp.ranktimes import RankTimes, empty_table
 from engine.tp.watchdog import ENGINE_S, SHUTDOWN_S, deadline
 
 CPU_KV_BYTES = 64 << 20  # the KV budget on CPU, where free memory says little
@@ -158,6 +162,9 @@ class Engine:
         self.broadcast_parts: list[tuple[int, int, int]] | None = None
         # per step, 1 when its host input arrays rode in the ring (else the device broadcast)
         self.broadcast_ring: list[int] | None = None
+        # a worker rank's own launch times (engine.tp.ranktimes), on between rank 0's
+        # Engine.start and Engine.finish
+        self.rank_times = None if self.tp is None or self.tp.is_driver else RankTimes(self.tp.rank)
         try:
             if self.tp is None:
                 self._build(cfg)
@@ -273,7 +280,7 @@ class Engine:
         h.end(row)
         if self.tp is not None:
             h.begin_broadcast()
-            self._broadcast(step)
+            self._broadcast(step, row)
             h.end_broadcast(row)
         h.begin(P.LAUNCH)
         h.graphed[row] = 1 if step.bucket else 0
@@ -358,8 +365,9 @@ class Engine:
         return step
 
     # ---- tensor parallelism ------------------------------------------------------------------
-    def _broadcast(self, step: StepInputs) -> None:
-        """Rank 0: the step to every worker rank (`serve_step`): its sizes in one header with
+    def _broadcast(self, step: StepInputs, row: int) -> None:
+        """Rank 0: the step to every worker rank (`serve_step`): its sizes and hooks `row` (the
+        workers' launch record names it, engine.tp.ranktimes) in one header with
         the sampler state of slots initialised since the last step and the step's host input
         arrays (engine.tp.ring: all in one shared-memory slot; each worker uploads them as this
         rank did, so its inputs are bit-identical and NCCL carries only the model's
@@ -377,8 +385,8 @@ class Engine:
             OP_STEP, step.ring, step.num_reqs, step.num_tokens, step.num_gen,
             step.rows.hist_rows.numel(), step.bucket, step.padded_tokens, a.max_query_len,
             a.max_seq_len, step.num_pairs, step.table_cols, step.mixed, len(self._inits),
-            0 if ids is None else len(ids) - 3 * len(self._inits), int(in_ring), payload=ids,
-            arrays=host if in_ring else (),
+            0 if ids is None else len(ids) - 3 * len(self._inits), int(in_ring), row,
+            payload=ids, arrays=host if in_ring else (),
         )  # fmt: skip
         self._inits.clear()
         t2 = time.perf_counter_ns() if parts is not None else 0
@@ -404,10 +412,12 @@ class Engine:
                 tail += [np.asarray(prompt, np.int64), np.asarray(outputs, np.int64)]
         return np.concatenate([np.asarray(head, np.int64), *tail])
 
-    def serve_step(self, header: np.ndarray) -> None:
+    def serve_step(self, header: np.ndarray, recv_ns: int = 0) -> None:
         """A worker rank: the device work of the step rank 0 announced in `header`
-        (`_broadcast`), in rank 0's order: new slots' sampler state, the inputs' broadcast,
-        input finishing, forward (or graph replay), sampling into this rank's own state."""
+        (`_broadcast`; it reached this rank at perf_counter_ns `recv_ns`), in rank 0's order:
+        new slots' sampler state, the inputs' broadcast, input finishing, forward (or graph
+        replay), sampling into this rank's own state. The launch (finishing + forward, rank 0's
+        `launch` phase) goes into the rank's record while rank 0 has it on."""
         tp = self.tp
         assert tp is not None and not tp.is_driver
         k, b, t_real, g, h, bucket, t, max_q, max_seq, pairs, cols, mixed, n_init, n_ids, ring = (
@@ -424,8 +434,12 @@ class Engine:
         else:
             self.inputs.broadcast(step, tp)
         samples = self._graph_samples(step)
+        launch0_ns = _now()
         self.inputs.apply(step, finish=not samples)
         logits = self.forward(step)
+        rt = self.rank_times
+        if rt is not None and rt.on:
+            rt.add(int(header[16]), recv_ns, launch0_ns, _now())
         if not samples and g:  # as `_sample`: the tokens stay on this rank's device
             self.sampler.sample(logits[:g], step.rows, self.outputs.device_tokens[k, :g])
 
@@ -727,14 +741,36 @@ class Engine:
         return self.sched.has_unfinished or bool(self.inflight)
 
     def start(self) -> int:
-        """Begin recording (phase hooks, GPU events, GC pauses); returns the run's zero ns."""
+        """Begin recording (phase hooks, GPU events, GC pauses; with tensor parallelism also
+        the worker ranks' launches); returns the run's zero ns."""
+        if self.tp is not None and self.tp.is_driver and self.tp.workers is not None:
+            self.tp.send_header(OP_RANK_TIMES, RANK_TIMES_START)
         self.hooks.install_gc()
         return self.hooks.start()
 
     def finish(self) -> StepTrace:
-        """Stop recording and return what the hooks saw (synchronizes the device)."""
+        """Stop recording and return what the hooks saw (synchronizes the device), with the
+        worker ranks' launch record (`StepTrace.rank_ns`) under tensor parallelism."""
         self.hooks.remove_gc()
-        return self.hooks.finish()
+        trace = self.hooks.finish()
+        if self.tp is not None and self.tp.is_driver:
+            trace.rank_ns = self._gather_rank_times()
+        return trace
+
+    def _gather_rank_times(self) -> np.ndarray:
+        """Rank 0: every worker's launch record since `start` (engine.tp.ranktimes), rows of
+        all ranks in rank order; empty when a worker is gone (a failed run keeps its steps)."""
+        tp = self.tp
+        assert tp is not None
+        if tp.workers is None or not tp.workers.alive():
+            return empty_table()
+        tp.send_header(OP_RANK_TIMES, RANK_TIMES_GATHER)
+        with deadline("rank 0: gather the worker ranks' launch times", SHUTDOWN_S,
+                      tp.on_expiry, tp.peers_alive):  # fmt: skip
+            tables = tp.gather_object(empty_table())
+        assert tables is not None
+        return np.concatenate([t for t in tables[1:] if isinstance(t, np.ndarray)] or
+                              [empty_table()])  # fmt: skip
 
     def run(
         self,

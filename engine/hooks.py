@@ -89,6 +89,9 @@ class StepTrace:
     broadcast_ns: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))
     # CUDA: how GPU times were put on the host clock (StepHooks.finish; empty on CPU)
     clock: dict[str, float] = field(default_factory=dict)
+    # int64 [m, 5]: the worker ranks' own launches (engine.tp.ranktimes.COLUMNS: rank, this
+    # trace's row, header received, launch start and end), empty without tensor parallelism
+    rank_ns: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.int64))
 
     @property
     def num_steps(self) -> int:

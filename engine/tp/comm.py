@@ -31,7 +31,7 @@ from bubblesim.core.collectives import oneshot_max_bytes
 from engine.tp.ring import PAYLOAD_WORDS, HeaderRing, part_offsets
 from engine.tp.watchdog import SHUTDOWN_S, deadline
 
-HEADER_LEN = 16
+HEADER_LEN = 17  # op, a step's 15 sizes, rank 0's hooks row of the step (Engine._broadcast)
 # the host group waits for rank 0's next message as long as the engine lives (idle engines,
 # long arrivals gaps): its timeout only ends workers whose rank 0 vanished without a word
 HOST_TIMEOUT = timedelta(hours=24)
@@ -39,7 +39,9 @@ HOST_TIMEOUT = timedelta(hours=24)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 # commands in header[0]
-OP_STEP, OP_ENGINE, OP_END_ENGINE, OP_WARM_FORWARDS, OP_SHUTDOWN = range(1, 6)
+OP_STEP, OP_ENGINE, OP_END_ENGINE, OP_WARM_FORWARDS, OP_SHUTDOWN, OP_RANK_TIMES = range(1, 7)
+# OP_RANK_TIMES's header[1]: the workers start their launch record, or send it (ranktimes.py)
+RANK_TIMES_START, RANK_TIMES_GATHER = 0, 1
 
 
 def _slot_bytes(payload: np.ndarray | None, arrays: tuple[np.ndarray, ...]) -> int:
@@ -175,6 +177,12 @@ class Comm:
         box: list[object] = [None]
         dist.broadcast_object_list(box, src=0, group=self.host_group)
         return box[0]
+
+    def gather_object(self, obj: object) -> list[object] | None:
+        """Every rank's `obj` in rank order on rank 0 (None on the workers); all ranks call it."""
+        out: list[object] | None = [None] * self.size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=self.host_group)
+        return out
 
     def agree_min(self, value: int) -> int:
         """The smallest of every rank's `value` (all ranks call it)."""

@@ -12,6 +12,7 @@ Worker loop (`serve`): read rank 0's next header (engine.tp.comm commands): OP_E
 `Engine` from the config rank 0 sends (the same constructor, so both ranks run the same
 collectives: profiling forward, KV budget agreement, CUDA graph captures in the same order);
 OP_STEP runs one step (`Engine.serve_step`); OP_WARM_FORWARDS the warm-up forwards;
+OP_RANK_TIMES starts the rank's launch record or sends it to rank 0 (engine.tp.ranktimes);
 OP_END_ENGINE drops the engine; OP_SHUTDOWN leaves.
 
 Ending: `Comm.close` (rank 0; also at interpreter exit) drops the CUDA graphs of its engines,
@@ -51,9 +52,11 @@ from engine.tp.comm import (
     HEADER_LEN,
     OP_END_ENGINE,
     OP_ENGINE,
+    OP_RANK_TIMES,
     OP_SHUTDOWN,
     OP_STEP,
     OP_WARM_FORWARDS,
+    RANK_TIMES_START,
     Comm,
 )
 from engine.tp.ring import IDLE_S, SPIN_CPU_S, HeaderRing
@@ -319,10 +322,17 @@ def serve(comm: Comm, model: Any) -> None:
     engine = None
     while True:
         h = comm.recv_header()
+        recv_ns = time.perf_counter_ns()  # the step's arrival, for the launch record
         op = int(h[0])
         if op == OP_STEP:
             assert engine is not None, "a step before any engine"
-            engine.serve_step(h)
+            engine.serve_step(h, recv_ns)
+        elif op == OP_RANK_TIMES:  # rank 0's Engine.start / finish
+            assert engine is not None, "a launch record before any engine"
+            if int(h[1]) == RANK_TIMES_START:
+                engine.rank_times.start()
+            else:
+                comm.gather_object(engine.rank_times.table())
         elif op == OP_ENGINE:
             engine = _drop(engine)
             _collect()

@@ -46,6 +46,7 @@ from engine.hooks import StepHooks
 from engine.requests import RequestInput
 from engine.tp.workers import stop_all as stop_tp_workers
 from replay.analysis.metrics import flat_metrics, spread
+from replay.analysis.ranks import write_ranks
 from replay.gpu.compiles import CompileCounter
 from replay.gpu.measure import hook_overhead, overhead_summary, to_recorder
 from replay.gpu.probe import PROBE_DIR, probe_inputs, probe_trace_info
@@ -70,6 +71,9 @@ class Measured:
     error: BaseException | None
     event_ring: int = 256  # the measured hooks' CUDA event ring (steps read only at the end)
     probe: Measured | None = None  # the host probe served just before (replay.gpu.probe)
+    # tensor parallelism: the worker ranks' launches (engine.tp.ranktimes), the run's zero ns
+    rank_ns: np.ndarray | None = None
+    t0_ns: int = 0
 
 
 @dataclass
@@ -426,7 +430,9 @@ def _measure(
     extra["gpu_clock"] = dict(getattr(step_trace, "clock", {}) or {})
     if getattr(engine, "tp", None) is not None:
         extra["tensor_parallel"] = _tp_extra(engine, step_trace)
-    return Measured(conv.recorder, extra, _summarize(conv.recorder, cfg), complete, error)
+    m = Measured(conv.recorder, extra, _summarize(conv.recorder, cfg), complete, error)
+    m.rank_ns, m.t0_ns = getattr(step_trace, "rank_ns", None), step_trace.t0_ns
+    return m
 
 
 def _tp_extra(engine: Any, step_trace: Any) -> dict[str, Any]:
@@ -444,6 +450,8 @@ def _tp_extra(engine: Any, step_trace: Any) -> dict[str, Any]:
         "broadcast_us_p50": float(np.median(us)) if len(us) else None,
         "broadcast_us_mean": float(us.mean()) if len(us) else None,
         "broadcast_s_total": float(us.sum() / 1e6),
+        # worker-rank launch rows in ranks.parquet (replay.analysis.ranks)
+        "rank_launches": int(len(getattr(step_trace, "rank_ns", ()))),
     }
 
 
@@ -572,6 +580,8 @@ def _write(
         extra=summary_extra,
         **(timeline or {}),
     )
+    if m.rank_ns is not None:  # beside steps.parquet (replay.analysis.ranks), after the swap
+        write_ranks(out, m.rank_ns, m.t0_ns)
     if m.probe is not None:  # inside the run's folder, after it: the run's swap replaces all
         _write_probe(m.probe, cfg, out / PROBE_DIR)
     return summary
