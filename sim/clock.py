@@ -93,8 +93,9 @@ class StepClock:
         """`cpu_ngram`: a CPU proposer drafts from the sampled tokens, so the draft phase
         waits for its own pass. `eager_lag_s`: an eager pass ends at least this long after its
         launch does (sim.stream.gpu_pass). `other_ranks` (tensor parallelism: size - 1): each
-        issues an eager step itself, at its own draw of the launch spread, and the pass's
-        all-reduces wait for the last of them (with a spread only)."""
+        issues an eager step itself and the pass's all-reduces wait for the last of them: where
+        its launch ends is drawn from the profile's measured `tp_ranks` fit, else each
+        rank's launch from the launch spread (sim.cost.spread; with a spread only)."""
         self.cpu_s = 0.0
         self.gpu_free_s = 0.0
         self.gc = gc
@@ -147,9 +148,14 @@ class StepClock:
                 own = sp.at(_LAUNCH, step)
                 ranks = 0.0  # the last other rank's eager launch past rank 0's
                 if self.other_ranks and not graphed:
-                    worst = sp.others_max(_LAUNCH, step, self.other_ranks)
-                    if worst > own:
-                        ranks = s_launch * (worst - own)
+                    if sp.ranks is not None:  # measured, in rank 0's launches
+                        end = sp.ranks_end(step, own)
+                        if end > 1.0:
+                            ranks = s_launch * own * (end - 1.0)
+                    else:
+                        worst = sp.others_max(_LAUNCH, step, self.other_ranks)
+                        if worst > own:
+                            ranks = s_launch * (worst - own)
                 s_launch *= own
                 s_sample *= sp.at(_SAMPLE, step)
                 s_draft *= sp.at(_DRAFT, step)

@@ -73,10 +73,11 @@ from bubblesim.core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS
 from bubblesim.core.runfmt import Run, load_run
 from replay.analysis.decodetail import MIN_TAIL_KEYS, fit_tail, with_tail
 from replay.analysis.eagerlag import describe as describe_eager_lag
-from replay.analysis.eagerlag import fit_eager_lag
+from replay.analysis.eagerlag import describe_ranks, fit_eager_lag, fit_rank_launches
 from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
 from replay.analysis.hostspeed import describe_host_speed, fit_host_speed
+from replay.analysis.hostspeed import mean_over as host_mean_over
 from replay.analysis.idle_start import fit_idle_start
 from replay.analysis.idlegap_file import IdleGapFileError, fit_idle_sweep
 from replay.analysis.level import TOLERANCE as LEVEL_TOLERANCE
@@ -105,7 +106,7 @@ from sim.cost import merge_profile, resolve_profile, save_profile, validate_prof
 from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
 from sim.cost.hostspeed import HOST_KEY
 from sim.cost.profile import PROBE_KEY, TP_KEY
-from sim.cost.spread import SPREAD_KEY
+from sim.cost.spread import RANKS_KEY, SPREAD_KEY
 from sim.cost.terms import BROADCAST_TERM, TERM_NAMES, term_target
 
 __all__ = [
@@ -450,10 +451,25 @@ def calibrate(
         hs, speed, host_report = fit_host_speed(resolved, runs, steps, notes)
         if hs is not None:
             around, _ = fit_spread(resolved, runs, steps, [], speed)
-            prof[HOST_KEY] = {**hs, **({SPREAD_KEY: around} if around else {})}
+            over, waited = host_mean_over(runs)
+            prof[HOST_KEY] = {**hs, **({SPREAD_KEY: around} if around else {}),
+                              "mean_over": over}  # fmt: skip
             used = merge_profile(base, prof) if base else prof
             notes.append(describe_host_speed(host_report))
-    if int(identity.get(TP_KEY, 1)) > 1 and (SPREAD_KEY in prof or HOST_KEY in prof):
+            notes.append(f"host_speed.mean_over: {over} (the runs' CPU waited on the GPU "
+                         f"{100 * waited:.0f} % of their span)")  # fmt: skip
+    ranks_table = None
+    if int(identity.get(TP_KEY, 1)) > 1:  # where the worker ranks' eager launches end
+        ranks_table, ranks_report = fit_rank_launches(runs, steps, resolve_profile(used))
+        notes.append(describe_ranks(ranks_report))
+        if ranks_table is not None:
+            prof[RANKS_KEY] = {**ranks_table, "steps": ranks_report["n"]}
+            used = merge_profile(base, prof) if base else prof
+    if (
+        int(identity.get(TP_KEY, 1)) > 1
+        and ranks_table is None
+        and (SPREAD_KEY in prof or HOST_KEY in prof)
+    ):
         # the other ranks' eager launches, drawn from the fitted launch spread, make it
         lag = None
         notes.append(

@@ -225,3 +225,21 @@ def describe_host_speed(report: Mapping[str, Any]) -> str:
         f"{report['step_sd']:.3f} of {report['total_sd']:.3f}) from {report['bins']} bins of "
         f"{report['bin_s']} s; bins' autocorrelation by lag: {runs}"
     )
+
+
+GPU_BOUND_SHARE = 0.5  # the CPU waited for the GPU this much of the runs' span: GPU-bound
+
+
+def mean_over(runs: Sequence[Run]) -> tuple[str, float]:
+    """`host_speed.mean_over` for these calibration runs (sim.cost.hostspeed): "time" when
+    they were GPU-bound (their CPU waited on the GPU more than GPU_BOUND_SHARE of their span:
+    steps came at the GPU's pace, uniform in the host's speed), else "steps"; and that share."""
+    waited = span = 0.0
+    for run in runs:
+        s = run.arrays("steps")
+        if len(s["sync_s"]) == 0:
+            continue
+        waited += float(np.nansum(s["sync_s"]))
+        span += float(np.nanmax(s["gpu_end_s"]) - np.nanmin(s["schedule_start_s"]))
+    share = waited / span if span > 0 else 0.0
+    return ("time" if share > GPU_BOUND_SHARE else "steps"), share

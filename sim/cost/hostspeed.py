@@ -4,7 +4,8 @@ Measured on an H100 host, all CPU phases of a step run faster or slower together
 (0.1 s to seconds), whatever the batch: a per-step spread drawn independently (sim.cost.spread)
 cannot make that, and it moves a whole request's TPOT. Profile key `host_speed`:
 
-    {"sigma": [s1, ...], "tau_s": [t1, ...], "cpu_spread": {<phase>: table, ...}}
+    {"sigma": [s1, ...], "tau_s": [t1, ...], "cpu_spread": {<phase>: table, ...},
+     "mean_over": "steps" | "time"}
 
 The log of the speed is a sum of independent stationary Ornstein-Uhlenbeck processes, one per
 (sigma, tau_s) pair: standard deviation sigma, autocorrelation exp(-lag / tau_s). The
@@ -12,7 +13,12 @@ multiplier is exp(sum of the processes + sum sigma^2 / 2): its mean over the ste
 host-bound loop (whose steps come at a rate ~ 1 / multiplier: fewer in the slow stretches) is
 1, so there the phases keep their linear models' means, which are means over the measured steps
 (the mean over time is exp(sum sigma^2); a GPU-bound loop, whose steps come at the GPU's pace,
-hides the phases behind the GPU anyway). A step's launch phases (schedule .. draft) take the
+hides the phases behind the GPU anyway). `mean_over: "time"` makes it exp(sum of the processes -
+sum sigma^2 / 2), mean 1 over time: the calibration runs were GPU-bound, so their steps, whose
+means the linear models are, came at the GPU's pace, and the phases that still show (a
+tensor-parallel eager launch: llama3-70b TP4 on 4 x H100, ~100 ms) kept their means only so; the
+default ("steps") ran them ~10 % long there (sigma 0.25 and 0.20: exp(sum sigma^2) = 1.11).
+A step's launch phases (schedule .. draft) take the
 multiplier at the step's start, process_outputs at its own start (sim.clock.StepClock.step);
 GC pauses and waits are not multiplied. `cpu_spread` (optional): the phases' per-step spread
 around the host's speed, which replaces the top-level `cpu_spread` while `host_speed` is on
@@ -37,6 +43,7 @@ GRID_S = 0.002
 CHUNK = 1 << 12
 TAG = 0x4853  # "HS": keeps these streams apart from the spread's (seed, stream, phase, block)
 MAX_COMPONENTS = 4
+MEAN_OVER = ("steps", "time")  # where the multiplier's mean is 1 (module docstring)
 
 
 class HostSpeedError(ValueError):
@@ -65,7 +72,7 @@ def check_host_speed(value: Any) -> dict[str, Any] | None:
     as a `cpu_spread` table. HostSpeedError names the sub-key (`sigma`, `tau_s[1]`)."""
     if not isinstance(value, dict):
         raise HostSpeedError("", f"expected an object with keys 'sigma' and 'tau_s', got {value!r}")
-    allowed = ("sigma", "tau_s", "cpu_spread")
+    allowed = ("sigma", "tau_s", "cpu_spread", "mean_over")
     for k in value:
         if k not in allowed:
             raise HostSpeedError(str(k), f"unknown key, expected one of {list(allowed)}")
@@ -77,6 +84,9 @@ def check_host_speed(value: Any) -> dict[str, Any] | None:
     if len(sigma) != len(tau):
         want = f"{len(sigma)} numbers (one per sigma)"
         raise HostSpeedError("tau_s", f"expected {want}, got {len(tau)}")
+    if value.get("mean_over", "steps") not in MEAN_OVER:
+        raise HostSpeedError("mean_over", f"expected one of {list(MEAN_OVER)}, "
+                             f"got {value['mean_over']!r}")  # fmt: skip
     spread = value.get("cpu_spread")
     if spread is not None and not isinstance(spread, dict):
         raise HostSpeedError("cpu_spread", f"expected an object of phase tables, got {spread!r}")
@@ -88,11 +98,15 @@ class HostSpeed:
 
     __slots__ = ("a", "b", "sigma", "half_var", "key", "ends", "chunk", "window")
 
-    def __init__(self, sigma: list[float], tau_s: list[float], seed: int, stream: int = 0) -> None:
+    def __init__(
+        self, sigma: list[float], tau_s: list[float], seed: int, stream: int = 0,
+        mean_over: str = "steps",
+    ) -> None:  # fmt: skip
         self.a = [math.exp(-GRID_S / t) for t in tau_s]  # AR(1) step over GRID_S
         self.b = [s * math.sqrt(1.0 - a * a) for s, a in zip(sigma, self.a, strict=True)]
         self.sigma = list(sigma)
-        self.half_var = sum(s * s for s in sigma) / 2
+        half = sum(s * s for s in sigma) / 2
+        self.half_var = half if mean_over == "steps" else -half  # added in the exponent
         self.key = (int(seed), int(stream))
         self.ends: list[list[float]] = []  # the processes' state at the end of chunk c
         self.chunk = -1  # the chunk `window` holds
@@ -138,4 +152,4 @@ def host_speed(profile: Mapping[str, Any], seed: int, stream: int = 0) -> HostSp
     hs = profile.get(HOST_KEY)
     if not hs:
         return None
-    return HostSpeed(hs["sigma"], hs["tau_s"], seed, stream)
+    return HostSpeed(hs["sigma"], hs["tau_s"], seed, stream, hs.get("mean_over", "steps"))

@@ -25,7 +25,7 @@ from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
 from .envelope import EnvelopeError, check_envelope
 from .hostspeed import HOST_KEY, HostSpeedError, check_host_speed
 from .linear import DECODE_TERMS, LINEAR_TERMS, MAX_KEY, MIXED_TERMS
-from .spread import SPREAD_KEY, SpreadError, check_spread
+from .spread import RANKS_KEY, SPREAD_KEY, SpreadError, check_spread
 from .table import NONLINEAR_KEYS, TABLE_KEY, TableError, check_spline, check_table
 from .terms import TERM_NAMES
 
@@ -72,6 +72,7 @@ TOP_KEYS = (
     SPREAD_KEY,
     HOST_KEY,
     PROBE_KEY,
+    RANKS_KEY,
     "terms",
     "ngram_gpu",
     "sync",
@@ -196,6 +197,25 @@ def _check_spread(where: str, value: Any, name: str = SPREAD_KEY) -> None:
             raise _fail(where, key, e.why) from None
 
 
+def _check_ranks(where: str, value: Any) -> None:
+    """`tp_ranks`: where the worker ranks' eager launches end (sim.cost.spread)."""
+    ranks = _table(where, RANKS_KEY, value)
+    _known(where, f"{RANKS_KEY}.", ranks, ("intercept", "slope", "residual", "steps"))
+    for k in ("intercept", "slope", "residual"):
+        if k not in ranks:
+            raise _fail(where, f"{RANKS_KEY}.{k}", "missing")
+    _number(where, f"{RANKS_KEY}.intercept", ranks["intercept"])
+    _number(where, f"{RANKS_KEY}.slope", ranks["slope"])
+    try:
+        check_spread(ranks["residual"])
+    except SpreadError as e:
+        key = f"{RANKS_KEY}.residual" + (f".{e.key}" if e.key else "")
+        raise _fail(where, key, e.why) from None
+    steps = ranks.get("steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise _fail(where, f"{RANKS_KEY}.steps", f"expected a count, got {steps!r}")
+
+
 def _check_host_speed(where: str, value: Any) -> None:
     """`host_speed`: the host's slowly varying speed (sim.cost.hostspeed)."""
     try:
@@ -255,6 +275,8 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
         _known(where, f"{PROBE_KEY}.", probe, ("level", "runs"))
         if _number(where, f"{PROBE_KEY}.level", probe.get("level")) <= 0:
             raise _fail(where, f"{PROBE_KEY}.level", "must be > 0")
+    if RANKS_KEY in prof:
+        _check_ranks(where, prof[RANKS_KEY])
     if "sync" in prof:
         _check_linear(where, "sync", prof["sync"])
     if "gc" in prof:

@@ -20,7 +20,15 @@ fast path (sim.fast) asks for it, so both see the same value and
 stay bit-identical. `stream` tells replicas behind a router apart. No `cpu_spread` (the
 default): no multiplier, the simulator's arithmetic is unchanged. With tensor parallelism
 `PhaseSpread.others_max` draws the launch phase of the other ranks (their own eager launch of a
-step) from another stream, seeded with (seed, stream, phase index, b, 1, ranks).
+step) from another stream, seeded with (seed, stream, phase index, b, 1, ranks), unless the
+profile holds the measured `tp_ranks` (replay calibrate, from the worker ranks' own launch
+records, replay.analysis.eagerlag.fit_rank_launches): R, where the last worker rank's launch
+ends from rank 0's launch start in units of rank 0's launch, is
+exp(intercept) x m ** slope x e, with m rank 0's launch multiplier at the step and e drawn
+from the `residual` quantile table (not normalised) per step, from the stream
+(seed, stream, 2**31, b, 2) (`PhaseSpread.ranks_end`). Measured on 2 and 4 x H100, R falls as
+rank 0's launch grows (slope -0.2 to -0.7): drawn independently of it, the lag came out ~50 %
+too long.
 
 With a `host_speed` (sim.cost.hostspeed) the tables are `host_speed.cpu_spread` (the spread
 around the host's speed; none: the top-level `cpu_spread`) and `PhaseSpread.host` holds the
@@ -41,6 +49,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 SPREAD_KEY = "cpu_spread"
+RANKS_KEY = "tp_ranks"  # {"intercept", "slope", "residual": table, "steps"}: module docstring
 BLOCK_STEPS = 1 << 16
 
 
@@ -110,10 +119,16 @@ class PhaseSpread:
     blocks, the earlier ones dropped). The loops index it as `window[i][step - lo]`."""
 
     def __init__(
-        self, spread: Mapping[str, Any], seed: int, stream: int = 0, host: HostSpeed | None = None
-    ) -> None:
-        """`host`: the host's speed (None: off), multiplied in by sim.clock.StepClock."""
+        self, spread: Mapping[str, Any], seed: int, stream: int = 0, host: HostSpeed | None = None,
+        ranks: Mapping[str, Any] | None = None,
+    ) -> None:  # fmt: skip
+        """`host`: the host's speed (None: off), multiplied in by sim.clock.StepClock.
+        `ranks`: the profile's `tp_ranks` (None: `others_max` stands in)."""
         self.host = host
+        self.ranks = ranks
+        if ranks is not None:
+            self.ranks_scale = math.exp(float(ranks["intercept"]))
+            self.ranks_slope = float(ranks["slope"])
         self.tables = [spread.get(phase) for phase in CPU_PHASES]
         self.key = (int(seed), int(stream))
         self.lo = self.hi = 0
@@ -165,6 +180,24 @@ class PhaseSpread:
             self._others[(i, b, n)] = got
         return got[step - b * BLOCK_STEPS]
 
+    def ranks_end(self, step: int, own: float) -> float:
+        """Where the last worker rank's launch of `step` ends, from rank 0's launch start in
+        rank 0's launches (> 1: after rank 0's), at rank 0's launch multiplier `own` (module
+        docstring). The residual from its own stream, per block of steps: deterministic,
+        whatever asks first."""
+        b = step // BLOCK_STEPS
+        got = self._others.get((-1, b, 2))
+        if got is None:
+            import numpy as np
+
+            rng = np.random.default_rng([*self.key, 2**31, b, 2])
+            assert self.ranks is not None, "ranks_end without a tp_ranks fit"
+            got = draw(self.ranks["residual"], rng.random(BLOCK_STEPS)).tolist()
+            if len(self._others) > 64:  # the loop moves forward: old blocks go
+                self._others.clear()
+            self._others[(-1, b, 2)] = got
+        return self.ranks_scale * own**self.ranks_slope * got[step - b * BLOCK_STEPS]
+
     def at(self, i: int, step: int) -> float:
         """The multiplier of CPU_PHASES[i] at `step`."""
         if not self.lo <= step < self.hi:
@@ -180,6 +213,7 @@ def phase_spread(profile: Mapping[str, Any], seed: int, stream: int = 0) -> Phas
     host = host_speed(profile, seed, stream)
     if host is not None:
         spread = profile[HOST_KEY].get(SPREAD_KEY, spread)
-    if not spread and host is None:
+    ranks = profile.get(RANKS_KEY)
+    if not spread and host is None and ranks is None:
         return None
-    return PhaseSpread(spread, seed, stream, host)
+    return PhaseSpread(spread, seed, stream, host, ranks)
