@@ -53,6 +53,7 @@ import torch
 
 from bubblesim.core.phases import ALL_CPU_ACTIVITIES, BROADCAST, CPU_PHASES, SYNC
 from bubblesim.core.shape import BatchShape
+from engine.tp.ranktimes import empty_table
 
 PHASE = {name: i for i, name in enumerate(CPU_PHASES)}  # CPU phase -> column of phase_ns
 ACTIVITY = {name: i for i, name in enumerate(ALL_CPU_ACTIVITIES)}  # gc_activity codes
@@ -91,7 +92,7 @@ class StepTrace:
     clock: dict[str, float] = field(default_factory=dict)
     # int64 [m, 5]: the worker ranks' own launches (engine.tp.ranktimes.COLUMNS: rank, this
     # trace's row, header received, launch start and end), empty without tensor parallelism
-    rank_ns: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.int64))
+    rank_ns: np.ndarray = field(default_factory=empty_table)
 
     @property
     def num_steps(self) -> int:

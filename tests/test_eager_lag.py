@@ -17,7 +17,7 @@ from bubblesim.core.config import load_config
 from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.runfmt import load_run
 from bubblesim.core.shape import SHAPE_FIELDS
-from replay.analysis.eagerlag import fit_eager_lag
+from replay.analysis.eagerlag import eager_ends, fit_eager_lag
 from replay.analysis.steps import load_steps
 from sim.cost import ProfileError, load_cost_model, resolve_profile
 from sim.stream import gpu_pass
@@ -77,7 +77,9 @@ def test_calibrate_recovers_the_lag(tmp_path: Path) -> None:
     simrun.simulate(cfg, trace, tmp_path / "run")
     mark_measured(tmp_path / "run")
     run = load_run(tmp_path / "run")
-    lag, report = fit_eager_lag([run], load_steps([run]), resolve_profile({"version": 1}))
+    lag, report = fit_eager_lag(
+        eager_ends([run], load_steps([run]), resolve_profile({"version": 1}))
+    )
     assert report["launch_bound"] >= 20 and lag == pytest.approx(6.0, rel=1e-3)
 
 

@@ -100,14 +100,14 @@ def test_calibrate_fits_the_measured_ranks_of_the_tp4_run() -> None:
     run = load_run(CALIB)
     prof = resolve_profile(json.loads(PROFILE.read_text()))
     steps = load_steps([run])
-    fit, report = fit_rank_launches([run], steps, prof)
+    ends = eager_ends([run], steps, prof)
+    fit, report = fit_rank_launches(ends)
     assert fit is not None and report["n"] >= 100
     assert fit["slope"] < 0 and report["corr"] < -0.3  # rank 0 slow: often the last
-    ends = eager_ends([run], steps, prof)
     bound = ends.launch_bound()
     # the GPU ends with the last rank's launch: within a fraction of a ms of it
     after = ends.gpu_end_ms[bound] - ends.issue_end_ms()[bound]
     assert abs(float(np.median(after))) < 0.5
-    lag, _ = fit_eager_lag([run], steps, prof)
+    lag, _ = fit_eager_lag(ends)
     assert lag is not None and lag < 1.0
     assert mean_over([run])[0] == "time"

@@ -46,8 +46,7 @@ def test_each_step_has_the_worker_launch_after_rank_0s_broadcast_and_runs_start_
         b0 = tr.broadcast_ns[:, 0]
         assert (r[:, 2] >= b0).all()  # the header reached the worker after rank 0 began it
         assert (r[:, 3] >= r[:, 2]).all() and (r[:, 4] >= r[:, 3]).all()
-        # the worker's launch ends before rank 0's next step's launch begins only loosely,
-        # but it is on the same clock: within the run's span of rank 0's phases
+        # one clock for both processes: no worker launch ends before rank 0's first launch
         launch = tr.phase_ns[:, PHASE["launch"]]
         assert (r[:, 4] >= launch[:, 0].min()).all()
     assert second.num_steps < first.num_steps  # the second record is the second run's alone

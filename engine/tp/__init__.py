@@ -6,6 +6,7 @@
 - `comm`: a rank's groups and collectives (the model's all-reduces and logits gather, the step
   header from rank 0 with the step's host input arrays in shared memory, the inputs' device
   broadcast for a step too large for a ring slot);
+- `ranktimes`: each worker rank's own launch of every step, which rank 0 gathers for replay;
 - `workers`: rank 0 starts the other ranks (spawned processes on localhost) and each worker's
   loop, which builds the same `engine.Engine` and replays every step rank 0 sends it.
 

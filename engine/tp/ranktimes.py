@@ -10,7 +10,7 @@ clock for every process of the host, so they compare with rank 0's hooks directl
 
 Rank 0 starts the record at `Engine.start` and gathers it at `Engine.finish` (header command
 OP_RANK_TIMES, engine.tp.comm); replay writes it beside the run's steps (`ranks.parquet`).
-Cost per step: three perf_counter_ns calls and five array appends on the worker, nothing on
+Cost per step: three perf_counter_ns calls and four array appends on the worker, nothing on
 rank 0 until the gather.
 """
 

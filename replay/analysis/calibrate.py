@@ -73,7 +73,7 @@ from bubblesim.core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS
 from bubblesim.core.runfmt import Run, load_run
 from replay.analysis.decodetail import MIN_TAIL_KEYS, fit_tail, with_tail
 from replay.analysis.eagerlag import describe as describe_eager_lag
-from replay.analysis.eagerlag import describe_ranks, fit_eager_lag, fit_rank_launches
+from replay.analysis.eagerlag import describe_ranks, eager_ends, fit_eager_lag, fit_rank_launches
 from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
 from replay.analysis.hostspeed import describe_host_speed, fit_host_speed
@@ -458,26 +458,25 @@ def calibrate(
             notes.append(describe_host_speed(host_report))
             notes.append(f"host_speed.mean_over: {over} (the runs' CPU waited on the GPU "
                          f"{100 * waited:.0f} % of their span)")  # fmt: skip
-    ranks_table = None
-    if int(identity.get(TP_KEY, 1)) > 1:  # where the worker ranks' eager launches end
-        ranks_table, ranks_report = fit_rank_launches(runs, steps, resolve_profile(used))
+    # after the GPU fits: the eager steps are classified by their predicted kernels
+    ends = eager_ends(runs, steps, resolve_profile(used))
+    tp = int(identity.get(TP_KEY, 1)) > 1
+    ranks_fit = None
+    if tp:  # where the worker ranks' eager launches end
+        ranks_fit, ranks_report = fit_rank_launches(ends)
         notes.append(describe_ranks(ranks_report))
-        if ranks_table is not None:
-            prof[RANKS_KEY] = {**ranks_table, "steps": ranks_report["n"]}
+        if ranks_fit is not None:
+            prof[RANKS_KEY] = ranks_fit
             used = merge_profile(base, prof) if base else prof
-    if (
-        int(identity.get(TP_KEY, 1)) > 1
-        and ranks_table is None
-        and (SPREAD_KEY in prof or HOST_KEY in prof)
-    ):
+    if tp and ranks_fit is None and (SPREAD_KEY in prof or HOST_KEY in prof):
         # the other ranks' eager launches, drawn from the fitted launch spread, make it
         lag = None
         notes.append(
             "launch.eager_lag_ms: not fitted with tensor parallelism and a fitted spread "
             "(the simulator draws the other ranks' eager launches from it)"
         )
-    else:  # after the GPU fits: it classifies steps by their predicted kernels
-        lag, lag_report = fit_eager_lag(runs, steps, resolve_profile(used))
+    else:
+        lag, lag_report = fit_eager_lag(ends)
         notes.append(describe_eager_lag(lag_report))
     if lag is not None:
         prof.setdefault("launch", {})["eager_lag_ms"] = lag

@@ -88,12 +88,9 @@ def eager_ends(runs: Sequence[Run], steps: Steps, prof: Mapping[str, Any]) -> Ea
     return EagerEnds(*(c[ok] for c in cat))
 
 
-def fit_eager_lag(
-    runs: Sequence[Run], steps: Steps, prof: Mapping[str, Any]
-) -> tuple[float | None, dict[str, Any]]:
-    """(the lag in ms or None, a report) from the runs' steps and a resolved profile whose GPU
-    pass is already fitted."""
-    ends = eager_ends(runs, steps, prof)
+def fit_eager_lag(ends: EagerEnds) -> tuple[float | None, dict[str, Any]]:
+    """(the lag in ms or None, a report) from the runs' eager steps (`eager_ends`, with a
+    profile whose GPU pass is already fitted)."""
     bound = ends.launch_bound()
     recorded = np.isfinite(ends.ranks_end_ms)
     if recorded.any():  # where the worker ranks were recorded, their steps alone say it
@@ -120,19 +117,18 @@ def describe(report: Mapping[str, Any]) -> str:
     )
 
 
-def fit_rank_launches(
-    runs: Sequence[Run], steps: Steps, prof: Mapping[str, Any]
-) -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """`tp_ranks` (sim.cost.spread) from the runs' eager steps with the worker ranks' launches
-    recorded (ranks.parquet), or None where fewer than MIN_STEPS; and a report.
+def fit_rank_launches(ends: EagerEnds) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """`tp_ranks` (sim.cost.spread) from the runs' eager steps (`eager_ends`) with the worker
+    ranks' launches recorded (ranks.parquet), or None where fewer than MIN_STEPS; and a
+    report.
 
     R: where the last worker rank's launch ends, from rank 0's launch start, in units of rank
     0's launch (1: together). It falls as rank 0's own launch grows (rank 0 is then often the
-    last), so it is fitted against rank 0's multiplier m (its launch over the run's mean eager
+    last), so it is fitted against rank 0's multiplier m (its launch over the runs' mean eager
     launch): log R = intercept + slope x log m + e, and e's spread kept as a quantile table of
-    exp(e) (`residual`). Drawing R independently of m over-predicts the lag by ~50 % on 2 and
-    4 x H100 (llama3-8b TP2, llama3-70b TP4); this fit holds it within ~15 % in sample."""
-    ends = eager_ends(runs, steps, prof)
+    exp(e) (`residual`). On the llama3-70b TP4 calibration run (4 x H100) the mean lag is
+    21.1 ms; independent draws of the other ranks gave 31.5 ms, this fit gives 23.8 ms
+    (`python reports/tp/eager_lag.py`'s model line)."""
     ok = np.isfinite(ends.ranks_end_ms) & (ends.launch_ms > 0)
     report: dict[str, Any] = {"n": int(ok.sum())}
     if ok.sum() < MIN_STEPS:
@@ -153,7 +149,8 @@ def fit_rank_launches(
         mean_lag_ms=float(lag_ms.mean()),
         corr=float(np.corrcoef(np.log(mult), np.log(ratio))[0, 1]),
     )
-    fit = {"intercept": round(intercept, 6), "slope": round(slope, 6), "residual": table}
+    fit = {"intercept": round(intercept, 6), "slope": round(slope, 6), "residual": table,
+           "steps": int(ok.sum())}  # fmt: skip
     return fit, report
 
 

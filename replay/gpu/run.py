@@ -44,6 +44,7 @@ from engine import warmup as W
 from engine.engine import Engine
 from engine.hooks import StepHooks
 from engine.requests import RequestInput
+from engine.tp.ranktimes import empty_table
 from engine.tp.workers import stop_all as stop_tp_workers
 from replay.analysis.metrics import flat_metrics, spread
 from replay.analysis.ranks import write_ranks
@@ -71,8 +72,9 @@ class Measured:
     error: BaseException | None
     event_ring: int = 256  # the measured hooks' CUDA event ring (steps read only at the end)
     probe: Measured | None = None  # the host probe served just before (replay.gpu.probe)
-    # tensor parallelism: the worker ranks' launches (engine.tp.ranktimes), the run's zero ns
-    rank_ns: np.ndarray | None = None
+    # tensor parallelism: the worker ranks' launches (engine.tp.ranktimes; empty without), and
+    # the run's zero ns they are written against
+    rank_ns: np.ndarray = field(default_factory=empty_table)
     t0_ns: int = 0
 
 
@@ -430,9 +432,8 @@ def _measure(
     extra["gpu_clock"] = dict(getattr(step_trace, "clock", {}) or {})
     if getattr(engine, "tp", None) is not None:
         extra["tensor_parallel"] = _tp_extra(engine, step_trace)
-    m = Measured(conv.recorder, extra, _summarize(conv.recorder, cfg), complete, error)
-    m.rank_ns, m.t0_ns = getattr(step_trace, "rank_ns", None), step_trace.t0_ns
-    return m
+    return Measured(conv.recorder, extra, _summarize(conv.recorder, cfg), complete, error,
+                    rank_ns=step_trace.rank_ns, t0_ns=step_trace.t0_ns)  # fmt: skip
 
 
 def _tp_extra(engine: Any, step_trace: Any) -> dict[str, Any]:
@@ -451,7 +452,7 @@ def _tp_extra(engine: Any, step_trace: Any) -> dict[str, Any]:
         "broadcast_us_mean": float(us.mean()) if len(us) else None,
         "broadcast_s_total": float(us.sum() / 1e6),
         # worker-rank launch rows in ranks.parquet (replay.analysis.ranks)
-        "rank_launches": int(len(getattr(step_trace, "rank_ns", ()))),
+        "rank_launches": len(step_trace.rank_ns),
     }
 
 
@@ -580,8 +581,7 @@ def _write(
         extra=summary_extra,
         **(timeline or {}),
     )
-    if m.rank_ns is not None:  # beside steps.parquet (replay.analysis.ranks), after the swap
-        write_ranks(out, m.rank_ns, m.t0_ns)
+    write_ranks(out, m.rank_ns, m.t0_ns)  # beside steps.parquet, after the swap; none if empty
     if m.probe is not None:  # inside the run's folder, after it: the run's swap replaces all
         _write_probe(m.probe, cfg, out / PROBE_DIR)
     return summary

@@ -17,7 +17,7 @@ hides the phases behind the GPU anyway). `mean_over: "time"` makes it exp(sum of
 sum sigma^2 / 2), mean 1 over time: the calibration runs were GPU-bound, so their steps, whose
 means the linear models are, came at the GPU's pace, and the phases that still show (a
 tensor-parallel eager launch: llama3-70b TP4 on 4 x H100, ~100 ms) kept their means only so; the
-default ("steps") ran them ~10 % long there (sigma 0.25 and 0.20: exp(sum sigma^2) = 1.11).
+default ("steps") ran them ~9 % long there (sigma 0.25 and 0.20: exp(sum sigma^2) = 1.11).
 A step's launch phases (schedule .. draft) take the
 multiplier at the step's start, process_outputs at its own start (sim.clock.StepClock.step);
 GC pauses and waits are not multiplied. `cpu_spread` (optional): the phases' per-step spread

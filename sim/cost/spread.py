@@ -27,8 +27,8 @@ ends from rank 0's launch start in units of rank 0's launch, is
 exp(intercept) x m ** slope x e, with m rank 0's launch multiplier at the step and e drawn
 from the `residual` quantile table (not normalised) per step, from the stream
 (seed, stream, 2**31, b, 2) (`PhaseSpread.ranks_end`). Measured on 2 and 4 x H100, R falls as
-rank 0's launch grows (slope -0.2 to -0.7): drawn independently of it, the lag came out ~50 %
-too long.
+rank 0's launch grows (slope -0.59 at TP4, -0.66 at TP2 on the calibration runs): drawn
+independently of it, the lag came out ~50 % too long (reports/tp/README.md).
 
 With a `host_speed` (sim.cost.hostspeed) the tables are `host_speed.cpu_spread` (the spread
 around the host's speed; none: the top-level `cpu_spread`) and `PhaseSpread.host` holds the
@@ -160,6 +160,14 @@ class PhaseSpread:
             self.window[i] = [x for b in range(b0, b1 + 1) for x in self._block(i, b)]
         self.lo, self.hi = b0 * BLOCK_STEPS, (b1 + 1) * BLOCK_STEPS
 
+    def _keep(self, key: tuple[int, int, int], block: list[float]) -> list[float]:
+        """Keep a block of a stream beside the phases' (others_max's, ranks_end's) while the
+        loop is near it; returns it."""
+        if len(self._others) > 64:  # the loop moves forward: old blocks go
+            self._others.clear()
+        self._others[key] = block
+        return block
+
     def others_max(self, i: int, step: int, n: int) -> float:
         """The largest of `n` more draws of CPU_PHASES[i]'s multiplier at `step`, independent of
         `at`'s: the same phase on the other tensor-parallel ranks (each its own process). Drawn
@@ -169,15 +177,13 @@ class PhaseSpread:
         if got is None:
             table = self.tables[i]
             if table is None:
-                got = [1.0] * BLOCK_STEPS
+                block = [1.0] * BLOCK_STEPS
             else:
                 import numpy as np
 
                 rng = np.random.default_rng([*self.key, i, b, 1, n])
-                got = draw(table, rng.random((BLOCK_STEPS, n))).max(axis=1).tolist()
-            if len(self._others) > 64:  # the loop moves forward: old blocks go
-                self._others.clear()
-            self._others[(i, b, n)] = got
+                block = draw(table, rng.random((BLOCK_STEPS, n))).max(axis=1).tolist()
+            got = self._keep((i, b, n), block)
         return got[step - b * BLOCK_STEPS]
 
     def ranks_end(self, step: int, own: float) -> float:
@@ -190,12 +196,11 @@ class PhaseSpread:
         if got is None:
             import numpy as np
 
-            rng = np.random.default_rng([*self.key, 2**31, b, 2])
             assert self.ranks is not None, "ranks_end without a tp_ranks fit"
-            got = draw(self.ranks["residual"], rng.random(BLOCK_STEPS)).tolist()
-            if len(self._others) > 64:  # the loop moves forward: old blocks go
-                self._others.clear()
-            self._others[(-1, b, 2)] = got
+            rng = np.random.default_rng([*self.key, 2**31, b, 2])
+            got = self._keep(
+                (-1, b, 2), draw(self.ranks["residual"], rng.random(BLOCK_STEPS)).tolist()
+            )
         return self.ranks_scale * own**self.ranks_slope * got[step - b * BLOCK_STEPS]
 
     def at(self, i: int, step: int) -> float:
