@@ -57,7 +57,7 @@ from engine.graphs import DecodeGraphs
 from engine.hooks import DRAFT_BEGIN, FORWARD_BEGIN, FORWARD_END, StepHooks, StepTrace
 from engine.inputs import InputBuffers, StepInputs
 from engine.mixed_graphs import MixedGraphs
-from engine.model import LlamaModel, allocate_kv_cache, kv_cache_bytes_per_block
+from engine.model import LlamaModel, allocate_kv_cache, engine_dtype, kv_cache_bytes_per_block
 from engine.outputs import OutputRing, first_placeholder, update_async_output_token_ids
 from engine.requests import (
     RequestInput,
@@ -99,18 +99,13 @@ class InFlight:
     hist_rows: dict[int, int] | None  # Request.index -> generating row, needs-history only
 
 
-def engine_dtype(cfg: Config) -> torch.dtype:
-    """The config's dtype on CUDA; float32 on CPU (CPU bf16 matmuls are slow and inexact)."""
-    return getattr(torch, cfg.dtype) if cfg.device == "cuda" else torch.float32
-
-
 def build_model(cfg: Config, max_model_len: int) -> LlamaModel:
     """Random weights for a preset (seeded), or a checkpoint folder's weights. Tensor
     parallelism: rank 0's shard, the other ranks started with theirs (engine.tp.workers)."""
     if cfg.tensor_parallel_size > 1:
         from engine.tp.workers import start
 
-        return start(cfg, max_model_len)
+        return start(cfg, max_model_len, Engine)  # the workers build their engines with it
     dtype, device = engine_dtype(cfg), torch.device(cfg.device)
     if cfg.model not in PRESETS:  # a checkpoint folder
         from engine.loader import load_checkpoint

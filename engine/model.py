@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bubblesim.core.config import Config
 from bubblesim.core.models import ModelSpec
 from engine.attention import AttentionMetadata, PagedAttention
 from engine.rope import rope_tables
@@ -287,3 +288,8 @@ def allocate_kv_cache(
     """[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], zero-filled."""
     shape = (spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
     return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def engine_dtype(cfg: Config) -> torch.dtype:
+    """The config's dtype on CUDA; float32 on CPU (CPU bf16 matmuls are slow and inexact)."""
+    return getattr(torch, cfg.dtype) if cfg.device == "cuda" else torch.float32

@@ -40,6 +40,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -62,6 +63,9 @@ from engine.tp.comm import (
 from engine.tp.ring import IDLE_S, SPIN_CPU_S, HeaderRing
 from engine.tp.shard import check_divisible
 from engine.tp.watchdog import BUILD_S, SHUTDOWN_S, START_S, deadline
+
+# engine.engine.Engine: built as engine_cls(cfg, model=shard) on every worker rank
+EngineClass = Callable[..., Any]
 
 START_TIMEOUT = timedelta(seconds=START_S)  # every rank joins the store within this
 JOIN_S = 10.0  # a worker's time to leave after its teardown before it is terminated
@@ -136,9 +140,11 @@ def model_spec(cfg: Config):
     return ModelSpec.from_hf_config(path / "config.json", name=path.name)
 
 
-def start(cfg: Config, max_model_len: int):
+def start(cfg: Config, max_model_len: int, engine_cls: EngineClass):
     """Rank 0: start the workers and the groups; returns rank 0's model shard (`.comm` set).
-    Raises ValueError naming the config key when the model or the host cannot take tp."""
+    `engine_cls`: what the workers build for each OP_ENGINE (engine.engine.Engine, passed in:
+    this module never imports the engine that starts it). Raises ValueError naming the config
+    key when the model or the host cannot take tp."""
     tp = cfg.tensor_parallel_size
     check_divisible(model_spec(cfg), tp)
     if dist.is_initialized():
@@ -160,7 +166,7 @@ def start(cfg: Config, max_model_len: int):
     ctx = mp.get_context("spawn")
     procs = []
     for rank in range(1, tp):
-        args = (rank, tp, store.port, ring.name, cfg, max_model_len, os.getpid())
+        args = (rank, tp, store.port, ring.name, cfg, max_model_len, os.getpid(), engine_cls)
         p = ctx.Process(target=worker_main, args=args, daemon=True, name=f"engine-tp{rank}")
         p.start()
         procs.append(p)
@@ -249,8 +255,7 @@ def build_shard(cfg: Config, comm: Comm, max_model_len: int):
     """This rank's slice of the model: seeded random weights (the TP = 1 weights, sliced) or
     its slices of a checkpoint."""
     from bubblesim.core.models import PRESETS
-    from engine.engine import engine_dtype
-    from engine.model import LlamaModel
+    from engine.model import LlamaModel, engine_dtype
 
     dtype = engine_dtype(cfg)
     if cfg.model not in PRESETS:
@@ -272,6 +277,7 @@ def worker_main(
     cfg: Config,
     max_model_len: int,
     parent_pid: int,
+    engine_cls: EngineClass,
 ) -> None:
     """A worker process: join, build the shard, serve until OP_SHUTDOWN, tear down. Any error
     (a step past its deadline among them) is printed and ends the process at once: rank 0's
@@ -279,7 +285,7 @@ def worker_main(
     _exit_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle: it stops us
     try:
-        _worker(rank, size, port, ring_name, cfg, max_model_len)
+        _worker(rank, size, port, ring_name, cfg, max_model_len, engine_cls)
     except BaseException:  # noqa: BLE001 - say why, and go
         traceback.print_exc()
         os._exit(1)
@@ -289,7 +295,10 @@ def _exit_now() -> None:
     os._exit(1)
 
 
-def _worker(rank: int, size: int, port: int, ring_name: str, cfg: Config, max_model_len: int):
+def _worker(
+    rank: int, size: int, port: int, ring_name: str, cfg: Config, max_model_len: int,
+    engine_cls: EngineClass,
+) -> None:  # fmt: skip
     if cfg.device == "cuda":
         torch.cuda.set_device(rank)
     else:
@@ -308,17 +317,15 @@ def _worker(rank: int, size: int, port: int, ring_name: str, cfg: Config, max_mo
             traceback.print_exc()
         ok = comm.agree_min(0 if model is None else 1) == 1
     if ok:
-        serve(comm, model)
+        serve(comm, model, engine_cls)
     model = None
     _collect()
     teardown(comm, _exit_now)
     ring.close()
 
 
-def serve(comm: Comm, model: Any) -> None:
+def serve(comm: Comm, model: Any, engine_cls: EngineClass) -> None:
     """The worker loop (module docstring)."""
-    from engine.engine import Engine
-
     engine = None
     while True:
         h = comm.recv_header()
@@ -337,7 +344,7 @@ def serve(comm: Comm, model: Any) -> None:
             engine = _drop(engine)
             _collect()
             cfg = comm.recv_object()
-            engine = Engine(cfg, model=model)  # type: ignore[arg-type]
+            engine = engine_cls(cfg, model=model)
         elif op == OP_WARM_FORWARDS:
             assert engine is not None, "warm-up before any engine"
             engine.warm_forwards(int(h[1]))
