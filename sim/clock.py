@@ -143,9 +143,10 @@ class StepClock:
             ) = c  # fmt: skip
             lag = self.eager_lag_s
             if sp is not None:  # no spread: no multiplication (x 1.0 would change no bit)
-                s_sched *= sp.at(_SCHED, step)
-                s_prep *= sp.at(_PREP, step)
-                own = sp.at(_LAUNCH, step)
+                m = sp.row(step)
+                s_sched *= m[_SCHED]
+                s_prep *= m[_PREP]
+                own = m[_LAUNCH]
                 ranks = 0.0  # the last other rank's eager launch past rank 0's
                 if self.other_ranks and not graphed:
                     if sp.ranks is not None:  # measured, in rank 0's launches
@@ -157,8 +158,8 @@ class StepClock:
                         if worst > own:
                             ranks = s_launch * (worst - own)
                 s_launch *= own
-                s_sample *= sp.at(_SAMPLE, step)
-                s_draft *= sp.at(_DRAFT, step)
+                s_sample *= m[_SAMPLE]
+                s_draft *= m[_DRAFT]
                 if sp.host is not None:  # the host's speed at the step's start (hostspeed.py)
                     h = sp.host.at(t0)
                     s_sched, s_prep, s_launch = s_sched * h, s_prep * h, s_launch * h

@@ -4,6 +4,8 @@ by the engine (engine.mixed_graphs captures a graph per bucket) and by the simul
 
 from __future__ import annotations
 
+from functools import cache
+
 MIXED_GRAPH_POW2_MAX = 512  # mixed-graph buckets: powers of two up to here ...
 MIXED_GRAPH_STEP = 256  # ... then every multiple of this
 
@@ -42,6 +44,11 @@ def mixed_graph_rows(num_gen: int, bucket: int, max_num_seqs: int) -> int:
     return next(r for r in mixed_graph_row_options(bucket, max_num_seqs) if r >= num_gen)
 
 
+@cache
+def _decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
+    return tuple(decode_buckets(max_num_seqs))
+
+
 def decode_buckets(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, 16, 24, ..., 64 (step 8), 80, ..., 128 (step 16), 160, ... (step 32), then
     max_num_seqs itself, all <= max_num_seqs."""
@@ -62,5 +69,10 @@ def decode_graph_rows(num_reqs: int, max_num_seqs: int, max_tokens: int, query_l
     """The rows of the decode graph a pure decode of `num_reqs` requests replays (engine.graphs:
     buckets for min(max_num_seqs, max_tokens // query_len) rows), or num_reqs when none holds
     it (eager)."""
-    buckets = decode_buckets(min(max_num_seqs, max_tokens // query_len))
-    return next((b for b in buckets if b >= num_reqs), num_reqs)
+    return _graph_rows(num_reqs, min(max_num_seqs, max_tokens // query_len))
+
+
+@cache
+def _graph_rows(num_reqs: int, max_rows: int) -> int:
+    """decode_graph_rows, kept per (batch, graph cap): the simulator asks at every step."""
+    return next((b for b in _decode_buckets(max_rows) if b >= num_reqs), num_reqs)

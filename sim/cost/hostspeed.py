@@ -35,6 +35,7 @@ step loop or the fast path (sim.fast) asks, so both see the same value and stay 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -124,15 +125,21 @@ class HostSpeed:
         x = [s * float(e[0]) for s, e in zip(self.sigma, eps, strict=True)]
         if c > 0:
             x = list(self.ends[c - 1])
-        out = [0.0] * CHUNK
-        coefs = list(zip(self.a, self.b, eps[:, 1:].tolist(), strict=True))
+        # one component at a time, then summed per point in component order: the same float
+        # operations as a point-by-point loop over the components, a third of its time
+        tot: list[float] | None = None
+        for j, (a, b, e) in enumerate(zip(self.a, self.b, eps[:, 1:].tolist(), strict=True)):
+            xj = x[j]
+            path = []
+            add = path.append
+            for ek in e:
+                xj = a * xj + b * ek
+                add(xj)
+            x[j] = xj
+            # 0.0 + first: the point loop's running sum from 0.0 (only a -0.0 changes, to 0.0)
+            tot = [0.0 + v for v in path] if tot is None else list(map(operator.add, tot, path))
         exp, half = math.exp, self.half_var
-        for k in range(CHUNK):
-            tot = 0.0
-            for j, (a, b, e) in enumerate(coefs):
-                x[j] = a * x[j] + b * e[k]
-                tot += x[j]
-            out[k] = exp(tot + half)
+        out = [exp(t + half) for t in tot or [0.0] * CHUNK]
         if c == len(self.ends):
             self.ends.append(x)
         return out

@@ -45,19 +45,31 @@ def program_keys_fn(num_kv_heads: int, sms: int) -> ProgramKeysFn:
     """`(num_reqs, max_kv_tokens) -> keys of the longest program` for a model and a GPU."""
     fill = TARGET_PROGRAMS_PER_SM * sms
     long_tiles = LONG_SPLIT_KEYS // TILE_KEYS
+    # num_reqs -> (key tile, power-of-two splits; 0: only long sequences split): what the
+    # batch size decides, kept (the simulator asks at every decode step, batch sizes repeat)
+    by_batch: dict[int, tuple[int, int]] = {}
+
+    def split_of(num_reqs: int) -> tuple[int, int]:
+        programs = num_reqs * num_kv_heads
+        if programs >= fill:  # only long sequences split, per LONG_SPLIT_KEYS, <= 8 ways
+            return TILE_KEYS, 0
+        splits = min(-(-fill // programs), MAX_SPLITS)
+        return (SMALL_TILE_KEYS if splits >= 16 else TILE_KEYS), _pow2(splits)
 
     def program_keys(num_reqs: int, max_kv: int) -> int:
         if num_reqs <= 0 or max_kv <= 0:
             return 0
-        programs = num_reqs * num_kv_heads
-        if programs >= fill:  # only long sequences split, per LONG_SPLIT_KEYS, <= 8 ways
-            tiles = -(-max_kv // TILE_KEYS)
-            per = max(-(-tiles // MAX_LONG_SPLITS), long_tiles)
-            return min(tiles, per) * TILE_KEYS
-        splits = min(-(-fill // programs), MAX_SPLITS)
-        tile = SMALL_TILE_KEYS if splits >= 16 else TILE_KEYS
+        split = by_batch.get(num_reqs)
+        if split is None:
+            split = by_batch[num_reqs] = split_of(num_reqs)
+        tile, ways = split
         tiles = -(-max_kv // tile)
-        return -(-tiles // _pow2(splits)) * tile
+        if ways:
+            return -(-tiles // ways) * tile
+        per = -(-tiles // MAX_LONG_SPLITS)
+        if per < long_tiles:
+            per = long_tiles
+        return (tiles if tiles < per else per) * TILE_KEYS
 
     return program_keys
 

@@ -133,6 +133,9 @@ class PhaseSpread:
         self.key = (int(seed), int(stream))
         self.lo = self.hi = 0
         self.window: list[list[float]] = [[] for _ in CPU_PHASES]
+        # `row`'s block: from step rows_lo, per step, every phase's multiplier
+        self.rows_lo = -BLOCK_STEPS
+        self.rows: list[tuple[float, ...]] = []
         self._blocks: dict[tuple[int, int], list[float]] = {}
         self._others: dict[tuple[int, int, int], list[float]] = {}  # others_max's blocks
 
@@ -209,6 +212,18 @@ class PhaseSpread:
             # the loop moves forward; a process_outputs looks back at most the depth
             self.ensure(max(0, step - 64), step)
         return self.window[i][step - self.lo]
+
+    def row(self, step: int) -> tuple[float, ...]:
+        """Every phase's multiplier at `step`, in CPU_PHASES order: `at(i, step)` for each i,
+        in one call (a step's launch phases read five of them)."""
+        j = step - self.rows_lo
+        if not 0 <= j < BLOCK_STEPS:  # the loop moves forward: the next block's rows
+            b = step // BLOCK_STEPS
+            phases = [self._block(i, b) for i in range(len(CPU_PHASES))]
+            self.rows = list(zip(*phases, strict=True))
+            self.rows_lo = b * BLOCK_STEPS
+            j = step - self.rows_lo
+        return self.rows[j]
 
 
 def phase_spread(profile: Mapping[str, Any], seed: int, stream: int = 0) -> PhaseSpread | None:
