@@ -15,6 +15,8 @@ Cases (model llama3-8b on h100 unless --set says otherwise):
   num_kv_blocks=1000 (the least that holds its longest request: ~1,200 preemptions);
 - reasoning: traces/reasoning.parquet (743 long-output requests); reasoning-preempt: the same
   with num_kv_blocks=3000 (most requests are preempted at least once);
+- azure-profile: the azure case with the committed llama3-8b H100 profile (measured GPU tables,
+  attention splits, CPU spread and host speed: what a prediction from a profile runs);
 - day (--day): 1M requests over 24 h, Poisson arrivals with (prompt, output) pairs drawn from
   the Azure hour (bubblesim.workloads.synth, seed 0), generated into a temporary file;
   `--day-requests N` makes it N requests at the same rate (the day's targets: 1M only).
@@ -49,14 +51,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 BASE_SETS = ["model=llama3-8b", "gpu=h100"]
+PROFILE_8B = "reports/fidelity/gen/profile-h100-llama3-8b.json"  # the committed H100 profile
 CASES: dict[str, tuple[str, list[str]]] = {  # name -> (trace, config overrides)
     "azure": ("traces/azure_conv.parquet", []),
     "azure-preempt": ("traces/azure_conv.parquet", ["num_kv_blocks=1000"]),
     "reasoning": ("traces/reasoning.parquet", []),
     "reasoning-preempt": ("traces/reasoning.parquet", ["num_kv_blocks=3000"]),
+    "azure-profile": ("traces/azure_conv.parquet", [f"profile={PROFILE_8B}"]),
     "day": ("", []),  # generated
 }
-DEFAULT_CASES = "azure,azure-preempt,reasoning,reasoning-preempt"
+DEFAULT_CASES = "azure,azure-preempt,reasoning,reasoning-preempt,azure-profile"
 LOOP_TARGET, CLI_TARGET, PREEMPT_TARGET = 0.3, 0.7, 3.0
 DAY_REQUESTS, DAY_HOURS, DAY_TARGET_S, DAY_TARGET_MB = 1_000_000, 24.0, 60.0, 1536.0
 
