@@ -17,8 +17,8 @@ H100, llama3.2-1b), from the committed measured runs and profile:
 6. speculative-decoding runs: the host phases `sample` and `draft` on steps without a prefill,
    median ms over the run and over each eighth of it (the host's level and its drift);
 7. the host's level: median `sample` us on steps without a prefill (all, and 6-10 rows), the
-   median eager (mixed-step) launch and mixed-step GPU interval in ms, and `sample`'s median
-   (4-12 rows) per 5 s window of the run;
+   median (and p90) eager (mixed-step) launch and mixed-step GPU interval in ms, and `sample`'s
+   median (4-12 rows) per 5 s window of the run;
 8. decode graphs issued to an idle GPU: median ms saved against the profile's decode pass
    (predicted - measured) per idle gap, with the predicted median (the idle-start law);
 9. speculative-decoding runs: the verify (+ GPU draft) interval by batch band, median ms and
@@ -192,13 +192,14 @@ def host_phases(s: dict[str, np.ndarray]) -> str:
         w = small & (t >= w0) & (t < w0 + WINDOW_S) & np.isfinite(sample_us)
         windows.append(f"{np.median(sample_us[w]):.1f}" if w.sum() > 20 else "-")
 
-    def med(x: np.ndarray, rows: np.ndarray) -> str:
+    def med(x: np.ndarray, rows: np.ndarray, q: float = 50) -> str:
         ok = rows & np.isfinite(x)
-        return f"{np.median(x[ok]):.2f}" if ok.any() else "-"
+        return f"{np.percentile(x[ok], q):.2f}" if ok.any() else "-"
 
     return (
         f"sample us {med(sample_us, dec)} (6-10 rows {med(sample_us, mid)}); "
-        f"eager launch ms {med(launch_ms, ~dec)}, mixed GPU ms {med(gpu_ms, ~dec)}; "
+        f"eager launch ms {med(launch_ms, ~dec)} (p90 {med(launch_ms, ~dec, 90)}), "
+        f"mixed GPU ms {med(gpu_ms, ~dec)} (p90 {med(gpu_ms, ~dec, 90)}); "
         f"sample us per {WINDOW_S:.0f} s (4-12 rows): {' '.join(windows)}"
     )
 
