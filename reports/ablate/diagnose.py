@@ -6,7 +6,8 @@
 1. Every repeat in run order (off block, then on block): throughput, TPOT p50 and the host's
    pace, the mean schedule + process_outputs time per step (phases no seed switch touches).
 2. Seed 5: steps whose CPU waited for the in-flight step's accepted counts (what the switch
-   removes) and the sides' median sample / draft phases.
+   removes), the sides' median sample / draft phases and GPU interval, and where the GPU ends
+   against the end of the host's draft phase (which issues the ngram-gpu proposer's kernels).
 3. Seed 3 (one repeat a side): the placeholder scan's cost per history token by stretch of the
    run, and the elapsed-time change through each stretch, measured and predicted.
 
@@ -79,10 +80,14 @@ def seed5(measured: Path) -> None:
             p: float(np.median(phase_ms(s, p)[dec])) for p in ("prepare_inputs", "sample", "draft")
         }
         gpu = float(np.median(((s["gpu_end_s"] - s["gpu_start_s"]) * 1e3)[dec]))
+        # where the GPU ends against the host's draft phase, which issues the GPU drafter
+        lead = (s["gpu_end_s"] - s["draft_end_s"])[dec] * 1e3
+        p10, p50, p90 = np.percentile(lead, [10, 50, 90])
         print(
             f"  {seed:8} {side:3}: {waits} of {int(dec.sum())} decode steps waited; "
             + ", ".join(f"{p} {v:.3f}" for p, v in med.items())
-            + f", GPU interval {gpu:.3f}"
+            + f", GPU interval {gpu:.3f}; GPU end - draft end p10/p50/p90 "
+            + f"{p10:+.3f}/{p50:+.3f}/{p90:+.3f}"
         )
 
 
