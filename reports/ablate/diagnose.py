@@ -7,7 +7,8 @@
    pace, the mean schedule + process_outputs time per step (phases no seed switch touches).
 2. Seed 5: steps whose CPU waited for the in-flight step's accepted counts (what the switch
    removes), the sides' median sample / draft phases and GPU interval, and where the GPU ends
-   against the end of the host's draft phase (which issues the ngram-gpu proposer's kernels).
+   against the end of the host's draft phase (which issues the ngram-gpu proposer's kernels);
+   the same for seed 4's on side (ngram-gpu on its own workload).
 3. Seed 3 (one repeat a side): the placeholder scan's cost per history token by stretch of the
    run, and the elapsed-time change through each stretch, measured and predicted.
 
@@ -70,10 +71,12 @@ def repeats(measured: Path) -> None:
 
 def seed5(measured: Path) -> None:
     print("2. seed 5: accepted-count waits and the host phases (median ms, decode steps)")
-    for seed, side in [(d, x) for d in ("seed5", "seed5-8b") for x in ("off", "on")]:
-        if not (measured / seed).is_dir():
+    runs = [(d, "optimistic_spec_decode", x) for d in ("seed5", "seed5-8b") for x in ("off", "on")]
+    runs.append(("seed4", "spec_method", "on"))  # ngram-gpu too, another workload
+    for seed, switch, side in runs:
+        if not (measured / seed / f"{switch}-{side}").is_dir():
             continue
-        s = steps(measured / seed / f"optimistic_spec_decode-{side}")
+        s = steps(measured / seed / f"{switch}-{side}")
         dec = s["num_prefill_reqs"] == 0
         waits = int((s["sync_count"][dec] > 0).sum())
         med = {
