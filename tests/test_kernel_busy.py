@@ -85,6 +85,9 @@ def test_a_gpu_drafter_waiting_for_the_draft_phase_is_idle_not_busy() -> None:
     assert (out[0] == raw[0]).all()
     assert out[1, 1] - out[1, 0] == out[0, 1] - out[0, 0]  # same kernels, same busy time
     assert acc["tail"]["wait_s"] == 400e-6
+    # every step's span is reported, clean or not: tail 20 and 420 us, drafter 50 us
+    assert acc["tail"]["span_us"]["p10"] == 20 + 0.1 * 400
+    assert acc["draft"]["span_us"] == {"p10": 50.0, "p50": 50.0, "p90": 50.0}
 
 
 def test_no_clean_reference_means_no_estimate_and_nothing_cut() -> None:

@@ -46,7 +46,7 @@ def _private(name: str) -> bool:
 
 
 def _edges(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the product's modules it imports (`from pkg import mod` counts as importing mod)."""
+    """Module -> the product's modules it imports (`from pkg import mod` imports mod)."""
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
         for _, module, names in _imports(name, path):

@@ -180,6 +180,9 @@ def kernel_busy(
             "clean": int((valid & clean).sum()),
             "kernel_us": kernel_us,
             "wait_s": float(wait.sum() / 1e9),
+            # every step's span, clean or not: with no clean reference (kernel_us empty) the
+            # segment's waits stay in the busy time, and this says how long the segment ran
+            "span_us": _quantiles_us(span[valid]),
         }
     out = g.copy()
     start = np.where(have, np.maximum(g[:, 0], s_raw + idle["lead"]), g[:, 0])
@@ -188,6 +191,14 @@ def kernel_busy(
     out[:, 1] = np.where(have, np.maximum(start, end), g[:, 1])
     account["removed_s"] = float(((g[:, 1] - g[:, 0]) - (out[:, 1] - out[:, 0]))[have].sum() / 1e9)
     return out, account
+
+
+def _quantiles_us(span_ns: np.ndarray) -> dict[str, float]:
+    """p10 / p50 / p90 of spans in ns, as us ({} for none)."""
+    if span_ns.size == 0:
+        return {}
+    q = np.percentile(span_ns, [10, 50, 90]) / 1e3
+    return {"p10": float(q[0]), "p50": float(q[1]), "p90": float(q[2])}
 
 
 class _EmissionClock:
