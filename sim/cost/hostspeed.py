@@ -130,7 +130,7 @@ class HostSpeed:
         tot: list[float] | None = None
         for j, (a, b, e) in enumerate(zip(self.a, self.b, eps[:, 1:].tolist(), strict=True)):
             xj = x[j]
-            path = []
+            path: list[float] = []
             add = path.append
             for ek in e:
                 xj = a * xj + b * ek
