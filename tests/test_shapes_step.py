@@ -19,6 +19,7 @@ from engine.hooks import PHASE
 from engine.inputs import SEQ_LENS
 from engine.requests import RequestInput
 from replay.analysis.shapes_grid import Batch, Entry
+from replay.gpu.shapes import SPIN_MARGIN, SPIN_PAD_MS, spin_size
 from replay.gpu.shapes_step import MarkHooks, StageError, stage
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -199,3 +200,11 @@ def test_gpu_sample_equals_a_run_steps_clean_interval():
         got = [timer.sample(st, marks, "graph")[0] for _ in range(7)]
     ms = float(np.median([s.gpu_ms for s in got if s is not None]))
     assert len(rows) >= 20 and abs(ms / run_ms - 1) < 0.10, (ms, run_ms, len(rows))
+
+
+def test_one_long_issue_does_not_size_the_next_shapes_spins() -> None:
+    """The first try's spin outlasts the path's largest recent issue, capped by the primed
+    shape's own: after a seconds-long issue, a 60 ms shape spins ~90 ms, not seconds."""
+    assert spin_size(4600.0, 60.0) == SPIN_MARGIN * 60.0 + SPIN_PAD_MS
+    assert spin_size(50.0, 4600.0) == SPIN_MARGIN * 50.0 + SPIN_PAD_MS  # a compile: history
+    assert spin_size(50.0, None) == SPIN_MARGIN * 50.0 + SPIN_PAD_MS

@@ -115,6 +115,7 @@ class Timer:
     cycles_per_ms: float = 0.0
     issue: dict[str, list[float]] = field(default_factory=dict)
     spin_s: float = 0.0  # GPU time spent spinning (sweep cost accounting)
+    shape_issue_ms: float | None = None  # the primed shape's own untimed issue (spin_size)
 
     @staticmethod
     def create(cuda: bool) -> Timer:
@@ -160,9 +161,10 @@ class Timer:
         """One untimed launch of a new shape (compiles, cuBLAS loads, held rows' blocks reach
         the device) and, on CUDA, a second that seeds the spin's size for the first shape of
         `path` (graph / eager)."""
-        self.launch(step, marks)
+        self.shape_issue_ms = self.launch(step, marks)
         if self.cuda and self.issue_estimate(path) is None:
-            self.note_issue(path, self.launch(step, marks))
+            self.shape_issue_ms = self.launch(step, marks)
+            self.note_issue(path, self.shape_issue_ms)
 
     def sample(self, step: Any, marks: Any, path: str) -> tuple[Sample | None, int]:
         """One clean sample of `step` (or None after SPIN_TRIES + 1 unclean ones) and the number
@@ -172,7 +174,7 @@ class Timer:
             return Sample(marks.gpu_ms(), issue_ms, 0.0), 0
         est = self.issue_estimate(path)
         assert est is not None, "seed the issue estimate first (note_issue)"
-        spin_ms = SPIN_MARGIN * est + SPIN_PAD_MS
+        spin_ms = spin_size(est, self.shape_issue_ms)
         unclean = 0
         for _ in range(SPIN_TRIES + 1):
             step.before()
@@ -191,6 +193,17 @@ class Timer:
             unclean += 1
             spin_ms = 2 * max(spin_ms, SPIN_MARGIN * issue_ms + SPIN_PAD_MS)
         return None, unclean
+
+
+def spin_size(recent_max_ms: float, shape_ms: float | None) -> float:
+    """The first try's spin: SPIN_MARGIN x the issue time it must outlast + SPIN_PAD_MS. That
+    issue is the largest of the path's recent ones, capped by the primed shape's own untimed
+    issue: one long issue (a large shape before, a collection, rank 0's seconds-long eager
+    launch of a large tensor-parallel mixed step) no longer makes the next shapes' samples spin
+    that long. A cap that proves short (the untimed launch paid a compile the samples do not)
+    costs one retry, sized on the issue it measured."""
+    est = recent_max_ms if shape_ms is None else min(recent_max_ms, shape_ms)
+    return SPIN_MARGIN * est + SPIN_PAD_MS
 
 
 def _sync(cuda: bool) -> None:
