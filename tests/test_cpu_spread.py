@@ -76,6 +76,11 @@ def test_multipliers_follow_the_table_whatever_the_order() -> None:
     for step in (2 * BLOCK_STEPS + 5, 7, BLOCK_STEPS - 1, 5 * BLOCK_STEPS):
         assert other.at(i, step) == (m[step] if step < n else sp.at(i, step))
     assert PhaseSpread({"sample": TABLE}, seed=3, stream=1).at(i, 7) != m[7]
+    # `row` (a step's every multiplier in one call, sim.clock) is `at` for each phase
+    rows = PhaseSpread({"sample": TABLE, "schedule": TABLE}, seed=3)
+    ats = PhaseSpread({"sample": TABLE, "schedule": TABLE}, seed=3)
+    for step in (0, 5, BLOCK_STEPS - 1, BLOCK_STEPS, 2 * BLOCK_STEPS + 9, 7):
+        assert rows.row(step) == tuple(ats.at(j, step) for j in range(len(CPU_PHASES)))
 
 
 def _sim(tmp: Path, sets: list[str]):
