@@ -86,6 +86,28 @@ def test_process_has_its_variance_and_correlation_whatever_the_order() -> None:
     assert HostSpeed([0.2], [0.5], seed=3, stream=1).at(1.0) != hs.at(1.0)
 
 
+def test_chunks_are_the_point_by_point_recursion_to_the_bit() -> None:
+    """A chunk is drawn one component at a time and summed in component order: the same
+    float operations as stepping every component at each grid point, so the same values."""
+    sigma, tau = [0.25, 0.2, 0.05], [0.1, 2.5, 0.01]
+    hs = HostSpeed(sigma, tau, seed=7, mean_over="time")
+    got = [[hs.at((c * CHUNK + k + 0.5) * GRID_S) for k in range(CHUNK)] for c in (0, 1, 2)]
+    eps_rng = [np.random.default_rng([7, 0, 0x4853, c]) for c in (0, 1, 2)]
+    x: list[float] = []
+    for c, rng in enumerate(eps_rng):
+        eps = rng.standard_normal((len(sigma), CHUNK + 1))
+        if c == 0:
+            x = [sg * float(e[0]) for sg, e in zip(sigma, eps, strict=True)]
+        want = []
+        for k in range(CHUNK):
+            tot = 0.0
+            for j in range(len(sigma)):
+                x[j] = hs.a[j] * x[j] + hs.b[j] * float(eps[j, k + 1])
+                tot += x[j]
+            want.append(math.exp(tot + hs.half_var))
+        assert got[c] == want
+
+
 def test_phases_take_the_speed_on_top_of_the_spread(tmp_path: Path) -> None:
     """Each step's sample phase is the linear model x the spread around the speed (the
     host_speed's own table, not the top-level one) x the speed at the step's start."""
