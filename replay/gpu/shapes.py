@@ -96,7 +96,7 @@ __all__ = [
 ]
 
 WRITE_EVERY_S = 15.0
-SPIN_MARGIN = 1.5  # spin = margin x the longest recent issue time + pad
+SPIN_MARGIN = 1.5  # spin = margin x the issue it must outlast (spin_size) + pad
 SPIN_PAD_MS = 0.5
 SPIN_TRIES = 3  # a sample that is not clean is retried with twice the spin, this many times
 ISSUE_HISTORY = 8  # issue times remembered per path (eager / graph)
@@ -159,8 +159,8 @@ class Timer:
 
     def prime(self, step: Any, marks: Any, path: str) -> None:
         """One untimed launch of a new shape (compiles, cuBLAS loads, held rows' blocks reach
-        the device) and, on CUDA, a second that seeds the spin's size for the first shape of
-        `path` (graph / eager)."""
+        the device; its issue time caps the shape's first spin, `spin_size`) and, on CUDA, a
+        second that seeds the spin's size for the first shape of `path` (graph / eager)."""
         self.shape_issue_ms = self.launch(step, marks)
         if self.cuda and self.issue_estimate(path) is None:
             self.shape_issue_ms = self.launch(step, marks)
