@@ -44,11 +44,6 @@ def mixed_graph_rows(num_gen: int, bucket: int, max_num_seqs: int) -> int:
     return next(r for r in mixed_graph_row_options(bucket, max_num_seqs) if r >= num_gen)
 
 
-@cache
-def _decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
-    return tuple(decode_buckets(max_num_seqs))
-
-
 def decode_buckets(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, 16, 24, ..., 64 (step 8), 80, ..., 128 (step 16), 160, ... (step 32), then
     max_num_seqs itself, all <= max_num_seqs."""
@@ -75,4 +70,4 @@ def decode_graph_rows(num_reqs: int, max_num_seqs: int, max_tokens: int, query_l
 @cache
 def _graph_rows(num_reqs: int, max_rows: int) -> int:
     """decode_graph_rows, kept per (batch, graph cap): the simulator asks at every step."""
-    return next((b for b in _decode_buckets(max_rows) if b >= num_reqs), num_reqs)
+    return next((b for b in decode_buckets(max_rows) if b >= num_reqs), num_reqs)

@@ -408,10 +408,11 @@ def print_table(result: dict[str, Any]) -> None:
                     f"{_f(d['off'][m]):>13} {_f(d['on'][m]):>11} "
                     f"{'-' if rc is None else f'{100 * rc:+.1f}%':>8}"
                 )
-            print(f"{sw:<28} {m:<18} " + " ".join(cells) + "  " + _verdict(agree.get(m)))
+            print(f"{sw:<28} {m:<18} " + " ".join(cells) + "  " + verdict(agree.get(m)))
 
 
-def _verdict(a: dict[str, Any] | None) -> str:
+def verdict(a: dict[str, Any] | None) -> str:
+    """An `agreement` entry in words (the table above, reports/ablate/tables.py)."""
     if not a:
         return ""
     if not a["same_sign"]:

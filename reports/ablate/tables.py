@@ -4,11 +4,12 @@
 
 One table per switch of each DIR/<seed>/ablate.json: each metric's median over the repeats of
 each side (measured), the change (on - off) / off, the noise (two robust standard errors of
-that difference, relative to off: a change inside it is not resolved, n/r), the predicted
-change, and the verdict (`agreement`: ok = same sign and within 25 % of the measured size; else
-the size ratio predicted / measured, or `sign`). The bubble fraction is in percent, its change
-in points (and relative, as the noise and the verdict take it): both sides count kernel-busy
-time (replay.gpu.measure.kernel_busy) against the sim's passes.
+that difference, relative to off: a change inside it is not resolved), the predicted change,
+and `replay ablate`'s verdict (replay.gpu.ablate.verdict: ok = same sign and within 25 % of the
+measured size, else the size ratio or "sign differs"; "measured change within noise" where it
+is not resolved). The bubble fraction is in percent, its change in points (and relative, as the
+noise and the verdict take it): both sides count kernel-busy time
+(replay.gpu.measure.kernel_busy) against the sim's passes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from replay.gpu.ablate import NOISE_SE  # a change within NOISE_SE standard errors: not resolved
+from replay.gpu.ablate import NOISE_SE, verdict  # NOISE_SE: a change within it is not resolved
 
 UNITS = {  # metric -> (label, scale, format)
     "output_tok_per_s": ("output tok/s", 1.0, "{:.0f}"),
@@ -28,13 +29,6 @@ UNITS = {  # metric -> (label, scale, format)
     "bubble_fraction": ("bubble %", 100.0, "{:.1f}"),
     "gpu_ms_mean": ("GPU ms/step", 1.0, "{:.3f}"),
 }
-
-
-def verdict(a: dict) -> str:
-    """replay ablate's verdict: the sign, then the size; n/r where the measured change is within
-    the noise (one repeat a side: no noise to judge against)."""
-    v = "sign" if not a["same_sign"] else "ok" if a["within_target"] else f"x{a['size_ratio']:.2f}"
-    return v + (" (n/r)" if a.get("resolved") is False else "")
 
 
 def change(side: dict, metric: str) -> str:
@@ -51,9 +45,10 @@ def _repeats(m: dict) -> int:
 
 def table(switch: str, x: dict) -> str:
     m, p = x["measured"], x["predicted"]
+    n = _repeats(m)
     rows = [
         f"`{switch}`: {x['values']['off']} -> {x['values']['on']}, "
-        f"{_repeats(m)} repeat{'s' if _repeats(m) > 1 else ''} a side",
+        f"{n} repeat{'s' if n > 1 else ''} a side",
         "",
         "| metric | measured off | on | change | noise | predicted off | on | change | verdict |",
         "|---|---|---|---|---|---|---|---|---|",
