@@ -5,9 +5,10 @@ predicted run count the same idle time (replay.gpu.measure.kernel_busy)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bubblesim.core.phases import CPU_PHASES, DRAFT, SAMPLE
-from replay.gpu.measure import kernel_busy
+from replay.gpu.measure import SegmentReference, kernel_busy
 
 US = 1_000
 _S, _D = CPU_PHASES.index(SAMPLE), CPU_PHASES.index(DRAFT)
@@ -97,6 +98,51 @@ def test_no_clean_reference_means_no_estimate_and_nothing_cut() -> None:
     raw, marks, host, ph = _steps([late])
     out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, np.ones(1, bool))
     assert (out == raw).all() and acc["lead"]["kernel_us"] == {}
+
+
+def _drafter_behind_host(t: int, drafter_us: int) -> dict:
+    """A step whose drafter kernels trail the host's launches: the draft segment is never
+    clean (the drafter starts 20 us after its host mark, the host's phase ends 10 us before
+    the GPU's end), and it spans `drafter_us`."""
+    return dict(s=t, f0=t + 30 * US, f1=t + 1030 * US, d0=t + 1050 * US,
+                e=t + 1050 * US + drafter_us * US, hf0=t - 900 * US, hf1=t - 850 * US,
+                hd0=t + 1030 * US, h_end=t + 1040 * US + drafter_us * US)  # fmt: skip
+
+
+def test_a_segment_never_clean_in_the_run_takes_the_reference() -> None:
+    # two steps at 4 and 12 requests, contexts 1000 and 3000; drafter spans 700 and 900 us
+    a, b = _drafter_behind_host(10_000 * US, 700), _drafter_behind_host(20_000 * US, 900)
+    raw, marks, host, ph = _steps([a, b])
+    graphed = np.ones(2, bool)
+    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, graphed)
+    assert acc["draft"]["clean"] == 0 and (out == raw).all()  # no estimate: nothing cut
+    # the drafter's kernel time measured apart: 100 us at 1 request, 300 at 16 (ctx 1000),
+    # twice that at ctx 5000
+    ref = SegmentReference(
+        (1, 16), (1000, 5000), {"draft": np.array([[100e3, 200e3], [300e3, 600e3]])}
+    )
+    rows, ctx = np.array([4.0, 12.0]), np.array([1000.0, 3000.0])
+    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, graphed, ref, rows, ctx)
+    kern = ref.at("draft", rows, ctx)
+    # rows 4: 100 + 3/15 * 200; rows 12: halfway between 246.7 (ctx 1000) and 493.3 (5000)
+    assert kern.tolist() == pytest.approx([140e3, 370e3])
+    assert acc["draft"]["kernel_source"] == {"graph": "reference"}
+    ends = raw[:, 1] - (np.array([700e3, 900e3]) - kern).astype(np.int64)
+    assert out[:, 1].tolist() == ends.tolist() and (out[:, 0] == raw[:, 0]).all()
+    assert acc["reference"]["rows"] == [1, 16]
+    # a run with its own clean drafter segments keeps them: the reference is not read
+    clean = dict(_drafter_behind_host(30_000 * US, 150), hd0=29_000 * US, h_end=29_100 * US)
+    raw, marks, host, ph = _steps([a, b, clean])
+    rows3, ctx3 = np.array([4.0, 12.0, 4.0]), np.array([1000.0, 3000.0, 1000.0])
+    out, acc = kernel_busy(raw, raw.copy(), marks, host, ph, np.ones(3, bool), ref, rows3, ctx3)
+    assert acc["draft"]["kernel_source"] == {"graph": "run", "eager": "run"}
+    assert acc["draft"]["wait_s"] == pytest.approx((700 - 150 + 900 - 150) * 1e-6)
+
+
+def test_reference_interpolates_linearly_and_clamps_at_the_edges() -> None:
+    ref = SegmentReference((2, 8), (100,), {"lead": np.array([[20e3], [50e3]])})
+    got = ref.at("lead", np.array([1.0, 2.0, 4.0, 8.0, 64.0]), np.array([10.0] * 5))
+    assert got.tolist() == [20e3, 20e3, 30e3, 50e3, 50e3]
 
 
 def test_cpu_engine_records_forward_marks_inside_each_step() -> None:

@@ -19,8 +19,8 @@ from engine.hooks import PHASE
 from engine.inputs import SEQ_LENS
 from engine.requests import RequestInput
 from replay.analysis.shapes_grid import Batch, Entry
-from replay.gpu.shapes import SPIN_MARGIN, SPIN_PAD_MS, spin_size
 from replay.gpu.shapes_step import MarkHooks, StageError, stage
+from replay.gpu.spintimer import SPIN_MARGIN, SPIN_PAD_MS, spin_size
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,7 +8,7 @@ runs once showed was the hooks' clock drift, reports/fidelity/README.md section 
 decode graph shape of a short grid (the same synthetic steps as `replay shapes`,
 replay.gpu.shapes_step):
 
-    queued: GPU spin | the step                      (replay.gpu.shapes.Timer: the pass)
+    queued: GPU spin | the step                      (replay.gpu.spintimer.Timer: the pass)
     idle g: previous step | sync, idle mark | host waits g ms | the step
 
 An idle sample's measured idle is the GPU time from the idle mark (an event recorded on the
@@ -43,8 +43,9 @@ from engine.tp.workers import stop_all as stop_tp_workers
 from replay.analysis.idlegap_file import FORMAT, write_idlegap
 from replay.analysis.shapes_plan import plan
 from replay.gpu.run import as_run, gpu_name, versions
-from replay.gpu.shapes import Timer, engine_commit, warm_up
+from replay.gpu.shapes import engine_commit, warm_up
 from replay.gpu.shapes_step import MarkHooks, Staged, StageError, stage
+from replay.gpu.spintimer import Timer
 
 DEFAULT_GAPS_MS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 DEFAULT_SHAPES = 12  # decode shapes (about; the grid's quick selection)

@@ -64,9 +64,12 @@ def _kernel_intervals(gpu_ns: np.ndarray, launch_start_ns: np.ndarray) -> tuple[
     return g, moved
 
 
-def to_recorder(trace: Any, outputs: Sequence[Any]) -> Converted:
+def to_recorder(
+    trace: Any, outputs: Sequence[Any], reference: SegmentReference | None = None
+) -> Converted:
     """`trace`: engine.hooks.StepTrace; `outputs`: RequestOutput of every request that reached
-    the engine during the run, in arrival order (recorder rows follow it)."""
+    the engine during the run, in arrival order (recorder rows follow it); `reference`: kernel
+    times for segments that never ran clean in the run (`kernel_busy`)."""
     t0 = trace.t0_ns
     rec = RunRecorder()
     n = trace.num_steps
@@ -80,9 +83,12 @@ def to_recorder(trace: Any, outputs: Sequence[Any]) -> Converted:
     waits = None
     marks = getattr(trace, "mark_ns", None)
     if marks is not None and len(marks) == n and n:
+        rows = np.array([sh.num_reqs for sh in trace.shapes[:n]], np.float64)
+        ctx = np.array([sh.max_kv_tokens for sh in trace.shapes[:n]], np.float64)
         g, waits = kernel_busy(
-            trace.gpu_ns[:n], g, marks, trace.mark_host_ns, ph[:n], trace.graphed[:n]
-        )
+            trace.gpu_ns[:n], g, marks, trace.mark_host_ns, ph[:n], trace.graphed[:n],
+            reference, rows, ctx,
+        )  # fmt: skip
     ok = (g[:, 0] >= 0) & (g[:, 1] >= g[:, 0])
     for row in np.flatnonzero(ok).tolist():
         rec.gpu(row, (g[row, 0] - t0) / 1e9, (g[row, 1] - t0) / 1e9)
@@ -123,9 +129,101 @@ _DRAFT = CPU_PHASES.index(P.DRAFT)
 SEGMENTS = ("lead", "tail", "draft")
 
 
+@dataclass(frozen=True)
+class SegmentReference:
+    """Kernel time of each step segment measured outside the run, behind a GPU spin
+    (replay.gpu.segref): `ns[name]` [len(rows), len(ctx)] at `rows` requests (ascending) and
+    `ctx` tokens of the longest context (ascending). Used for a segment with no clean step in
+    the run (a host that never gets ahead of the GPU drafter, seed 5 on llama3.2-1b)."""
+
+    rows: tuple[int, ...]
+    ctx: tuple[int, ...]
+    ns: dict[str, np.ndarray]
+
+    def at(self, name: str, rows: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+        """Linear in rows, then in context, clamped at the grid's edges."""
+        t = self.ns[name]
+        r = np.asarray(self.rows, np.float64)
+        by_ctx = np.stack([np.interp(rows, r, t[:, j]) for j in range(t.shape[1])], axis=1)
+        if len(self.ctx) == 1:
+            return by_ctx[:, 0]
+        c = np.asarray(self.ctx, np.float64)
+        x = np.clip(ctx, c[0], c[-1])
+        j = np.clip(np.searchsorted(c, x, side="right") - 1, 0, len(c) - 2)
+        w = (x - c[j]) / (c[j + 1] - c[j])
+        i = np.arange(len(rows))
+        return by_ctx[i, j] * (1 - w) + by_ctx[i, j + 1] * w
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "rows": list(self.rows),
+            "ctx": list(self.ctx),
+            "kernel_us": {k: (v / 1e3).round(1).tolist() for k, v in self.ns.items()},
+        }
+
+
+# a reference applies to graph steps; the drafter's kernels (eager torch ops after the
+# forward) are the same on an eager step, so "draft" applies to both
+_REFERENCE_KINDS = {"lead": ("graph",), "tail": ("graph",), "draft": ("graph", "eager")}
+
+
+@dataclass
+class _Segments:
+    have: np.ndarray  # bool [n]: interval and forward marks present
+    drafted: np.ndarray  # bool [n]: the GPU drafter ran
+    span: dict[str, np.ndarray]  # int64 [n] per segment
+    clean: dict[str, np.ndarray]  # bool [n] per segment
+    valid: dict[str, np.ndarray]  # bool [n] per segment: span measured
+
+    def without_clean(self) -> dict[str, np.ndarray]:
+        """Segments with steps but no clean one (their waits need a reference): their steps."""
+        v, c = self.valid, self.clean
+        return {k: v[k] for k in SEGMENTS if v[k].any() and not (v[k] & c[k]).any()}
+
+
+def _segments(
+    raw_ns: np.ndarray, g: np.ndarray, mark_ns: np.ndarray, mark_host_ns: np.ndarray,
+    phase_ns: np.ndarray,
+) -> _Segments:  # fmt: skip
+    s_raw = raw_ns[:, 0]
+    f0 = mark_ns[:, 0]
+    f1 = mark_ns[:, 1]
+    d0 = mark_ns[:, 2]
+    h_f0 = mark_host_ns[:, 0]
+    h_d0 = mark_host_ns[:, 2]
+    drafted = d0 >= 0
+    h_end = np.where(drafted, phase_ns[:, _DRAFT, 1], phase_ns[:, _SAMPLE, 1])
+    have = (g[:, 0] >= 0) & (g[:, 1] >= g[:, 0]) & (f0 >= 0) & (f1 >= f0)
+    # the tail ends at the drafter's start when there is one
+    tail_end = np.where(drafted, d0, g[:, 1])
+    tail_end_host = np.where(drafted, h_d0, h_end)
+    span = {"lead": f0 - s_raw, "tail": tail_end - f1, "draft": g[:, 1] - d0}
+    clean = {
+        "lead": s_raw >= h_f0 + CLEAN_MARGIN_NS,
+        "tail": f1 >= tail_end_host + CLEAN_MARGIN_NS,
+        "draft": drafted & (d0 >= h_end + CLEAN_MARGIN_NS),
+    }
+    valid = {k: have & (span[k] >= 0) & (drafted if k == "draft" else True) for k in SEGMENTS}
+    return _Segments(have, drafted, span, clean, valid)
+
+
+def segments_without_clean(trace: Any) -> dict[str, np.ndarray]:
+    """The segments of a finished run's steps (`engine.hooks.StepTrace`) that no step ran
+    clean, with the steps that have them (bool [n]): `kernel_busy` can take their waits out
+    only against a `SegmentReference`."""
+    n = trace.num_steps
+    marks = getattr(trace, "mark_ns", None)
+    if marks is None or len(marks) != n or not n:
+        return {}
+    g, _ = _kernel_intervals(trace.gpu_ns[:n], trace.phase_ns[:n, _LAUNCH, 0])
+    segs = _segments(trace.gpu_ns[:n], g, marks, trace.mark_host_ns, trace.phase_ns[:n])
+    return segs.without_clean()
+
+
 def kernel_busy(
     raw_ns: np.ndarray, g: np.ndarray, mark_ns: np.ndarray, mark_host_ns: np.ndarray,
-    phase_ns: np.ndarray, graphed: np.ndarray,
+    phase_ns: np.ndarray, graphed: np.ndarray, reference: SegmentReference | None = None,
+    rows: np.ndarray | None = None, ctx: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:  # fmt: skip
     """Narrow each step's GPU interval `g` to its kernel time. A step's events split its GPU
     work into segments: lead (start event -> forward: the input copies), forward (a CUDA graph
@@ -136,54 +234,55 @@ def kernel_busy(
     the GPU reached its first event ran back to back ("clean": its span is kernel time). The
     median clean span of a segment (per graph/eager kind) is its kernel time; a segment that is
     not clean holds idle = its span - that median (>= 0): the GPU waited for the host there.
+    A segment kind with no clean step in the run takes its kernel time from `reference` (at
+    each step's `rows` requests and `ctx` longest context) where one is given.
     Lead idle moves the start later, tail and draft idle move the end earlier, so the idle
     becomes a gap between steps and the bubble accounting names what the CPU was doing then.
     Returns the new intervals and the account (totals per segment, steps, clean counts)."""
     n = len(g)
-    s_raw = raw_ns[:, 0]
-    f0 = mark_ns[:, 0]
-    f1 = mark_ns[:, 1]
-    d0 = mark_ns[:, 2]
-    h_f0 = mark_host_ns[:, 0]
-    h_d0 = mark_host_ns[:, 2]
-    drafted = d0 >= 0
-    h_end = np.where(drafted, phase_ns[:, _DRAFT, 1], phase_ns[:, _SAMPLE, 1])
     graph = np.asarray(graphed, bool)  # per step: the forward was a CUDA graph replay
-    have = (g[:, 0] >= 0) & (g[:, 1] >= g[:, 0]) & (f0 >= 0) & (f1 >= f0)
-    # (span, clean) per segment; the tail ends at the drafter's start when there is one
-    tail_end = np.where(drafted, d0, g[:, 1])
-    tail_end_host = np.where(drafted, h_d0, h_end)
-    segs = {
-        "lead": (f0 - s_raw, s_raw >= h_f0 + CLEAN_MARGIN_NS),
-        "tail": (tail_end - f1, f1 >= tail_end_host + CLEAN_MARGIN_NS),
-        "draft": (g[:, 1] - d0, drafted & (d0 >= h_end + CLEAN_MARGIN_NS)),
-    }
+    segs = _segments(raw_ns, g, mark_ns, mark_host_ns, phase_ns)
+    have = segs.have
     idle = {}
     account: dict[str, Any] = {"steps": int(have.sum()), "margin_us": CLEAN_MARGIN_NS / 1e3}
-    for name, (span, clean) in segs.items():
-        valid = have & (span >= 0) & (drafted if name == "draft" else True)
+    for name in SEGMENTS:
+        span, clean, valid = segs.span[name], segs.clean[name], segs.valid[name]
         wait = np.zeros(n, np.int64)
-        kernel_us = {}
+        kernel_us: dict[str, float] = {}
+        source: dict[str, str] = {}
         for kind, sel in (("graph", graph), ("eager", ~graph)):
+            mine = valid & ~clean & sel
             ref = span[valid & clean & sel]
             if ref.size == 0:  # no clean step of this kind: the other kind's, else no estimate
                 ref = span[valid & clean]
-            if ref.size == 0:
+            if ref.size:
+                est: np.ndarray | int = int(np.median(ref))
+                kernel_us[kind] = int(est) / 1e3
+                source[kind] = "run"
+            elif (
+                reference is not None and name in reference.ns and kind in _REFERENCE_KINDS[name]
+                and rows is not None and ctx is not None and mine.any()
+            ):  # fmt: skip
+                est = reference.at(name, rows[mine], ctx[mine]).astype(np.int64)
+                kernel_us[kind] = float(np.median(est)) / 1e3
+                source[kind] = "reference"
+            else:
                 continue
-            est = int(np.median(ref))
-            kernel_us[kind] = est / 1e3
-            mine = valid & ~clean & sel
             wait[mine] = np.maximum(span[mine] - est, 0)
         idle[name] = wait
         account[name] = {
             "steps": int(valid.sum()),
             "clean": int((valid & clean).sum()),
-            "kernel_us": kernel_us,
+            "kernel_us": kernel_us,  # the reference's: the median over the steps it served
+            "kernel_source": source,
             "wait_s": float(wait.sum() / 1e9),
-            # every step's span, clean or not: with no clean reference (kernel_us empty) the
+            # every step's span, clean or not: with no estimate (kernel_us empty) the
             # segment's waits stay in the busy time, and this says how long the segment ran
             "span_us": _quantiles_us(span[valid]),
         }
+    if reference is not None:
+        account["reference"] = reference.describe()
+    s_raw = raw_ns[:, 0]
     out = g.copy()
     start = np.where(have, np.maximum(g[:, 0], s_raw + idle["lead"]), g[:, 0])
     end = np.where(have, g[:, 1] - idle["tail"] - idle["draft"], g[:, 1])

@@ -48,8 +48,15 @@ from engine.tp.ranktimes import empty_table
 from engine.tp.workers import stop_all as stop_tp_workers
 from replay.analysis.metrics import flat_metrics, spread
 from replay.analysis.ranks import write_ranks
+from replay.gpu import segref
 from replay.gpu.compiles import CompileCounter
-from replay.gpu.measure import hook_overhead, overhead_summary, to_recorder
+from replay.gpu.measure import (
+    SegmentReference,
+    hook_overhead,
+    overhead_summary,
+    segments_without_clean,
+    to_recorder,
+)
 from replay.gpu.probe import PROBE_DIR, probe_inputs, probe_trace_info
 
 WARMUP_SHAPES = ((48, 6), (200, 4), (16, 3))  # (prompt, output) of the warm-up requests
@@ -423,10 +430,19 @@ def _measure(
     wall = time.monotonic() - t0
     outputs = [s.result() for s in engine.states[first_state:]]
     outputs.sort(key=lambda o: o.arrival_ns)  # recorder rows in arrival order, like the sim
-    conv = to_recorder(step_trace, outputs)
+    preempted = engine.sched.num_preemptions - preempted_before
+    reference, ref_error = None, None
+    if error is None:
+        try:  # the run is measured: a reference that cannot be taken must not lose it
+            reference = segment_reference(engine, step_trace)
+        except Exception as e:
+            ref_error = f"{type(e).__name__}: {e}"
+    conv = to_recorder(step_trace, outputs, reference)
     complete = error is None and conv.unfinished == 0 and len(outputs) == len(trace)
     extra = _extra(engine, cfg, conv, wall, error, len(outputs), len(trace))
-    extra["engine"]["preemptions"] -= preempted_before
+    extra["engine"]["preemptions"] = preempted
+    if ref_error is not None:  # kernel_busy left those segments' waits in the busy time
+        extra["segment_reference_error"] = ref_error
     extra["jit_compiles"] = measured.summary()
     # how GPU event times were put on the host clock (engine.hooks: two anchors, their rate)
     extra["gpu_clock"] = dict(getattr(step_trace, "clock", {}) or {})
@@ -434,6 +450,24 @@ def _measure(
         extra["tensor_parallel"] = _tp_extra(engine, step_trace)
     return Measured(conv.recorder, extra, _summarize(conv.recorder, cfg), complete, error,
                     rank_ns=step_trace.rank_ns, t0_ns=step_trace.t0_ns)  # fmt: skip
+
+
+def segment_reference(engine: Any, step_trace: Any) -> SegmentReference | None:
+    """After a CUDA run (one GPU) in which some step segment never ran clean (the host always
+    behind the GPU drafter): that segment's kernel time at the run's sizes, timed behind a spin
+    on the same engine (replay.gpu.segref; its requests are dropped). None where every segment
+    has clean steps."""
+    if engine.device.type != "cuda" or getattr(engine, "tp", None) is not None:
+        return None
+    need = segments_without_clean(step_trace)
+    if not need:
+        return None
+    steps = np.logical_or.reduce(list(need.values()))
+    shapes = [sh for sh, x in zip(step_trace.shapes, steps.tolist()) if x]
+    rows, ctx = segref.grid_points(
+        np.array([sh.num_reqs for sh in shapes]), np.array([sh.max_kv_tokens for sh in shapes])
+    )
+    return segref.measure(engine, rows, ctx)
 
 
 def _tp_extra(engine: Any, step_trace: Any) -> dict[str, Any]:
