@@ -122,3 +122,31 @@ def test_ablate_calibrated_on_the_before_side(spec_trace: Path, tmp_path: Path):
         _load_measured(meas / "spec_method-off", cpu, "spec.method", other)
     with pytest.raises(ValueError, match="spec.method='ngram-cpu'"):
         _load_measured(meas / "spec_method-off", cfg, "spec.method", spec_trace)
+
+
+def test_a_one_sided_term_owns_its_field_even_where_a_base_field_repeats_it():
+    """ngram-gpu on both sides of seed 5, one request a step: num_reqs is the intercept on
+    these runs. The proposer's launch (measured 1.20 ms in the run, 1.39 ms by the engine
+    bench) goes to its term, not to the base's num_reqs with the term held at the bench's."""
+    from types import SimpleNamespace
+
+    from replay.analysis.calibrate import fit_target
+    from sim.cost.terms import TERM_NAMES
+
+    n = 200
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(100, 4000, n).astype(np.float64)
+    cols = {"intercept": np.ones(n), "num_reqs": np.ones(n), "draft_tokens": np.full(n, 3.0),
+            "context_tokens": ctx}  # fmt: skip
+    active = {t: np.full(n, t == "draft.ngram_gpu_launch") for t in TERM_NAMES}
+    steps = SimpleNamespace(cols=cols, active=active)
+    y = 1.2 + 2e-5 * ctx
+    defaults = {t: {"intercept": 1.39} for t in TERM_NAMES}
+    rows = np.ones(n, bool)
+    base = ("intercept", "num_reqs", "draft_tokens", "context_tokens")
+    tf = fit_target(steps, y, rows, base, "draft", defaults, ONE_SIDED_FIELDS)
+    assert tf.terms["draft.ngram_gpu_launch"]["intercept"] == pytest.approx(1.2)
+    assert tf.model == pytest.approx({"context_tokens": 2e-5})
+    # two-sided (no rule): the term stays at the bench's 1.39 and the base cannot go below 0
+    held = fit_target(steps, y, rows, base, "draft", defaults)
+    assert held.terms == {} and held.model.get("intercept", 0.0) == 0.0

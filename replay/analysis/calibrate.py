@@ -151,6 +151,11 @@ PHASE_TERMS: dict[str, tuple[str, ...]] = {
 # forward list.index scan, O(history).
 ONE_SIDED_FIELDS: dict[str, tuple[str, ...]] = {
     "draft.ngram_cpu": ("intercept", "num_reqs", "context_tokens"),
+    # the GPU proposer's host launch (~30 small kernels): bench/spec_parts.py measures it on
+    # one host at one time (1.39 ms on an H100), a run's draft phase on its own host (1.20 ms
+    # on seed 5's off side, 2026-11-27): that difference is ~15 % of a CPU-bound step, far
+    # above the switches (seeds 1, 2, 5) measured with ngram-gpu on both sides
+    "draft.ngram_gpu_launch": ("intercept",),
     "sample.forward_placeholder_scan": ("history_tokens",),
 }
 LAUNCH_RESIDUAL_TERMS = ("num_reqs", "num_tokens")
@@ -210,16 +215,21 @@ def fit_target(
         names.extend((block, f) for f, _ in pairs)
         return True
 
+    # one-sided terms first, one field at a time (whatever the data can tell apart): a field
+    # the term owns is the term's even where a base field says the same on these runs (one
+    # request a step: num_reqs is the intercept)
+    for t in owned:
+        on = steps.active[t][rows].astype(np.float64)
+        if not [f for f in owned[t] if try_add(t, [f], on)]:
+            y -= on * eval_linear(default_terms[t], steps.cols, rows)
     taken = {f for fields in owned.values() for f in fields}
     for f in base_terms:  # greedy: a field adds a column only if it adds information
         if f not in taken:
             try_add("", [f], None)
     for t in free:
-        on = steps.active[t][rows].astype(np.float64)
-        if t in owned:  # one field at a time: whatever the data can tell apart
-            if not [f for f in owned[t] if try_add(t, [f], on)]:
-                y -= on * eval_linear(default_terms[t], steps.cols, rows)
+        if t in owned:
             continue
+        on = steps.active[t][rows].astype(np.float64)
         fields = list(default_terms[t]) or ["intercept"]
         if not try_add(t, fields, on):
             y -= on * eval_linear(default_terms[t], steps.cols, rows)  # not separable: keep default

@@ -97,6 +97,9 @@ def seed5(measured: Path) -> None:
 def seed3(measured: Path, predicted: Path) -> None:
     print("3. seed 3: scan ns per history token (median over the stretch), elapsed change")
     name = "reverse_placeholder_scan"
+    if not (measured / "seed3" / f"{name}-off").is_dir():
+        print("  (no seed3 runs)")
+        return
     m = {side: steps(measured / "seed3" / f"{name}-{side}") for side in ("off", "on")}
     p = {side: steps(predicted / "seed3" / f"{name}-{side}.sim") for side in ("off", "on")}
 
