@@ -15,7 +15,7 @@ from bubblesim.core.config import Config
 from bubblesim.core.graph_buckets import decode_buckets, decode_graph_rows
 from bubblesim.core.shape import BatchShape
 from bubblesim.core.trace import make_trace, write_trace
-from replay.analysis.historyfit import fit_history, history_pairs
+from replay.analysis.historyfit import describe, fit_history, history_pairs
 from replay.analysis.shapes_file import Sample, read_sweeps, shape_row, write_sweep
 from replay.analysis.shapes_grid import Batch, Entry, Limits, batch_shape, grid
 from replay.gpu.shapes_step import stage
@@ -193,9 +193,10 @@ def test_the_cost_model_adds_the_term_all_or_nothing_per_graph_row():
     off = Config(model="llama3.2-1b").replace(**{f"sampling.{k}": v for k, v in neutral})
     assert CostModel(off, prof).gpu_pass_ms(s) == pytest.approx(1.0 + 0.01 * 33)
     # defaults: free; a partial table merges key by key
-    assert resolve_profile(None)["gpu_pass"]["history"] == {"ms": 0.0, "ms_per_row": 0.0}
+    zero = {"ms": 0.0, "ms_per_row": 0.0, "verify_ms": 0.0, "verify_ms_per_row": 0.0}
+    assert resolve_profile(None)["gpu_pass"]["history"] == zero
     merged = merge_profile(resolve_profile(None), {"gpu_pass": {"history": {"ms": 0.2}}})
-    assert merged["gpu_pass"]["history"] == {"ms": 0.2, "ms_per_row": 0.0}
+    assert merged["gpu_pass"]["history"] == {**zero, "ms": 0.2}
     with pytest.raises(ValueError, match="gpu_pass.history.ms_per_row"):
         validate_profile({"version": 1, "gpu_pass": {"history": {"ms_per_row": -1}}})
 
@@ -226,3 +227,46 @@ def test_fast_forwards_keep_the_step_loops_costs_with_the_term(tmp_path: Path, s
         outs[name] = records_without_and_with_fast_forward(sets, trace)
         assert_same_records(*outs[name], name)
     assert not np.array_equal(outs["term"][1].gpu_end, outs["base"][1].gpu_end)
+
+
+def test_verify_steps_take_their_own_term_per_row_when_the_profile_has_one():
+    """Spec verify steps apply the penalties to their history rows at every sampled position:
+    their own line over the step's rows; without it (an older profile) the decode term."""
+    decode = {"intercept": 1.0, "num_tokens": 0.01}
+    hist = {"ms": 0.05, "ms_per_row": 0.002}
+    spec = {"spec.method": "ngram-gpu", "spec.k": 3}
+    s = BatchShape(num_reqs=5, decode_tokens=5, draft_tokens=15, history_tokens=9)
+    plain = BatchShape(num_reqs=5, decode_tokens=5, draft_tokens=15)
+    old = _cost({"version": 1, "gpu_pass": {"decode": decode, "history": hist}}).config
+    cm = CostModel(old.replace(**spec), {"version": 1, "gpu_pass": {"decode": decode,
+                                                                    "history": hist}})  # fmt: skip
+    rows = decode_graph_rows(5, 256, 8192, 4)
+    assert cm.gpu_pass_ms(s) - cm.gpu_pass_ms(plain) == pytest.approx(0.05 + 0.002 * rows)
+    own = {**hist, "verify_ms": 0.1, "verify_ms_per_row": 0.024}
+    prof = {"version": 1, "gpu_pass": {"decode": decode, "history": own}}
+    validate_profile(prof)
+    cm = CostModel(old.replace(**spec), prof)
+    assert cm.gpu_pass_ms(s) - cm.gpu_pass_ms(plain) == pytest.approx(0.1 + 0.024 * 5)
+    # no drafts: the decode term (eager under spec decoding: its rows are the batch's)
+    d = BatchShape(num_reqs=5, decode_tokens=5, history_tokens=9)
+    assert cm.gpu_pass_ms(d) - cm.gpu_pass_ms(BatchShape(num_reqs=5, decode_tokens=5)) == (
+        pytest.approx(0.05 + 0.002 * 5)
+    )
+
+
+def test_verify_pairs_are_fitted_apart_from_the_decode_pairs():
+    """The committed llama3.2-1b H100 sweeps (decode + verify width): pooled, the verify pairs
+    (penalties at 4 positions of each history row) doubled the decode graph's term; apart,
+    the decode term is what the decode pairs alone give, and verify steps get their own."""
+    gen = Path(__file__).resolve().parents[1] / "reports/fidelity/gen"
+    dec = read_sweeps([gen / "shapes-h100-llama3.2-1b.parquet"])
+    both = read_sweeps([gen / "shapes-h100-llama3.2-1b.parquet",
+                        gen / "shapes-h100-llama3.2-1b-spec-full.parquet"])  # fmt: skip
+    alone, _ = fit_history(dec)
+    model, report = fit_history(both)
+    assert alone is not None and model is not None
+    assert model["ms"] == alone["ms"] and model["ms_per_row"] == alone["ms_per_row"]
+    assert 4e-3 < model["ms_per_row"] < 6.5e-3  # ~5.2 us a padded graph row
+    assert 18e-3 < model["verify_ms_per_row"] < 30e-3  # ~24 us a history row
+    assert report["verify"]["pairs"] == report["pairs"] - report["decode_pairs"] > 10
+    assert "verify steps" in describe(report)

@@ -49,7 +49,11 @@ DEFAULTS: dict[str, Any] = {
         # (a vocab-wide gather and a few elementwise passes per row): `ms` + `ms_per_row` x
         # the graph's rows (eager: the batch's rows). 0 = free; `replay calibrate` fits it
         # from a sweep's decode(history) rows against their pairs without history.
-        "history": {"ms": 0.0, "ms_per_row": 0.0},
+        # Spec verify steps apply the penalties only to the rows that need them, at each
+        # sampled position: `verify_ms` + `verify_ms_per_row` x the step's rows (the shape
+        # has no count of history rows: every row is taken to need it, exact where a trace's
+        # requests all do or none do); both 0 = not measured, verify steps take the decode term.
+        "history": {"ms": 0.0, "ms_per_row": 0.0, "verify_ms": 0.0, "verify_ms_per_row": 0.0},
         # Analytic roofline over bubblesim/core/models.py shapes and bubblesim/core/gpus.py
         # datasheet ceilings.
         "roofline": {

@@ -308,12 +308,14 @@ class CostModel:
         and per padded graph row. Unchanged (history_tokens never read, so the fast-forward's
         per-batch-size constants stay) when the term is 0 or the sampling has no penalties."""
         fixed_ms, per_row_ms = float(params["ms"]), float(params["ms_per_row"])
+        v_ms, v_per_row = float(params["verify_ms"]), float(params["verify_ms_per_row"])
         c, sp = self.config, self.config.sampling
         neutral = (
             sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0 and sp.presence_penalty == 0
         )
-        if neutral or (fixed_ms == 0 and per_row_ms == 0):
+        if neutral or (fixed_ms == 0 and per_row_ms == 0 and v_ms == 0 and v_per_row == 0):
             return decode
+        own_verify = v_ms != 0 or v_per_row != 0  # else verify steps take the decode term
         q = 1 + (c.spec.k if c.spec.enabled else 0)
         cap = max(c.max_num_batched_tokens, c.max_num_seqs)  # engine.graphs: its input rows
 
@@ -326,6 +328,8 @@ class CostModel:
             base = decode(s)
             if s.history_tokens <= 0:
                 return base
+            if own_verify and s.draft_tokens:
+                return base + v_ms + v_per_row * s.num_reqs  # every row taken to need it
             return base + fixed_ms + per_row_ms * rows(s)
 
         return with_history
