@@ -5,7 +5,7 @@
 # calib-spec (a short ngram-gpu run for the spec CPU phases), mixed-ab (cuda_graphs_mixed off/on),
 # checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
 # never used in a fit), checks2 (the second, fresh set of traces/checks2/: every run, or the
-# names in $CHECKS2), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
+# names in $CHECKS2), checks3 (traces/checks3/, or the names in $CHECKS3), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
 # sweep-spec (the verify-width sweep: ngram-gpu, k=3, decode shapes, cut at $SPEC_SWEEP_S s),
 # idlegap / idlegap-spec (decode / verify graphs timed after set GPU idle gaps: the idle-start
 # law for `replay calibrate --idle-sweep`).
@@ -52,6 +52,14 @@ case $part in
         specdec2) replay "$n" $C2/$n.parquet --set spec.method=ngram-gpu --set spec.k=3 ;;
         asap2) replay "$n" $C2/$n.parquet --set arrival=asap ;;
         *) replay "$n" $C2/$n.parquet ;;
+      esac
+    done
+    ;;
+  checks3)  # the third set (traces/checks3/: penalties on every request, make_checks.py 3)
+    for n in ${CHECKS3:-specpen reasoning3}; do
+      case $n in
+        specpen) replay "$n" traces/checks3/$n.parquet --set spec.method=ngram-gpu --set spec.k=3 ;;
+        *) replay "$n" traces/checks3/$n.parquet ;;
       esac
     done
     ;;

@@ -31,8 +31,18 @@ heavier load (batches to ~100 on long outputs, a prefill-heavy saturated run).
 | specdec2 | n-gram speculative decoding, longer outputs (spec.method=ngram-gpu) | synthetic |
 | asap2 | 256 prefill-heavy requests (~3k prompts, ~200 outputs) queued at once | synthetic |
 
+A third set (`traces/checks3/`, 2026-11-27) checks the penalties' GPU cost after it was split
+into a decode graph term and a verify term (replay.analysis.historyfit): workloads with
+penalties on every request that no profile term was read against.
+
+| name | what | from |
+|---|---|---|
+| specpen | n-gram speculative decoding with penalties on every request (ngram-gpu) | synthetic |
+| reasoning3 | reasoning-length outputs (to 4k), 08:00 at 0.3x, penalties | ServeGen R1 |
+
     python reports/fidelity/make_checks.py      # writes traces/checks/, prints a table
     python reports/fidelity/make_checks.py 2    # writes traces/checks2/
+    python reports/fidelity/make_checks.py 3    # writes traces/checks3/
 """
 
 from __future__ import annotations
@@ -56,6 +66,7 @@ from bubblesim.workloads.synth import SynthSpec, synthesize  # noqa: E402
 
 OUT = ROOT / "traces" / "checks"
 OUT2 = ROOT / "traces" / "checks2"
+OUT3 = ROOT / "traces" / "checks3"
 
 
 def window(t: Trace, start_s: float, seconds: float, speedup: float, source: str) -> Trace:
@@ -141,11 +152,26 @@ def build2() -> dict[str, Trace]:
     return out
 
 
+def build3() -> dict[str, Trace]:
+    """The third set: penalties on every request, with and without spec decoding."""
+    out: dict[str, Trace] = {}
+    out["specpen"] = synth(
+        "n-gram speculative decoding, penalties on every request", arrival="poisson", rate=6.0,
+        duration_s=30.0, prompt_len="uniform:128:1024", output_len="uniform:256:1024",
+        token_ids=True, ngram_friendly=True, needs_history=1.0, seed=31,
+    )  # fmt: skip
+    out["reasoning3"] = servegen_trace(
+        shared_traces() / "servegen_deepseek_r1", seed=32, start_s=8 * 3600.0,
+        duration_s=30.0, rate_scale=0.3, max_output=4096,
+    )  # fmt: skip
+    return out
+
+
 def main(out: Path = OUT, which: str = "1") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    sets = {"1": build, "2": build2}
+    sets = {"1": build, "2": build2, "3": build3}
     if which not in sets:
-        raise SystemExit(f"make_checks.py: unknown set {which!r} (1 or 2)")
+        raise SystemExit(f"make_checks.py: unknown set {which!r} (1, 2 or 3)")
     for name, t in sets[which]().items():
         write_trace(t, out / f"{name}.parquet")
         print(
@@ -157,4 +183,4 @@ def main(out: Path = OUT, which: str = "1") -> None:
 
 if __name__ == "__main__":
     arg = sys.argv[1] if len(sys.argv) > 1 else "1"
-    main(OUT2 if arg == "2" else OUT, arg)
+    main({"2": OUT2, "3": OUT3}.get(arg, OUT), arg)
