@@ -89,9 +89,7 @@ class Sampler:
 
             self.greedy_ws = GreedyWorkspace(num_slots + 1, vocab, device)
         # neutral penalties change no logit: then the history is neither applied nor counted
-        self.penalties = (
-            cfg.repetition_penalty != 1.0 or cfg.frequency_penalty != 0 or cfg.presence_penalty != 0
-        )
+        self.penalties = cfg.has_penalties
 
     @property
     def forced_width(self) -> int:

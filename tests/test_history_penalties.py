@@ -270,3 +270,73 @@ def test_verify_pairs_are_fitted_apart_from_the_decode_pairs():
     assert 18e-3 < model["verify_ms_per_row"] < 30e-3  # ~24 us a history row
     assert report["verify"]["pairs"] == report["pairs"] - report["decode_pairs"] > 10
     assert "verify steps" in describe(report)
+
+
+# ---- the host side of the penalties on verify steps --------------------------------------------
+HOST_HIST_MS = 1.1  # sample's extra on a verify step with history rows
+
+
+def _spec_run(out: Path, n_steps: int = 120) -> Path:
+    """A depth-1 ngram-gpu run whose verify steps alternate between history rows and none:
+    sample = 0.9 ms + 0.01 ms a request, + HOST_HIST_MS with history rows."""
+    from bubblesim.core.runfmt import RunRecorder, write_run
+
+    rng = np.random.default_rng(7)
+    cfg = Config(model="tiny").replace(**{"spec.method": "ngram-gpu", "spec.k": 3})
+    rec = RunRecorder()
+    for i in range(8):
+        rec.add_request(f"r{i}", 0.0)
+    t = 0.0
+    for k in range(n_steps):
+        r = int(rng.integers(1, 9))
+        hist = 50 * r if k % 2 else 0
+        s = BatchShape(num_reqs=r, decode_tokens=r, draft_tokens=3 * r, kv_read_tokens=100 * r,
+                       history_tokens=hist, context_tokens=100 * r)  # fmt: skip
+        row = rec.add_step(s)
+        for ph, ms in (("schedule", 0.05), ("prepare_inputs", 0.2), ("launch", 0.03),
+                       ("sample", 0.9 + 0.01 * r + (HOST_HIST_MS if hist else 0.0)),
+                       ("draft", 0.3)):  # fmt: skip
+            rec.phase(row, ph, t, t + ms / 1e3)
+            t += ms / 1e3
+        rec.gpu(row, t, t + 1e-3)
+        t += 1e-3
+        rec.phase(row, "process_outputs", t, t + 4e-5)
+        t += 4e-5
+        for i in range(r):
+            rec.tokens(i, t)
+    for i in range(8):
+        rec.finish(i, t)
+    trace = {"path": "synthetic.parquet", "sha256": "0" * 64, "rows": 8}
+    write_run(out, rec, config=cfg, trace=trace, source={"kind": "replay", "gpu": "NVIDIA H100"})
+    return out
+
+
+def test_calibrate_fits_the_verify_penalties_host_work_and_the_sim_adds_it(tmp_path: Path):
+    from replay.analysis.calibrate import calibrate
+
+    run = _spec_run(tmp_path / "spec")
+    cal = calibrate([run])
+    got = cal.profile["history_host"]["verify_sample_ms"]
+    assert got == pytest.approx(HOST_HIST_MS, abs=1e-6)
+    assert any(n.startswith("history_host.verify_sample_ms") for n in cal.notes)
+    cfg = Config(model="tiny").replace(**{"spec.method": "ngram-gpu", "spec.k": 3})
+    cm = CostModel(cfg, cal.profile)
+    s = BatchShape(num_reqs=4, decode_tokens=4, draft_tokens=12, history_tokens=200)
+    plain = BatchShape(num_reqs=4, decode_tokens=4, draft_tokens=12)
+    assert cm.cpu_phase_ms("sample", s) - cm.cpu_phase_ms("sample", plain) == pytest.approx(
+        HOST_HIST_MS, abs=1e-6
+    )
+    # x host_scale like every CPU phase; nothing without penalties or without spec decoding
+    slow = CostModel(cfg.replace(host_scale=2.0), cal.profile)
+    assert slow.cpu_phase_ms("sample", s) - slow.cpu_phase_ms("sample", plain) == pytest.approx(
+        2 * HOST_HIST_MS, abs=1e-6
+    )
+    neutral = {"sampling.repetition_penalty": 1.0, "sampling.frequency_penalty": 0.0,
+               "sampling.presence_penalty": 0.0}  # fmt: skip
+    off = CostModel(cfg.replace(**neutral), cal.profile)
+    assert off.cpu_phase_ms("sample", s) == off.cpu_phase_ms("sample", plain)
+    plain_cfg = CostModel(Config(model="tiny"), cal.profile)
+    d = BatchShape(num_reqs=4, decode_tokens=4, history_tokens=200)
+    assert plain_cfg.cpu_phase_ms("sample", d) == plain_cfg.cpu_phase_ms(
+        "sample", BatchShape(num_reqs=4, decode_tokens=4)
+    )

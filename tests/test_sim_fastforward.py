@@ -484,3 +484,31 @@ def test_fast_forward_stops_early_where_the_step_loop_does(method: str) -> None:
             out.append(res)
         assert out[0] == out[1], slos
         assert (out[0]["stopped"] is None) == (slos == ["ttft_p99_s=1000"])
+
+
+@pytest.mark.parametrize("k", [3, 1])
+def test_spec_fast_forward_is_exact_with_the_penalties_terms(
+    tmp_path: Path, traces: dict[str, Path], k: int
+) -> None:
+    """Verify steps with history rows: the GPU term per history row and the host work in
+    `sample` (sim.cost.model: both read history_tokens, which varies step to step)."""
+    prof = {
+        "version": 1,
+        "history_host": {"verify_sample_ms": 1.1},
+        "gpu_pass": {"history": {"ms": 0.05, "ms_per_row": 0.002, "verify_ms": 0.1,
+                                 "verify_ms_per_row": 0.024}},
+    }  # fmt: skip
+    path = tmp_path / "pen.json"
+    path.write_text(json.dumps(prof))
+    sets = ["model=llama3-8b", "spec.method=ngram-gpu", f"spec.k={k}", f"profile={path}"]
+    step_dir, _, step_blocks = run_folder(tmp_path, traces["hist"], sets, fast_forward=False)
+    ff_dir, skipped, ff_blocks = run_folder(tmp_path, traces["hist"], sets, fast_forward=True)
+    assert skipped > 0 and step_blocks == ff_blocks
+    for name in ("steps.parquet", "requests.parquet", "gc.parquet"):
+        assert_same_tables(step_dir / name, ff_dir / name)
+    t = codec.read_table(step_dir / "steps.parquet")
+    col = {n: t.column(n).to_numpy(zero_copy_only=False) for n in t.column_names}
+    sample = col["sample_end_s"] - col["sample_start_s"]
+    hist = (col["history_tokens"] > 0) & (col["draft_tokens"] > 0)
+    assert hist.any() and (~hist).any()
+    assert np.median(sample[hist]) > np.median(sample[~hist]) + 0.9e-3  # the host's 1.1 ms

@@ -55,6 +55,15 @@ class SamplingConfig:
     frequency_penalty: float = 0.1
     presence_penalty: float = 0.1
 
+    @property
+    def has_penalties(self) -> bool:
+        """Any penalty that changes a logit (the engine's penalties path runs only then)."""
+        return not (
+            self.repetition_penalty == 1.0
+            and self.frequency_penalty == 0
+            and self.presence_penalty == 0
+        )
+
     def validate(self) -> None:
         _check(self.temperature >= 0, "sampling.temperature", "must be >= 0")
         _check(self.top_k >= 0, "sampling.top_k", "must be >= 0")

@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from bubblesim.core.config import Config
-from bubblesim.core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS
+from bubblesim.core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS, SAMPLE
 from bubblesim.core.runfmt import Run, load_run
 from replay.analysis.decodetail import MIN_TAIL_KEYS, fit_tail, with_tail
 from replay.analysis.eagerlag import describe as describe_eager_lag
@@ -262,6 +262,13 @@ class Calibration:
     host_speed: dict[str, Any] = field(default_factory=dict)  # host_speed fit report
 
 
+def _penalised_verify(runs: Sequence[Run], steps: Steps) -> np.ndarray:
+    """bool per step: a verify step (drafts) with history rows in a run whose sampling has
+    penalties: the engine applies them eagerly after the verify graph (`history_host`)."""
+    pen = np.array([run_config(r).sampling.has_penalties for r in runs], bool)
+    return pen[steps.run] & (steps.cols["draft_tokens"] > 0) & (steps.cols["history_tokens"] > 0)
+
+
 def _recorded_terms(
     gterms: Mapping[str, Sequence[str]], runs: Sequence[Run], notes: list[str]
 ) -> dict[str, tuple[str, ...]]:
@@ -390,11 +397,24 @@ def calibrate(
     for phase, base_terms in PHASE_TERMS.items():
         y = steps.phase_ms[phase]
         rows = np.isfinite(y)
+        pen = rows & _penalised_verify(runs, steps) if phase == SAMPLE else None
+        if pen is not None:
+            rows &= ~pen  # their penalties' host work is `history_host`, fitted below
         if not rows.any():
             continue
         tf = fit_target(steps, y, rows, base_terms, phase, dterms, one_sided)
         cpu[phase] = tf.model
         fitted_terms.update(tf.terms)
+        if pen is not None and pen.sum() >= MIN_CLEAN_STEPS:
+            terms_now = {"terms": {**dterms, **fitted_terms}}
+            model_ms = eval_linear(tf.model, steps.cols, pen)
+            model_ms += active_terms_ms(terms_now, steps, phase)[pen]
+            extra = max(0.0, float(np.median(y[pen] - model_ms)))
+            prof["history_host"] = {"verify_sample_ms": extra}
+            notes.append(
+                f"history_host.verify_sample_ms: {extra:.3f} ms (median excess of `sample` over "
+                f"its model on {int(pen.sum())} verify steps with penalised rows)"
+            )
     launch_prof, launch_model = _fit_launch(steps)
     if launch_prof:
         prof["launch"] = launch_prof

@@ -27,7 +27,7 @@ from bubblesim.core.config import Config
 from bubblesim.core.gpus import get_gpu
 from bubblesim.core.graph_buckets import decode_graph_rows, mixed_graph_rows, mixed_graph_tokens
 from bubblesim.core.models import get_model, with_context
-from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.phases import CPU_PHASES, SAMPLE
 from bubblesim.core.shape import BatchShape
 from sim.stream import IdleStart
 
@@ -164,6 +164,8 @@ class CostModel:
                     add_linear(prof["cpu_phases"].get(phase, {}), *(prof["terms"][t] for t in mine))
                 )
             )
+            if phase == SAMPLE:
+                fn = self._with_history_host(fn, prof["history_host"], host)
             self._phase_fn[phase] = fn
             allocs = [prof["alloc_terms"][t] for t in mine if t in prof["alloc_terms"]]
             self._alloc_fn[phase] = compile_linear(
@@ -309,11 +311,8 @@ class CostModel:
         per-batch-size constants stay) when the term is 0 or the sampling has no penalties."""
         fixed_ms, per_row_ms = float(params["ms"]), float(params["ms_per_row"])
         v_ms, v_per_row = float(params["verify_ms"]), float(params["verify_ms_per_row"])
-        c, sp = self.config, self.config.sampling
-        neutral = (
-            sp.repetition_penalty == 1.0 and sp.frequency_penalty == 0 and sp.presence_penalty == 0
-        )
-        if neutral or (fixed_ms == 0 and per_row_ms == 0 and v_ms == 0 and v_per_row == 0):
+        c = self.config
+        if not c.sampling.has_penalties or not any((fixed_ms, per_row_ms, v_ms, v_per_row)):
             return decode
         own_verify = v_ms != 0 or v_per_row != 0  # else verify steps take the decode term
         q = 1 + (c.spec.k if c.spec.enabled else 0)
@@ -333,6 +332,25 @@ class CostModel:
             return base + fixed_ms + per_row_ms * rows(s)
 
         return with_history
+
+    def _with_history_host(
+        self, sample: LinearFn, params: Mapping[str, Any], host: Callable[[float], float]
+    ) -> LinearFn:
+        """`sample` plus the host side of the penalties on a verify step with history rows
+        (defaults.py `history_host`), all or nothing per step. Unchanged when the term is 0,
+        without speculative decoding, or when the sampling has no penalties."""
+        extra = host(float(params["verify_sample_ms"]))  # x host_scale, as every CPU phase
+        c = self.config
+        if not extra or not c.sampling.has_penalties or not c.spec.enabled:
+            return sample
+
+        def with_host(s: BatchShape) -> float:
+            base = sample(s)
+            if s.draft_tokens and s.history_tokens > 0:
+                return base + extra
+            return base
+
+        return with_host
 
     def _sms(self, kind: str, term: str, where: str | None) -> int:
         """The GPU's SM count, which derived split terms need: one ProfileError if unknown."""

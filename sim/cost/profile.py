@@ -44,7 +44,10 @@ PARAM_TABLES = (
     "launch",
     "ngram_gpu",
     "sync_wait",
+    "history_host",
 )
+# top-level parameter tables: checked and merged key by key
+TOP_PARAM_TABLES = ("launch", "ngram_gpu", "sync_wait", "history_host")
 # gpu_pass's, merged key by key
 GPU_PARAM_TABLES = ("roofline", "idle_start", "history", "allreduce", "allreduce_oneshot")
 GPU_FIT_KINDS = ("decode", "mixed", "verify")
@@ -77,6 +80,7 @@ TOP_KEYS = (
     "ngram_gpu",
     "sync",
     "sync_wait",
+    "history_host",
     "gc",
     "alloc_objects",
     "alloc_terms",
@@ -255,7 +259,7 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
                 _check_decode(where, f"gpu_pass.{kind}", gp[kind])
         if "mixed" in gp:
             _check_decode(where, "gpu_pass.mixed", gp["mixed"], MIXED_TERMS)
-    for key in ("launch", "ngram_gpu", "sync_wait"):
+    for key in TOP_PARAM_TABLES:
         if key in prof:
             _check_params(where, key, prof[key])
     for key, names in (
@@ -299,7 +303,7 @@ def merge_profile(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str,
                 fit = json.loads(json.dumps(v))  # a max form holds a list: copy it too
                 params = sub in GPU_PARAM_TABLES  # parameter tables: key by key
                 gp[sub] = {**gp.get(sub, {}), **v} if params else fit
-        elif key in ("launch", "ngram_gpu", "gc", "sync_wait"):
+        elif key in (*TOP_PARAM_TABLES, "gc"):
             out[key] = {**out.get(key, {}), **value}
         elif key in ("cpu_phases", "alloc_objects", "terms", "alloc_terms", SPREAD_KEY):
             out[key] = {**out.get(key, {}), **{n: dict(m) for n, m in value.items()}}
