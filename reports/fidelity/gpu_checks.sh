@@ -2,7 +2,8 @@
 # Measured runs of the generalization protocol (reports/fidelity/README.md), on a GPU host:
 #   bash reports/fidelity/gpu_checks.sh PART MODEL OUTDIR PACKDIR
 # PART: calib (the one short calibration run: traces/fidelity/azure45x4, depth 2),
-# calib-spec (a short ngram-gpu run for the spec CPU phases), mixed-ab (cuda_graphs_mixed off/on),
+# calib-spec (a short ngram-gpu run for the spec CPU phases), calib-specpen (the same with
+# penalties on every other request), mixed-ab (cuda_graphs_mixed off/on),
 # checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
 # never used in a fit), checks2 (the second, fresh set of traces/checks2/: every run, or the
 # names in $CHECKS2), checks3 (traces/checks3/, or the names in $CHECKS3), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
@@ -66,6 +67,10 @@ case $part in
   calib-spec)  # the short calibration run for speculative decoding's CPU phases (bundled
     # traces/specdec.parquet; the check traces/checks/specdec.parquet is another workload)
     replay calib-spec traces/specdec.parquet --set spec.method=ngram-gpu --set spec.k=3
+    ;;
+  calib-specpen)  # spec decoding with penalties on every other request (make_checks.py calib):
+    # the host work of the penalties on verify steps (history_host)
+    replay calib-specpen traces/fidelity/specdec_pen.parquet --set spec.method=ngram-gpu --set spec.k=3
     ;;
   mixed-ab)  # prefill/mixed steps as CUDA graphs: the same check off and on, back to back
     replay burst-mgoff $C/burst.parquet

@@ -43,10 +43,17 @@ penalties on every request that no profile term was read against.
     python reports/fidelity/make_checks.py      # writes traces/checks/, prints a table
     python reports/fidelity/make_checks.py 2    # writes traces/checks2/
     python reports/fidelity/make_checks.py 3    # writes traces/checks3/
+    python reports/fidelity/make_checks.py calib  # writes traces/fidelity/specdec_pen.parquet
+
+The calibration workload for the penalties' host work on spec steps (`history_host`,
+2026-11-27): the bundled spec calibration trace (traces/specdec.parquet) with every other
+request needing its output history, so the run holds verify steps with and without history
+rows (`bash reports/fidelity/gpu_checks.sh calib-specpen MODEL OUT PACK`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -167,6 +174,18 @@ def build3() -> dict[str, Trace]:
     return out
 
 
+def calib_specpen() -> Path:
+    """traces/fidelity/specdec_pen.parquet (module docstring)."""
+    t = read_trace(ROOT / "traces" / "specdec.parquet")
+    hist = np.arange(len(t)) % 2 == 1
+    t = dataclasses.replace(t, needs_history=hist)
+    t.metadata["description"] = (
+        f"{t.metadata.get('description', '')}; every other request needs its output history "
+        "(penalties), for history_host"
+    )
+    return write_trace(t, ROOT / "traces" / "fidelity" / "specdec_pen.parquet")
+
+
 def main(out: Path = OUT, which: str = "1") -> None:
     out.mkdir(parents=True, exist_ok=True)
     sets = {"1": build, "2": build2, "3": build3}
@@ -183,4 +202,7 @@ def main(out: Path = OUT, which: str = "1") -> None:
 
 if __name__ == "__main__":
     arg = sys.argv[1] if len(sys.argv) > 1 else "1"
+    if arg == "calib":
+        print(calib_specpen())
+        raise SystemExit(0)
     main({"2": OUT2, "3": OUT3}.get(arg, OUT), arg)
