@@ -316,9 +316,9 @@ def test_calibrate_fits_the_verify_penalties_host_work_and_the_sim_adds_it(tmp_p
 
     run = _spec_run(tmp_path / "spec")
     cal = calibrate([run])
-    got = cal.profile["history_host"]["verify_sample_ms"]
+    got = cal.profile["history_host"]["spec_sample_ms"]
     assert got == pytest.approx(HOST_HIST_MS, abs=1e-6)
-    assert any(n.startswith("history_host.verify_sample_ms") for n in cal.notes)
+    assert any(n.startswith("history_host.spec_sample_ms") for n in cal.notes)
     cfg = Config(model="tiny").replace(**{"spec.method": "ngram-gpu", "spec.k": 3})
     cm = CostModel(cfg, cal.profile)
     s = BatchShape(num_reqs=4, decode_tokens=4, draft_tokens=12, history_tokens=200)

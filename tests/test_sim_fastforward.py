@@ -494,7 +494,7 @@ def test_spec_fast_forward_is_exact_with_the_penalties_terms(
     `sample` (sim.cost.model: both read history_tokens, which varies step to step)."""
     prof = {
         "version": 1,
-        "history_host": {"verify_sample_ms": 1.1},
+        "history_host": {"spec_sample_ms": 1.1},
         "gpu_pass": {"history": {"ms": 0.05, "ms_per_row": 0.002, "verify_ms": 0.1,
                                  "verify_ms_per_row": 0.024}},
     }  # fmt: skip

@@ -262,11 +262,13 @@ class Calibration:
     host_speed: dict[str, Any] = field(default_factory=dict)  # host_speed fit report
 
 
-def _penalised_verify(runs: Sequence[Run], steps: Steps) -> np.ndarray:
-    """bool per step: a verify step (drafts) with history rows in a run whose sampling has
-    penalties: the engine applies them eagerly after the verify graph (`history_host`)."""
-    pen = np.array([run_config(r).sampling.has_penalties for r in runs], bool)
-    return pen[steps.run] & (steps.cols["draft_tokens"] > 0) & (steps.cols["history_tokens"] > 0)
+def _penalised_spec(runs: Sequence[Run], steps: Steps) -> np.ndarray:
+    """bool per step: a step with history rows in a speculative-decoding run whose sampling
+    has penalties: the verify path applies them eagerly (`history_host`)."""
+    pen = np.array(
+        [(c := run_config(r)).sampling.has_penalties and c.spec.enabled for r in runs], bool
+    )
+    return pen[steps.run] & (steps.cols["history_tokens"] > 0)
 
 
 def _recorded_terms(
@@ -397,7 +399,7 @@ def calibrate(
     for phase, base_terms in PHASE_TERMS.items():
         y = steps.phase_ms[phase]
         rows = np.isfinite(y)
-        pen = rows & _penalised_verify(runs, steps) if phase == SAMPLE else None
+        pen = rows & _penalised_spec(runs, steps) if phase == SAMPLE else None
         if pen is not None:
             rows &= ~pen  # their penalties' host work is `history_host`, fitted below
         if not rows.any():
@@ -410,10 +412,10 @@ def calibrate(
             model_ms = eval_linear(tf.model, steps.cols, pen)
             model_ms += active_terms_ms(terms_now, steps, phase)[pen]
             extra = max(0.0, float(np.median(y[pen] - model_ms)))
-            prof["history_host"] = {"verify_sample_ms": extra}
+            prof["history_host"] = {"spec_sample_ms": extra}
             notes.append(
-                f"history_host.verify_sample_ms: {extra:.3f} ms (median excess of `sample` over "
-                f"its model on {int(pen.sum())} verify steps with penalised rows)"
+                f"history_host.spec_sample_ms: {extra:.3f} ms (median excess of `sample` over "
+                f"its model on {int(pen.sum())} spec steps with penalised rows)"
             )
     launch_prof, launch_model = _fit_launch(steps)
     if launch_prof:

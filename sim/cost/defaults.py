@@ -24,13 +24,14 @@ DEFAULTS: dict[str, Any] = {
     # an H100 host (2026-11-26, llama3.2-1b, depths 1-3): median 0.47-0.53 ms between a decode
     # step's GPU end and the end of the host's wait for its tokens. 0 = resume at the event.
     "sync_wait": {"wake_ms": 0.0},
-    # The host side of the sampling penalties on a speculative verify step: the verify
-    # path applies them eagerly after the graph (the drafts' counts, the penalised targets,
-    # the accepted tokens' counts: ~40 small kernels), all or nothing per step with any
-    # history row, in the `sample` phase. Measured on an H100 host (2026-11-27, llama3.2-1b,
-    # ngram-gpu k=3): `sample` 2.0-2.4 ms a step with penalties on every request against
-    # 0.95 without. 0 = none; `replay calibrate` fits it from runs with such steps.
-    "history_host": {"verify_sample_ms": 0.0},
+    # The host side of the sampling penalties under speculative decoding: every step samples
+    # through the verify path, which applies them eagerly after the forward (the drafts'
+    # counts, the penalised targets, the accepted tokens' counts: ~40 small kernels), all or
+    # nothing per step with any history row, in the `sample` phase. Measured on an H100 host
+    # (2026-11-27, llama3.2-1b, ngram-gpu k=3): `sample` 1.8-1.9 ms a step with history rows
+    # against 1.06 without in one run. 0 = none; `replay calibrate` fits it from runs with
+    # such steps.
+    "history_host": {"spec_sample_ms": 0.0},
     "gpu_pass": {
         # A CUDA graph that starts on an idle GPU (idle >= min_idle_ms before its launch)
         # runs shorter than one queued behind other work by min(shrink_per_ms x (idle -

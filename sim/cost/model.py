@@ -336,17 +336,18 @@ class CostModel:
     def _with_history_host(
         self, sample: LinearFn, params: Mapping[str, Any], host: Callable[[float], float]
     ) -> LinearFn:
-        """`sample` plus the host side of the penalties on a verify step with history rows
-        (defaults.py `history_host`), all or nothing per step. Unchanged when the term is 0,
-        without speculative decoding, or when the sampling has no penalties."""
-        extra = host(float(params["verify_sample_ms"]))  # x host_scale, as every CPU phase
+        """`sample` plus the host side of the penalties on a step with history rows under
+        speculative decoding (defaults.py `history_host`; every step samples through the
+        verify path then), all or nothing per step. Unchanged when the term is 0, without
+        speculative decoding, or when the sampling has no penalties."""
+        extra = host(float(params["spec_sample_ms"]))  # x host_scale, as every CPU phase
         c = self.config
         if not extra or not c.sampling.has_penalties or not c.spec.enabled:
             return sample
 
         def with_host(s: BatchShape) -> float:
             base = sample(s)
-            if s.draft_tokens and s.history_tokens > 0:
+            if s.history_tokens > 0:
                 return base + extra
             return base
 
