@@ -170,7 +170,6 @@ _REFERENCE_KINDS = {"lead": ("graph",), "tail": ("graph",), "draft": ("graph", "
 @dataclass
 class _Segments:
     have: np.ndarray  # bool [n]: interval and forward marks present
-    drafted: np.ndarray  # bool [n]: the GPU drafter ran
     span: dict[str, np.ndarray]  # int64 [n] per segment
     clean: dict[str, np.ndarray]  # bool [n] per segment
     valid: dict[str, np.ndarray]  # bool [n] per segment: span measured
@@ -204,7 +203,7 @@ def _segments(
         "draft": drafted & (d0 >= h_end + CLEAN_MARGIN_NS),
     }
     valid = {k: have & (span[k] >= 0) & (drafted if k == "draft" else True) for k in SEGMENTS}
-    return _Segments(have, drafted, span, clean, valid)
+    return _Segments(have, span, clean, valid)
 
 
 def segments_without_clean(trace: Any) -> dict[str, np.ndarray]:
