@@ -86,7 +86,13 @@ from replay.analysis.lsq import fit, numeric_rank
 from replay.analysis.outdir import atomic_file
 from replay.analysis.piecewise import Piecewise, fit_piecewise, use_piecewise
 from replay.analysis.probe import calibration_level
-from replay.analysis.quality import active_terms_ms, evaluate, print_quality, stats
+from replay.analysis.quality import (
+    active_terms_ms,
+    evaluate,
+    phase_predicted_ms,
+    print_quality,
+    stats,
+)
 from replay.analysis.shapes_file import SweepRows, read_sweeps
 from replay.analysis.spread import fit_spread
 from replay.analysis.steps import (
@@ -151,7 +157,7 @@ PHASE_TERMS: dict[str, tuple[str, ...]] = {
 # forward list.index scan, O(history).
 ONE_SIDED_FIELDS: dict[str, tuple[str, ...]] = {
     "draft.ngram_cpu": ("intercept", "num_reqs", "context_tokens"),
-    # the GPU proposer's host launch (~30 small kernels): bench/spec_parts.py measures it on
+    # the GPU proposer's host launch (its small kernels): bench/spec_parts.py measures it on
     # one host at one time (1.39 ms on an H100), a run's draft phase on its own host (1.20 ms
     # on seed 5's off side, 2026-11-27): that difference is ~15 % of a CPU-bound step, far
     # above the switches (seeds 1, 2, 5) measured with ngram-gpu on both sides
@@ -269,6 +275,21 @@ def _penalised_spec(runs: Sequence[Run], steps: Steps) -> np.ndarray:
         [(c := run_config(r)).sampling.has_penalties and c.spec.enabled for r in runs], bool
     )
     return pen[steps.run] & (steps.cols["history_tokens"] > 0)
+
+
+def _fit_history_host(
+    runs: Sequence[Run], steps: Steps, fitted: Mapping[str, Any], pen: np.ndarray,
+    notes: list[str],
+) -> dict[str, float]:  # fmt: skip
+    """`history_host`: the median excess of `sample` over what `fitted` (its base model and
+    terms, fitted without the steps `pen`) predicts for those steps."""
+    model_ms = phase_predicted_ms(fitted, runs, steps, SAMPLE, pen)
+    extra = max(0.0, float(np.median(steps.phase_ms[SAMPLE][pen] - model_ms)))
+    notes.append(
+        f"history_host.spec_sample_ms: {extra:.3f} ms (median excess of `sample` over its "
+        f"model on {int(pen.sum())} spec steps with penalised rows)"
+    )
+    return {"spec_sample_ms": extra}
 
 
 def _recorded_terms(
@@ -408,15 +429,8 @@ def calibrate(
         cpu[phase] = tf.model
         fitted_terms.update(tf.terms)
         if pen is not None and pen.sum() >= MIN_CLEAN_STEPS:
-            terms_now = {"terms": {**dterms, **fitted_terms}}
-            model_ms = eval_linear(tf.model, steps.cols, pen)
-            model_ms += active_terms_ms(terms_now, steps, phase)[pen]
-            extra = max(0.0, float(np.median(y[pen] - model_ms)))
-            prof["history_host"] = {"spec_sample_ms": extra}
-            notes.append(
-                f"history_host.spec_sample_ms: {extra:.3f} ms (median excess of `sample` over "
-                f"its model on {int(pen.sum())} spec steps with penalised rows)"
-            )
+            fitted = {"cpu_phases": {phase: tf.model}, "terms": {**dterms, **fitted_terms}}
+            prof["history_host"] = _fit_history_host(runs, steps, fitted, pen, notes)
     launch_prof, launch_model = _fit_launch(steps)
     if launch_prof:
         prof["launch"] = launch_prof

@@ -16,7 +16,7 @@ penalties run on the rows that need them only, at each of their 1 + k sampled po
     extra_ms = verify_ms + verify_ms_per_row x history rows
 is fitted on those pairs alone. (Pooled with the decode pairs, as before 2026-11-27, they
 doubled the decode term of llama3.2-1b's H100 profile: 0.101 ms + 9.18 us a row against 0.033 +
-5.19 from its decode pairs, and its penalties check over-predicted decode steps by 6-9 %.)
+5.19 from its decode pairs; fidelity README section C.)
 """
 
 from __future__ import annotations
@@ -137,11 +137,13 @@ def _fit_verify(
 ) -> tuple[dict[str, float] | None, dict[str, Any]]:
     """Verify steps (drafts): the penalties run on the rows that need them, at every sampled
     position (1 + drafts a row), so the extra grows with the history rows, not the graph's
-    (measured on an H100, llama3.2-1b, k=3: 1 of 32 rows 0.11 ms, 16 of 32 0.49, 32 of 32
-    0.88; 23.9 us a history row against the decode graph's 5.2 us a padded row)."""
-    assert sweep.history_rows is not None or not len(h)
-    rows = sweep.history_rows[h].astype(np.float64) if len(h) else np.zeros(0)
-    if len(h) < MIN_PAIRS or len(np.unique(rows)) < 2:
+    (the report's `extra_ms_by_history_rows`: pairs of one graph with some of its rows
+    needing the history)."""
+    if len(h) < MIN_PAIRS:
+        return None, {"pairs": int(len(h))}
+    assert sweep.history_rows is not None  # history() found rows
+    rows = sweep.history_rows[h].astype(np.float64)
+    if len(np.unique(rows)) < 2:
         return None, {"pairs": int(len(h))}
     plain_ms, hist_ms = sweep.gpu_ms[p], sweep.gpu_ms[h]
     extra = hist_ms - plain_ms
@@ -153,7 +155,26 @@ def _fit_verify(
         "ms_per_row": per_row_ms,
         "err_abs_p50": float(np.median(np.abs(err))),
         "err_abs_max": float(np.max(np.abs(err))),
+        "extra_ms_by_history_rows": _by_history_rows(sweep, h, extra),
     }
+
+
+def _by_history_rows(sweep: SweepRows, h: np.ndarray, extra: np.ndarray) -> dict[str, Any]:
+    """Per graph (bucket, longest context) with pairs at two or more history-row counts: the
+    extra ms at each count (all or nothing per step would give one value)."""
+    assert sweep.history_rows is not None
+    bucket = padded_rows(sweep, h)
+    ctx = sweep.cols["max_kv_tokens"][h]
+    hist = sweep.history_rows[h]
+    out: dict[str, Any] = {}
+    for b, c in sorted({(int(x), int(y)) for x, y in zip(bucket, ctx)}):
+        sel = (bucket == b) & (ctx == c)
+        if len(np.unique(hist[sel])) > 1:
+            counts = np.unique(hist[sel])
+            out[f"{b} rows, {c} tokens"] = {
+                str(int(k)): float(np.median(extra[sel & (hist == k)])) for k in counts
+            }
+    return out
 
 
 def _by_context(sweep: SweepRows, idx: np.ndarray, per_row_ms: np.ndarray) -> dict[str, float]:

@@ -83,8 +83,10 @@ def to_recorder(
     waits = None
     marks = getattr(trace, "mark_ns", None)
     if marks is not None and len(marks) == n and n:
-        rows = np.array([sh.num_reqs for sh in trace.shapes[:n]], np.float64)
-        ctx = np.array([sh.max_kv_tokens for sh in trace.shapes[:n]], np.float64)
+        rows = ctx = None
+        if reference is not None:  # what the reference is read at, per step
+            rows = np.array([sh.num_reqs for sh in trace.shapes[:n]], np.float64)
+            ctx = np.array([sh.max_kv_tokens for sh in trace.shapes[:n]], np.float64)
         g, waits = kernel_busy(
             trace.gpu_ns[:n], g, marks, trace.mark_host_ns, ph[:n], trace.graphed[:n],
             reference, rows, ctx,
@@ -256,7 +258,7 @@ def kernel_busy(
                 ref = span[valid & clean]
             if ref.size:
                 est: np.ndarray | int = int(np.median(ref))
-                kernel_us[kind] = int(est) / 1e3
+                kernel_us[kind] = est / 1e3
                 source[kind] = "run"
             elif (
                 reference is not None and name in reference.ns and kind in _REFERENCE_KINDS[name]

@@ -3,11 +3,12 @@ gets ahead of the GPU (replay.gpu.measure.kernel_busy).
 
 kernel_busy takes a GPU wait for the host out of a step's interval against the segment's clean
 span in the same run. A run where the host always trails the GPU drafter (ngram-gpu on
-llama3.2-1b: the proposer's ~30 small kernels trickle in over ~1.4 ms of host launch while they
-run ~0.2 ms) has no clean drafter segment, so its waits stayed in the busy time. Here the same
-engine, after the run, launches synthetic decode steps of the run's sizes (replay.gpu.shapes_step:
-the run's own launch path) behind a GPU spin, so the host has enqueued all of each step before
-the GPU reaches it, and times each segment between the engine's own marks:
+llama3.2-1b: the proposer's few dozen small kernels trickle in over ~1.2-1.4 ms of host
+launch while they run ~0.2 ms) has no clean drafter segment, so its waits stayed in the busy
+time. Here the same engine, after the run, launches synthetic decode steps of the run's sizes
+(replay.gpu.shapes_step: the run's own launch path) behind a GPU spin, so the host has enqueued
+all of each step before the GPU reaches it, and times each segment between the engine's own
+marks:
 
     lead  = gpu_begin -> forward_begin      (input copies)
     tail  = forward_end -> draft_begin | gpu_end
@@ -63,14 +64,14 @@ class SegmentMarks(MarkHooks):
     def segments_ns(self) -> dict[str, int]:
         """The sampled step's segments (CUDA: call after the device is synchronized)."""
         at = self._times_ns()
-        out = {"lead": at["fb"] - at["begin"], "tail": at["db" if self.marked[_DB] else "end"]}
-        out["tail"] -= at["fe"]
-        if self.marked[_DB]:
+        tail_end = at.get("db", at["end"])  # the drafter starts where the tail ends
+        out = {"lead": at["fb"], "tail": tail_end - at["fe"]}
+        if "db" in at:
             out["draft"] = at["end"] - at["db"]
         return out
 
     def _times_ns(self) -> dict[str, int]:
-        """Each mark's time from the start mark, ns."""
+        """Each mark's time from the start mark, ns (`db` only where the drafter ran)."""
         if not (self.marked[_FB] and self.marked[_FE]):
             raise RuntimeError("the step set no forward marks")
         keys = {"fb": _FB, "fe": _FE, "db": _DB}
@@ -78,9 +79,9 @@ class SegmentMarks(MarkHooks):
             t = {k: self.start_ev.elapsed_time(self.mark_ev[m]) for k, m in keys.items()
                  if self.marked[m]}  # fmt: skip
             t["end"] = self.start_ev.elapsed_time(self.end_ev)
-            return {k: int(v * 1e6) for k, v in t.items()} | {"begin": 0}
+            return {k: int(v * 1e6) for k, v in t.items()}
         out = {k: self.mark_host[m] - self.begin_ns for k, m in keys.items() if self.marked[m]}
-        return out | {"end": self.end_ns - self.begin_ns, "begin": 0}
+        return out | {"end": self.end_ns - self.begin_ns}
 
 
 def grid_points(rows: np.ndarray, ctx: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -26,11 +26,10 @@ DEFAULTS: dict[str, Any] = {
     "sync_wait": {"wake_ms": 0.0},
     # The host side of the sampling penalties under speculative decoding: every step samples
     # through the verify path, which applies them eagerly after the forward (the drafts'
-    # counts, the penalised targets, the accepted tokens' counts: ~40 small kernels), all or
-    # nothing per step with any history row, in the `sample` phase. Measured on an H100 host
-    # (2026-11-27, llama3.2-1b, ngram-gpu k=3): `sample` 1.8-1.9 ms a step with history rows
-    # against 1.06 without in one run. 0 = none; `replay calibrate` fits it from runs with
-    # such steps.
+    # counts, the penalised targets, the accepted tokens' counts: a few dozen small ops), all or
+    # nothing per step with any history row, in the `sample` phase. Fitted on an H100 host
+    # (2026-11-27, llama3.2-1b, ngram-gpu k=3): 0.707 ms (reports/fidelity/README.md section
+    # C). 0 = none; `replay calibrate` fits it from runs with such steps.
     "history_host": {"spec_sample_ms": 0.0},
     "gpu_pass": {
         # A CUDA graph that starts on an idle GPU (idle >= min_idle_ms before its launch)
