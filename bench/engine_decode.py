@@ -5,6 +5,7 @@ decode with 1 vs 2 batches in flight; prints a table, writes JSON rows with --js
     python bench/engine_decode.py --device cpu --cases tiny:1,4 # checks the script runs
     python bench/engine_decode.py --tp 2 --cases llama3-8b:1,64    # tensor parallel, 2 GPUs
     python bench/engine_decode.py --tp 2 --allreduce oneshot ...    # the one-shot all-reduce
+    python bench/engine_decode.py --tp 2 --allreduce fused --depths 2 ...  # fused with the norm
 
 Each case serves `batch` requests of CONTEXT prompt tokens and DECODE output tokens through
 `engine.Engine` (random weights, bf16, CUDA graphs on, asap arrivals) and reads the engine's own
@@ -227,7 +228,13 @@ def main() -> int:
     )
     ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size (GPUs per engine)")
     ap.add_argument(
-        "--allreduce", default="nccl", help="tp_allreduce: nccl | oneshot (with --tp > 1)"
+        "--allreduce", default="nccl", help="tp_allreduce: nccl | oneshot | fused (--tp > 1)"
+    )
+    ap.add_argument(
+        "--depths",
+        default="1,2",
+        help="batches_in_flight values, one engine each (oneshot and "
+        "fused: one per process, engine.tp.comm.check_symmetric)",
     )
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument(
@@ -246,7 +253,7 @@ def main() -> int:
     print(f"copy bandwidth (read + write): {bandwidth / 1e9:.0f} GB/s", flush=True)
     results, failed = [], []
     for model, batches in cases:
-        for depth in (1, 2):
+        for depth in (int(d) for d in args.depths.split(",")):
             eng = None
             try:
                 t0 = time.perf_counter()

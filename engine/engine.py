@@ -79,7 +79,7 @@ from engine.tp.comm import (
     RANK_TIMES_GATHER,
     RANK_TIMES_START,
     Comm,
-    check_oneshot,
+    check_symmetric,
 )
 from engine.tp.ranktimes import RankTimes, empty_table
 from engine.tp.watchdog import ENGINE_S, SHUTDOWN_S, deadline
@@ -128,8 +128,8 @@ class Engine:
                 "config key 'tensor_parallel_size': speculative decoding is not built for "
                 "tensor parallelism"
             )
-        if tp > 1 and cfg.tp_allreduce == "oneshot":
-            check_oneshot(None if model is None else model.comm)
+        if tp > 1 and cfg.tp_allreduce in ("oneshot", "fused"):
+            check_symmetric(None if model is None else model.comm)
         self._owns_tp = model is None and tp > 1  # started the workers: close() stops them
         self.model = model if model is not None else build_model(cfg, self.max_model_len)
         self.tp: Comm | None = self.model.comm  # None without tensor parallelism

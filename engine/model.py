@@ -7,9 +7,11 @@ no padding (see engine.attention for the batch layout). Weights: `init_random(se
 "triton" backend it can be captured in a CUDA graph.
 
 Tensor parallelism (`comm`, engine.tp): the model holds rank r's slices (engine.tp.shard) and
-computes with `local`, the spec of its heads and MLP width; o_proj and down_proj outputs are
-summed over ranks (all-reduce), the vocab-parallel embedding masks ids outside the rank's rows
-and sums, and compute_logits gathers every rank's vocab slice, so every rank gets whole logits.
+computes with `local`, the spec of its heads and MLP width; o_proj's and down_proj's outputs,
+and the vocab-parallel embedding's (ids outside the rank's rows masked), are partial sums that
+the norm after each sums over ranks (RMSNorm: an all-reduce then the norm, or one fused kernel
+with tp_allreduce "fused"), and compute_logits gathers every rank's vocab slice, so every rank
+gets whole logits.
 """
 
 from __future__ import annotations
@@ -69,13 +71,26 @@ class RotaryEmbedding(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float, dtype, device, kernels=None):
+    def __init__(self, size: int, eps: float, dtype, device, kernels=None, comm=None):
+        """`comm`: tensor parallelism; `forward`'s x is then a rank's partial sum (module
+        docstring), summed over ranks here, before the residual add."""
         super().__init__()
         self.eps = eps
         self.kernels = kernels  # engine.kernels for the fused kernel, else None
+        self.comm = comm
         self.weight = _param((size,), dtype, device)
 
     def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, region: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual), x summed over the ranks first under tensor
+        parallelism (engine.tp.comm.Comm.reduce_norm; `region`: the fused kernel's buffer
+        region, engine.kernels.reduce_norm)."""
+        if self.comm is None:
+            return self.normalize(x, residual)
+        return self.comm.reduce_norm(x, residual, region, self)
+
+    def normalize(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual); the residual stream stays in the model dtype.
@@ -90,13 +105,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(
-        self, spec: ModelSpec, attention: PagedAttention, rotary, dtype, device, comm=None
-    ):
-        """`spec`: this rank's heads (engine.tp.shard.local_spec); `comm`: sums o_proj's output."""
+    def __init__(self, spec: ModelSpec, attention: PagedAttention, rotary, dtype, device):
+        """`spec`: this rank's heads (engine.tp.shard.local_spec)."""
         super().__init__()
         self.spec = spec
-        self.comm = comm
         self.attention = attention
         self.rotary = [rotary]  # shared by all layers; a list keeps it out of the module tree
         self.scale = spec.head_dim**-0.5
@@ -106,8 +118,8 @@ class Attention(nn.Module):
     def forward(self, x, positions, attn: AttentionMetadata, kv_cache: torch.Tensor):
         kernels = self.attention.kernels
         qkv = _linear(kernels, x, self.qkv_proj)  # [T, q | k | v]
-        out = _linear(kernels, self.attend(qkv, positions, attn, kv_cache), self.o_proj)
-        return out if self.comm is None else self.comm.all_reduce(out)
+        # a rank's partial sum under tensor parallelism: the next norm sums it (RMSNorm)
+        return _linear(kernels, self.attend(qkv, positions, attn, kv_cache), self.o_proj)
 
     def attend(self, qkv, positions, attn: AttentionMetadata, kv_cache) -> torch.Tensor:
         """qkv [T, q | k | v] -> attention output [T, q_size] (RoPE, KV write, attention)."""
@@ -127,18 +139,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec, dtype, device, kernels=None, comm=None):
+    def __init__(self, spec: ModelSpec, dtype, device, kernels=None):
         super().__init__()
         self.kernels = kernels  # engine.kernels for the fused SiLU * up, else None
-        self.comm = comm  # tensor parallelism: sums down_proj's output over ranks
         self.gate_up_proj = _param((2 * spec.intermediate_size, spec.hidden_size), dtype, device)
         self.down_proj = _param((spec.hidden_size, spec.intermediate_size), dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._forward(x)
-        return out if self.comm is None else self.comm.all_reduce(out)
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """down_proj's output: a rank's partial sum under tensor parallelism (RMSNorm sums it)."""
         k = self.kernels
         if _skinny(k, x) and SKINNY_FUSE_SILU and k.skinny_supports(x.shape[1]):
             act = k.skinny_gemm(x, self.gate_up_proj, silu_mul=True)
@@ -156,15 +164,17 @@ class DecoderLayer(nn.Module):
     ):
         super().__init__()
         h, eps = spec.hidden_size, spec.rms_norm_eps
-        self.input_layernorm = RMSNorm(h, eps, dtype, device, kernels)
-        self.self_attn = Attention(spec, attention, rotary, dtype, device, comm)
-        self.post_attention_layernorm = RMSNorm(h, eps, dtype, device, kernels)
-        self.mlp = MLP(spec, dtype, device, kernels, comm)
+        self.input_layernorm = RMSNorm(h, eps, dtype, device, kernels, comm)
+        self.self_attn = Attention(spec, attention, rotary, dtype, device)
+        self.post_attention_layernorm = RMSNorm(h, eps, dtype, device, kernels, comm)
+        self.mlp = MLP(spec, dtype, device, kernels)
 
-    def forward(self, x, residual, positions, attn, kv_cache):
-        x, residual = self.input_layernorm(x, residual)
+    def forward(self, x, residual, positions, attn, kv_cache, region: int = 2):
+        """`region`: the fused all-reduce's buffer region of the input norm's sum (0 in the
+        first layer, else 2); the post-attention norm's takes 1 (engine.kernels.reduce_norm)."""
+        x, residual = self.input_layernorm(x, residual, region)
         x = self.self_attn(x, positions, attn, kv_cache)
-        x, residual = self.post_attention_layernorm(x, residual)
+        x, residual = self.post_attention_layernorm(x, residual, 1)
         return self.mlp(x), residual
 
 
@@ -202,7 +212,7 @@ class LlamaModel(nn.Module):
             DecoderLayer(self.local, self.attention, self.rotary, dtype, device, kernels, comm)
             for _ in range(spec.num_layers)
         )
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device, kernels)
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device, kernels, comm)
         if spec.tie_word_embeddings:
             self.lm_head = self.embed_tokens
         else:
@@ -246,18 +256,22 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x = self.embed(input_ids)
         residual = None
+        # the fused all-reduce's regions (engine.kernels.reduce_norm): the forward's sums take
+        # 0, 1, then 2, 1, 2, 1, ..., 2, so no region serves two calls in a row, within a
+        # forward or across two
         for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, positions, attn, kv_cache[i])
-        return self.norm(x, residual)[0]
+            x, residual = layer(x, residual, positions, attn, kv_cache[i], 2 if i else 0)
+        return self.norm(x, residual, 2 if self.layers else 0)[0]
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Embedding rows [T, hidden]; tensor-parallel: this rank's vocab rows, summed."""
+        """Embedding rows [T, hidden]; tensor-parallel: this rank's vocab rows, zero elsewhere
+        (a partial sum: the first layer's input norm sums it)."""
         if self.comm is None:
             return F.embedding(input_ids, self.embed_tokens)
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.vocab_rows)
         x = F.embedding(local.masked_fill(outside, 0), self.embed_tokens)
-        return self.comm.all_reduce(x.masked_fill(outside[:, None], 0))
+        return x.masked_fill(outside[:, None], 0)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (already final-normed by forward) -> float32 logits [n, vocab]

@@ -393,7 +393,7 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
 def cmd_allreduce_fit(args: argparse.Namespace) -> int:
     # lazy: the fit needs numpy and pyarrow, never torch
     from replay.analysis.allreducefit import (
-        ONESHOT_MODE,
+        SMALL_KERNEL_MODES,
         SweepFileError,
         fit_profile,
         fit_sweep,
@@ -405,14 +405,16 @@ def cmd_allreduce_fit(args: argparse.Namespace) -> int:
 
     try:
         sw = read_sweep(args.sweep)
-        oneshot = has_mode(sw, ONESHOT_MODE)
-        # a one-shot-only sweep fits only its key; else the NCCL rows as before
-        nccl = has_mode(sw, args.mode) or not oneshot
+        small = [m for m in SMALL_KERNEL_MODES if has_mode(sw, m)]
+        # a sweep of one-kernel modes only fits only their keys; else the NCCL rows as before
+        nccl = has_mode(sw, args.mode) or not small
         res = fit_sweep(sw, args.mode, args.gpu) if nccl else None
-        one = fit_sweep_oneshot(sw, args.gpu) if oneshot else None
+        kernels = {m: fit_sweep_oneshot(sw, args.gpu, m) for m in small}
     except SweepFileError as e:
         raise UsageError(str(e)) from None
-    prof = fit_profile(sw, res, args.mode, str(args.sweep), one)
+    prof = fit_profile(
+        sw, res, args.mode, str(args.sweep), kernels.get("oneshot"), kernels.get("fused")
+    )
     if prof["gpu"] is None:
         del prof["gpu"]
     out = Path(args.output or Path(args.sweep).with_suffix(".profile.json"))
@@ -429,12 +431,13 @@ def cmd_allreduce_fit(args: argparse.Namespace) -> int:
         )
         for note in res.notes:
             print(f"note: {note}")
-    if one is not None:
+    for m, one in kernels.items():
         p = one.params
+        moved = "read" if m == "oneshot" else "pushed"
         print(
-            f"gpu_pass.allreduce_oneshot: latency_ms {p['latency_ms']:.5f} + (n - 1) x bytes "
-            f"read, bw_efficiency {p['bw_efficiency']:.3f} ({one.rows} rows within the "
-            f"one-shot limits, world sizes {one.world_sizes}; relative error rms "
+            f"gpu_pass.allreduce_{m}: latency_ms {p['latency_ms']:.5f} + (n - 1) x bytes "
+            f"{moved}, bw_efficiency {p['bw_efficiency']:.3f} ({one.rows} rows within the "
+            f"{m} limits, world sizes {one.world_sizes}; relative error rms "
             f"{100 * one.rms_rel:.1f} %, max {100 * one.max_rel:.1f} %)"
         )
         for note in one.notes:
@@ -673,7 +676,8 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     p.add_argument(
         "--modes",
         default="graph,eager,oneshot",
-        help="graph, eager and/or oneshot calls (the CPU: eager only)",
+        help="graph, eager, oneshot and/or fused calls (the CPU: eager only; oneshot and "
+        "fused each exchange symmetric memory)",
     )
     p.add_argument("--dtype", default="bfloat16", help="element type (default bfloat16)")
     p.add_argument("--backend", default="nccl", choices=("nccl", "gloo"), help="gloo: CPU test")
@@ -686,7 +690,8 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "allreduce-fit",
-        help="fit the sim's gpu_pass.allreduce keys (and allreduce_oneshot from 'oneshot' rows) "
+        help="fit the sim's gpu_pass.allreduce keys (allreduce_oneshot, allreduce_fused from "
+        "'oneshot', 'fused' rows) "
         "from an all-reduce sweep",
     )
     p.add_argument("sweep", help="a `replay allreduce` parquet file")
@@ -694,7 +699,7 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         "--mode",
         default="graph",
         choices=("graph", "eager"),
-        help="NCCL rows to fit (a sweep's 'oneshot' rows always fit allreduce_oneshot)",
+        help="NCCL rows to fit (a sweep's 'oneshot' / 'fused' rows always fit their key)",
     )
     p.add_argument("--gpu", help="bubblesim.core.gpus preset (default: the sweep's)")
     p.add_argument("-o", "--output", help="profile JSON (default SWEEP.profile.json)")

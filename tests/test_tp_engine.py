@@ -254,14 +254,15 @@ def test_an_engine_that_fails_after_starting_its_workers_stops_them(monkeypatch)
 
 
 @pytest.mark.slow
-def test_oneshot_allreduce_falls_back_on_the_cpu_with_the_same_tokens(capsys):
-    """tp_allreduce=oneshot needs CUDA symmetric memory: on gloo the engine says so once and
-    reduces through the process group, so the tokens are TP 1's."""
+@pytest.mark.parametrize("algorithm", ["oneshot", "fused"])
+def test_symmetric_allreduce_falls_back_on_the_cpu_with_the_same_tokens(capsys, algorithm):
+    """tp_allreduce oneshot and fused need CUDA symmetric memory: on gloo the engine says so
+    once and reduces through the process group before the norm, so the tokens are TP 1's."""
     reqs = requests()
     ref, _ = tokens_of(make_cfg(), reqs)
-    got, eng = tokens_of(make_cfg(tensor_parallel_size=2, tp_allreduce="oneshot"), reqs)
+    got, eng = tokens_of(make_cfg(tensor_parallel_size=2, tp_allreduce=algorithm), reqs)
     assert got == ref
-    assert "tp_allreduce=oneshot: no CUDA symmetric memory" in capsys.readouterr().out
+    assert f"tp_allreduce={algorithm}: no CUDA symmetric memory" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ class ConfigError(ValueError):
 SPEC_METHODS = ("none", "ngram-cpu", "ngram-gpu")
 DTYPES = ("bfloat16", "float16", "float32")
 DEVICES = ("cuda", "cpu")
-TP_ALLREDUCE = ("nccl", "oneshot")
+TP_ALLREDUCE = ("nccl", "oneshot", "fused")
 
 
 @dataclass(frozen=True)

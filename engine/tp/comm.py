@@ -22,6 +22,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,6 +70,8 @@ class Comm:
         self.peers_alive: Callable[[], bool] | None = None  # rank 0: every worker still runs
         self.oneshot: OneShot | None = None  # the model's small all-reduces (use_allreduce)
         self._oneshot_buffer: OneShot | None = None  # kept across engines once exchanged
+        self.fused: ReduceNorm | None = None  # all-reduce + residual add + norm (use_allreduce)
+        self._fused_buffer: ReduceNorm | None = None  # kept across engines once exchanged
 
     @property
     def is_driver(self) -> bool:
@@ -83,15 +86,23 @@ class Comm:
         Without CUDA symmetric memory (the CPU, gloo) "oneshot" falls back to the process
         group's all-reduce and says so once."""
         max_bytes = oneshot_max_bytes(algorithm, self.size)
+        self.oneshot = self.fused = None
         if max_bytes == 0:
-            self.oneshot = None
             return
         if self.device.type != "cuda" or not OneShot.available():
-            if self.rank == 0 and not _warned:
-                _warned.append(True)
-                print("tp_allreduce=oneshot: no CUDA symmetric memory here; using the process "
-                      "group's all-reduce")  # fmt: skip
-            self.oneshot = None
+            if self.rank == 0 and algorithm not in _warned:
+                _warned.add(algorithm)
+                print(f"tp_allreduce={algorithm}: no CUDA symmetric memory here; using the "
+                      "process group's all-reduce")  # fmt: skip
+            return
+        if algorithm == "fused":
+            have_f = self._fused_buffer
+            if have_f is None or have_f.dtype != dtype or have_f.max_bytes < max_bytes:
+                have_f = ReduceNorm(self.device, self.rank, self.size, dtype, max_bytes)
+                self._fused_buffer = have_f
+                if self.rank == 0:
+                    _oneshot_groups.append(weakref.ref(self))
+            self.fused = have_f
             return
         have = self._oneshot_buffer
         if have is None or have.dtype != dtype or have.max_bytes < max_bytes:
@@ -108,6 +119,18 @@ class Comm:
             return one(x)
         dist.all_reduce(x)
         return x
+
+    def reduce_norm(
+        self, x: torch.Tensor, residual: torch.Tensor | None, region: int, norm: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sum over ranks of the partial `x`, then `norm` (an engine.model.RMSNorm: its
+        residual add and norm, (normed, new residual)): in one kernel with tp_allreduce "fused"
+        for a small enough message (`region`: engine.kernels.reduce_norm's buffer region), else
+        the all-reduce (all_reduce) then `norm.normalize`."""
+        fused = self.fused
+        if fused is not None and fused.takes(x, residual):
+            return fused(x, residual, region, norm.weight, norm.eps)
+        return norm.normalize(self.all_reduce(x), residual)
 
     def gather_vocab(self, x: torch.Tensor, vocab: int) -> torch.Tensor:
         """Every rank's logits slice [n, Vr] -> the whole rows [n, vocab] on every rank."""
@@ -208,13 +231,14 @@ class Comm:
             self.ring.close()
 
 
-_warned: list[bool] = []  # the CPU fallback of tp_allreduce=oneshot was announced
-# rank 0: the group whose symmetric memory this process exchanged (at most one: check_oneshot)
+_warned: set[str] = set()  # the algorithms whose CPU fallback was announced
+# rank 0: the group whose symmetric memory this process exchanged (at most one: check_symmetric)
 _oneshot_groups: list[weakref.ref] = []
 
 
-def check_oneshot(comm: Comm | None) -> None:
-    """Rank 0, before an engine with tp_allreduce=oneshot tells its workers anything: refuse a
+def check_symmetric(comm: Comm | None) -> None:
+    """Rank 0, before an engine with tp_allreduce oneshot or fused (both exchange symmetric
+    memory) tells its workers anything: refuse a
     second tensor-parallel group in one process. On 2 x H100 (torch 2.11, 2026-11-26) the first
     group's one-shot engine ran and closed, but the next group's symmetric-memory exchange in
     the same process never returned (test and bench both hung there): torch keeps the first
@@ -222,9 +246,9 @@ def check_oneshot(comm: Comm | None) -> None:
     group (replay's shared model) is fine. Raises ValueError naming the key."""
     if any(comm is None or r() is not comm for r in _oneshot_groups):
         raise ValueError(
-            "config key 'tp_allreduce': oneshot serves one tensor-parallel group per process "
-            "(a second group's symmetric-memory exchange hangs under torch 2.11); start a new "
-            "process, or use nccl"
+            "config key 'tp_allreduce': oneshot and fused serve one tensor-parallel group per "
+            "process (a second group's symmetric-memory exchange hangs under torch 2.11); start "
+            "a new process, or use nccl"
         )
 
 
@@ -236,19 +260,11 @@ class OneShot:
     capturable in a CUDA graph (the buffer's address is fixed for the group's lifetime)."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype, max_bytes: int) -> None:
-        from torch.distributed import _symmetric_memory as symm_mem
-
+        self.dtype, self.max_bytes = dtype, max_bytes
+        self.buffer, _ = _symmetric_buffer(device, dtype, max_bytes // dtype.itemsize)
         group = dist.group.WORLD
         assert group is not None
         self.group_name = group.group_name
-        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-        if enable is not None:  # older releases must be told; newer ones warn that it is moot
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                enable(self.group_name)
-        self.dtype, self.max_bytes = dtype, max_bytes
-        self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
-        symm_mem.rendezvous(self.buffer, self.group_name)
 
     @staticmethod
     def available() -> bool:
@@ -268,3 +284,71 @@ class OneShot:
             self.buffer[:n], x.view(-1), "sum", self.group_name
         )
         return out.view(x.shape)
+
+
+def _symmetric_buffer(device: torch.device, dtype: torch.dtype, numel: int):
+    """This rank's symmetric-memory tensor of `numel` elements and its handle (collective:
+    every rank of the default group, in the same order)."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    group = dist.group.WORLD
+    assert group is not None
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None:  # older releases must be told; newer ones warn that it is moot
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            enable(group.group_name)
+    buffer = symm_mem.empty(numel, dtype=dtype, device=device)
+    return buffer, symm_mem.rendezvous(buffer, group.group_name)
+
+
+class ReduceNorm:
+    """The all-reduce fused with the residual add and RMSNorm after it
+    (engine.kernels.reduce_norm): each rank pushes its partial rows into the peers'
+    symmetric-memory buffers, meets them at a per-row cross-GPU barrier and sums locally.
+    One symmetric allocation per rank: int32 flags [MAX_ROWS_LIMIT, W] (zeroed before the
+    peers may raise them), then the data area [regions, W, max_rows, hidden] of the dtype."""
+
+    MAX_ROWS_LIMIT = 1024  # flag rows: the most rows (programs) one call may take
+
+    def __init__(
+        self, device: torch.device, rank: int, world: int, dtype: torch.dtype, max_bytes: int
+    ) -> None:
+        """Collective: every rank of the default (NCCL) group, in the same order."""
+        from engine.kernels.reduce_norm import NUM_REGIONS
+
+        self.dtype, self.max_bytes = dtype, max_bytes
+        self.rank, self.world = rank, world
+        flag_bytes = self.MAX_ROWS_LIMIT * world * 4
+        data_bytes = NUM_REGIONS * world * max_bytes
+        words = (flag_bytes + data_bytes + 3) // 4
+        self.buffer, handle = _symmetric_buffer(device, torch.int32, words)
+        self.buffer[: flag_bytes // 4].zero_()
+        torch.cuda.synchronize(device)
+        dist.barrier()  # every rank's flags are zero before anyone raises one
+        offset = self.buffer.data_ptr() - handle.buffer_ptrs[self.rank]  # the same on every rank
+        bases = [p + offset for p in handle.buffer_ptrs]
+        self.handle = handle  # keeps the peers' mappings alive
+        self.flag_ptrs = torch.tensor(bases, dtype=torch.int64, device=device)
+        self.data_ptrs = torch.tensor([b + flag_bytes for b in bases], dtype=torch.int64,
+                                      device=device)  # fmt: skip
+
+    def takes(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        rows, hidden = x.shape
+        return (
+            x.dtype == self.dtype
+            and 0 < rows <= self.MAX_ROWS_LIMIT
+            and rows * hidden * x.element_size() <= self.max_bytes
+            and x.stride(1) == 1
+            and (residual is None or residual.is_contiguous())
+        )
+
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None, region: int,
+        weight: torch.Tensor, eps: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        from engine.kernels.reduce_norm import reduce_norm
+
+        max_rows = self.max_bytes // (x.shape[1] * x.element_size())
+        return reduce_norm(x, weight, eps, residual, self.data_ptrs, self.flag_ptrs, self.rank,
+                           region, max_rows)  # fmt: skip

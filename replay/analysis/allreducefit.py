@@ -21,6 +21,10 @@ Rows of mode "oneshot" (the one-shot kernel, config tp_allreduce "oneshot") fit 
 kernel on their world size (bubblesim.core.collectives.uses_oneshot; larger ones take NCCL):
 
     ms = latency_ms + c x (n - 1) x bytes / link_bytes_per_ms,   bw_efficiency = 1 / c
+
+Rows of mode "fused" (the all-reduce fused with the residual add and RMSNorm, config
+tp_allreduce "fused": (n - 1) x bytes pushed to the peers per rank) fit `gpu_pass.allreduce_fused`
+the same way, over the sizes the rule sends to that kernel.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ COLUMNS: dict[str, pa.DataType] = {
 
 
 ONESHOT_MODE = "oneshot"
+FUSED_MODE = "fused"
+SMALL_KERNEL_MODES = (ONESHOT_MODE, FUSED_MODE)  # each fits gpu_pass.allreduce_<mode>
+_KERNEL_NAME = {ONESHOT_MODE: "one-shot", FUSED_MODE: "fused"}  # in messages
 
 
 class SweepFileError(ValueError):
@@ -167,18 +174,24 @@ def fit_allreduce(
 
 
 def fit_oneshot(
-    world_size: np.ndarray, nbytes: np.ndarray, ms: np.ndarray, link_gb_per_s: float
+    world_size: np.ndarray,
+    nbytes: np.ndarray,
+    ms: np.ndarray,
+    link_gb_per_s: float,
+    mode: str = ONESHOT_MODE,
 ) -> AllreduceFit:
-    """Fit the one-shot kernel's latency_ms and bw_efficiency (module doc) to measured calls,
-    over the rows whose size the rule sends to it on their world size (the others ignored)."""
+    """Fit a one-kernel reduction's latency_ms and bw_efficiency (module doc; `mode`: oneshot
+    or fused) to measured calls, over the rows whose size the rule sends to it on their world
+    size (the others ignored)."""
     n = np.asarray(world_size, dtype=np.int64)
     b = np.asarray(nbytes, dtype=np.int64)
     t = np.asarray(ms, dtype=np.float64)
-    rule = np.array([uses_oneshot(ONESHOT_MODE, int(x), int(k)) for x, k in zip(b, n)], bool)
+    name = _KERNEL_NAME.get(mode, mode)
+    rule = np.array([uses_oneshot(mode, int(x), int(k)) for x, k in zip(b, n)], bool)
     keep = rule & np.isfinite(t) & (t > 0)
     if keep.sum() < 3:
         raise SweepFileError(
-            f"the one-shot fit needs 3 or more timed calls of sizes the rule sends to the kernel "
+            f"the {name} fit needs 3 or more timed calls of sizes the rule sends to the kernel "
             f"(bubblesim.core.collectives.ONESHOT_MAX_BYTES), got {int(keep.sum())}"
         )
     if link_gb_per_s <= 0:
@@ -192,18 +205,18 @@ def fit_oneshot(
     lat, c = float(coef[0]), float(coef[1])
     if c <= 0:
         raise SweepFileError(
-            "the one-shot bandwidth term fitted <= 0: the sweep needs a wider range of sizes"
+            f"the {name} bandwidth term fitted <= 0: the sweep needs a wider range of sizes"
         )
     notes: list[str] = []
     eff = 1.0 / c
     if eff > 1.0:
         notes.append(
-            f"one-shot bw_efficiency fitted {eff:.3f} > 1 (read the peers' copies faster than "
+            f"{name} bw_efficiency fitted {eff:.3f} > 1 (moved the peers' copies faster than "
             f"{link_gb_per_s:g} GB/s): capped at 1"
         )
         eff = 1.0
     if lat < 0:
-        notes.append(f"the one-shot latency fitted < 0 ({lat:.4g} ms): set to 0")
+        notes.append(f"the {name} latency fitted < 0 ({lat:.4g} ms): set to 0")
         lat = 0.0
     sizes = sorted({int(v) for v in n})
     pred = lat + x_bw / eff
@@ -229,14 +242,18 @@ def has_mode(sweep: Sweep, mode: str) -> bool:
     return bool((sweep.cols["mode"] == mode).any())
 
 
-def fit_sweep_oneshot(sweep: Sweep, gpu: str | None = None) -> AllreduceFit:
-    """Fit the sweep's "oneshot" rows (fit_oneshot), against the GPU preset named by `gpu` or
-    the file."""
+def fit_sweep_oneshot(
+    sweep: Sweep, gpu: str | None = None, mode: str = ONESHOT_MODE
+) -> AllreduceFit:
+    """Fit the sweep's rows of a one-kernel `mode` ("oneshot" or "fused"; fit_oneshot), against
+    the GPU preset named by `gpu` or the file."""
     spec = _gpu_spec(sweep, gpu)
-    if not has_mode(sweep, ONESHOT_MODE):
-        raise SweepFileError(f"the sweep has no '{ONESHOT_MODE}' rows")
-    c, sel = sweep.cols, sweep.cols["mode"] == ONESHOT_MODE
-    return fit_oneshot(c["world_size"][sel], c["bytes"][sel], c["ms"][sel], spec.link_gb_per_s)
+    if not has_mode(sweep, mode):
+        raise SweepFileError(f"the sweep has no '{mode}' rows")
+    c, sel = sweep.cols, sweep.cols["mode"] == mode
+    return fit_oneshot(
+        c["world_size"][sel], c["bytes"][sel], c["ms"][sel], spec.link_gb_per_s, mode
+    )
 
 
 def fit_sweep(sweep: Sweep, mode: str = "graph", gpu: str | None = None) -> AllreduceFit:
@@ -257,17 +274,19 @@ def fit_profile(
     mode: str,
     source: str,
     oneshot: AllreduceFit | None = None,
+    fused: AllreduceFit | None = None,
 ) -> dict[str, Any]:
     """A partial cost profile with the fitted keys (merge it over another with
     sim.cost.merge_profile, or pass it as the config's profile): gpu_pass.allreduce from
-    `res` (the NCCL rows of `mode`), gpu_pass.allreduce_oneshot from `oneshot`, each if
-    given."""
+    `res` (the NCCL rows of `mode`), gpu_pass.allreduce_oneshot from `oneshot`,
+    gpu_pass.allreduce_fused from `fused`, each if given."""
     meta = sweep.meta
     where = f"{source} ({meta.get('device', '?')}, {meta.get('backend', '?')})"
     notes, gpu_pass = [], {}
     for key, fit, rows in (
         ("allreduce", res, mode),
         ("allreduce_oneshot", oneshot, ONESHOT_MODE),
+        ("allreduce_fused", fused, FUSED_MODE),
     ):
         if fit is None:
             continue
@@ -277,7 +296,7 @@ def fit_profile(
             f"{fit.world_sizes}; rms rel error {100 * fit.rms_rel:.1f} %"
         )
     if not gpu_pass:
-        raise SweepFileError("nothing to fit: no NCCL and no one-shot fit")
+        raise SweepFileError("nothing to fit: no NCCL, one-shot or fused fit")
     return {
         "version": PROFILE_VERSION,
         "gpu": str(meta.get("gpu", "")) or None,

@@ -11,7 +11,11 @@ Per message size, in each mode:
          (engine.tp.comm.OneShot, config key tp_allreduce), on the sizes the shared rule sends
          to it (bubblesim.core.collectives); before timing, each size's one-shot sum of
          rank-seeded random values is checked against NCCL's on every rank (a mismatch fails
-         the mode with a note).
+         the mode with a note);
+  fused  as graph, through the all-reduce fused with the residual add and RMSNorm
+         (engine.tp.comm.ReduceNorm, tp_allreduce "fused") on [bytes / (FUSED_HIDDEN x elem),
+         FUSED_HIDDEN] (one row of bytes / elem below that), checked the same way against
+         NCCL's sum then the same norm.
 A sample: barrier, synchronize, time the `iters` calls (CUDA events; perf_counter on the CPU),
 synchronize; the sample's per-call time is the slowest rank's (an all-reduce MAX of the ranks'
 times). One untimed sample first (NCCL sets up its channels, the graph is captured). Rank 0
@@ -39,10 +43,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bubblesim.core.collectives import oneshot_max_bytes
-from engine.tp.comm import OneShot
+from engine.kernels.rms_norm import rms_norm
+from engine.tp.comm import OneShot, ReduceNorm
 from replay.analysis.allreducefit import write_sweep
 
-MODES: tuple[str, ...] = ("graph", "eager", "oneshot")
+MODES: tuple[str, ...] = ("graph", "eager", "oneshot", "fused")
+SMALL_KERNELS = ("oneshot", "fused")  # modes of one-kernel reductions (bubblesim.core.collectives)
+FUSED_HIDDEN = 4096  # the fused mode's row width (llama3-8b's hidden size)
 ONESHOT_RTOL = 2e-2  # bf16 sums of n values in another order: a few units of the last place
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TARGET_BYTES_PER_SAMPLE = 64 * 2**20  # calls per sample: about this many bytes reduced
@@ -110,13 +117,18 @@ def _timer(cuda: bool) -> Callable[[Callable[[], None]], float]:
 
 
 def _calls(
-    mode: str, x: torch.Tensor, iters: int, one: OneShot | None = None
+    mode: str, x: torch.Tensor, iters: int, one: OneShot | ReduceNorm | None = None
 ) -> Callable[[], None]:
     """What one sample runs: `iters` all-reduces of x, eagerly or as one graph replay (the
-    one-shot kernel's for mode oneshot)."""
+    one-shot kernel's for mode oneshot, the fused kernel's with a residual for mode fused)."""
+    fused = _FusedCall(one, x) if isinstance(one, ReduceNorm) else None
 
     def eager() -> None:
-        if one is not None:
+        if fused is not None:
+            for i in range(iters):
+                fused(i)
+            return
+        if isinstance(one, OneShot):
             for _ in range(iters):
                 one(x)
             return
@@ -157,20 +169,27 @@ def _worker(rank: int, job: _Job) -> None:
     try:
         dtype = DTYPES[job.dtype]
         elem = torch.tensor([], dtype=dtype).element_size()
-        one_max = oneshot_max_bytes("oneshot", job.world_size)
         for mode in job.modes:
-            one = None
-            if mode == "oneshot":
-                one = OneShot(device, dtype, one_max)  # collective: every rank, same order
+            one: OneShot | ReduceNorm | None = None
+            one_max = oneshot_max_bytes(mode, job.world_size)
+            if mode == "oneshot":  # collective: every rank, same order
+                one = OneShot(device, dtype, one_max)
+            elif mode == "fused":
+                one = ReduceNorm(device, rank, job.world_size, dtype, one_max)
             for nbytes in job.sizes:
-                if mode == "oneshot" and nbytes > one_max:
+                if mode in SMALL_KERNELS and nbytes > one_max:
                     continue
                 iters = iters_for(nbytes)
-                x = torch.ones(max(1, nbytes // elem), dtype=dtype, device=device)
+                if mode == "fused":  # an even count: the next replay's first region differs
+                    iters += iters % 2
+                shape = fused_shape(nbytes, elem) if mode == "fused" else (max(1, nbytes // elem),)
+                x = torch.ones(shape, dtype=dtype, device=device)
                 fn: Callable[[], None] | None = None
                 try:
-                    if one is not None:
+                    if isinstance(one, OneShot):
                         _check_oneshot(one, x.numel(), rank)
+                    elif isinstance(one, ReduceNorm):
+                        _check_fused(one, tuple(x.shape), rank)
                     fn = _calls(mode, x, iters, one)
                 except Exception as e:  # noqa: BLE001 - a mode this stack cannot run
                     notes.append(f"mode {mode} at {nbytes} bytes failed: {type(e).__name__}: {e}")
@@ -222,6 +241,47 @@ def _check_oneshot(one: OneShot, numel: int, rank: int) -> None:
         raise AssertionError(
             f"one-shot sum differs from NCCL's by {err:.3g} (max |sum| {scale:.3g})"
         )
+
+
+def fused_shape(nbytes: int, elem: int) -> tuple[int, int]:
+    """The fused mode's [rows, hidden] for a message of `nbytes`."""
+    numel = max(1, nbytes // elem)
+    return (numel // FUSED_HIDDEN, FUSED_HIDDEN) if numel >= FUSED_HIDDEN else (1, numel)
+
+
+class _FusedCall:
+    """Call i of a fused sample: the sum of x with a residual and a norm, alternating the
+    buffer regions 1 and 2 as a forward does (engine.model.LlamaModel.forward)."""
+
+    def __init__(self, fused: ReduceNorm, x: torch.Tensor) -> None:
+        self.fused, self.x = fused, x
+        self.residual = torch.zeros_like(x)
+        self.weight = torch.ones(x.shape[1], dtype=x.dtype, device=x.device)
+
+    def __call__(self, i: int) -> None:
+        self.fused(self.x, self.residual, 1 + i % 2, self.weight, 1e-5)
+
+
+def _check_fused(fused: ReduceNorm, shape: tuple[int, int], rank: int) -> None:
+    """The fused kernel's (normed, residual) of rank-seeded random values against NCCL's sum
+    then engine.kernels.rms_norm, on this rank."""
+    device = fused.buffer.device
+    g = torch.Generator(device=device).manual_seed(2000 + rank)
+    x = torch.randn(shape, generator=g, device=device).to(fused.dtype)
+    res = torch.randn(shape, generator=torch.Generator(device=device).manual_seed(7),
+                      device=device).to(fused.dtype)  # fmt: skip
+    weight = torch.ones(shape[1], dtype=fused.dtype, device=device)
+    got, got_res = fused(x, res.clone(), 0, weight, 1e-5)  # region 0: samples alternate 1, 2
+    ref = x.clone()
+    dist.all_reduce(ref)
+    want, want_res = rms_norm(ref, weight, 1e-5, res.clone())
+    for name, a, b in (("normed", got, want), ("residual", got_res, want_res)):
+        err = (a.float() - b.float()).abs().max().item()
+        scale = b.float().abs().max().item() or 1.0
+        if err > ONESHOT_RTOL * scale:
+            raise AssertionError(
+                f"fused {name} differs from NCCL's sum then the norm by {err:.3g} (max {scale:.3g})"
+            )
 
 
 @dataclass
