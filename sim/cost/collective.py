@@ -21,7 +21,9 @@ in which every rank reads the n - 1 peers' copies and sums them:
   t = latency_ms + (n - 1) x S / (link bandwidth x bw_efficiency)
 
 with the profile's `gpu_pass.allreduce_oneshot` parameters; larger messages take the ring. The
-logits all-gather always takes NCCL's ring.
+logits all-gather always takes NCCL's ring. `tp_allreduce = "fused"` (the all-reduce fused with
+the residual add and RMSNorm, engine.kernels.reduce_norm: each rank pushes its copy to the
+n - 1 peers) takes the same form with `gpu_pass.allreduce_fused`, on its own size rule.
 """
 
 from __future__ import annotations
@@ -63,9 +65,9 @@ class OneshotPass:
 
 class Collectives:
     """`Collectives(gpu, n, params, oneshot, algorithm)`: the all-reduce / all-gather cost on n
-    GPUs of one host. `params`: gpu_pass.allreduce (the ring); `oneshot`:
-    gpu_pass.allreduce_oneshot, for the messages that `algorithm` (config tp_allreduce) sends
-    to the one-shot kernel."""
+    GPUs of one host. `params`: gpu_pass.allreduce (the ring); `oneshot`: the one-kernel
+    reduction's gpu_pass.allreduce_<algorithm> ("oneshot" or "fused"), for the messages that
+    `algorithm` (config tp_allreduce) sends to it."""
 
     def __init__(
         self,
@@ -88,7 +90,7 @@ class Collectives:
         self.oneshot_max_bytes = oneshot_max_bytes(algorithm, n)
         if self.oneshot_max_bytes and oneshot is None:
             raise ValueError(
-                "tp_allreduce 'oneshot' needs the gpu_pass.allreduce_oneshot parameters"
+                f"tp_allreduce '{algorithm}' needs the gpu_pass.allreduce_{algorithm} parameters"
             )
         self.oneshot_latency_ms = 0.0
         self.oneshot_ms_per_byte = 0.0

@@ -114,6 +114,17 @@ DEFAULTS: dict[str, Any] = {
             "latency_ms": 6.0 * US,
             "bw_efficiency": 0.5,
         },
+        # tp_allreduce = "fused": the all-reduce fused with the residual add and RMSNorm after
+        # it (engine.kernels.reduce_norm), (n - 1) x bytes pushed to the peers per rank, the
+        # same form. Measured on 2 x H100 (reports/tp/allreduce-fused-h100x2.parquet, `replay
+        # allreduce --modes graph,fused`, 2026-11-27, fitted by `replay allreduce-fit`: 12
+        # rows of 1 KiB .. 2 MiB, rms 4.9 %): 5.3 us + (n - 1) x bytes at 0.468 of the link.
+        # The norm's own time is inside it; the roofline still counts the norm's bytes (a few
+        # KB a layer at decode). 4-8 GPUs: the 2-GPU fit until a sweep there.
+        "allreduce_fused": {
+            "latency_ms": 5.3 * US,
+            "bw_efficiency": 0.468,
+        },
         # Optional fitted linear models that replace the roofline (see linear.py), per kind:
         # "decode": pure-decode steps (no prefill request), "mixed": any step with a prefill.
     },

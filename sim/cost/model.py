@@ -83,8 +83,9 @@ class CostModel:
         gp = prof["gpu_pass"]
         self.roofline = Roofline(self.model, self.gpu, config.dtype, gp["roofline"], tp)
         self.collectives = Collectives(
-            self.gpu, tp, gp["allreduce"], gp["allreduce_oneshot"], config.tp_allreduce
-        )
+            self.gpu, tp, gp["allreduce"], gp.get(f"allreduce_{config.tp_allreduce}"),
+            config.tp_allreduce,
+        )  # fmt: skip
         self._collective_model = self.collectives.pass_model(self.model, config.dtype)
         # tp_allreduce "oneshot": passes whose all-reduce message is small enough take the
         # one-shot kernel's model instead (None with "nccl": one linear model, as before)

@@ -41,6 +41,7 @@ PARAM_TABLES = (
     "gpu_pass.history",
     "gpu_pass.allreduce",
     "gpu_pass.allreduce_oneshot",
+    "gpu_pass.allreduce_fused",
     "launch",
     "ngram_gpu",
     "sync_wait",
@@ -49,7 +50,9 @@ PARAM_TABLES = (
 # top-level parameter tables: checked and merged key by key
 TOP_PARAM_TABLES = ("launch", "ngram_gpu", "sync_wait", "history_host")
 # gpu_pass's, merged key by key
-GPU_PARAM_TABLES = ("roofline", "idle_start", "history", "allreduce", "allreduce_oneshot")
+GPU_PARAM_TABLES = (
+    "roofline", "idle_start", "history", "allreduce", "allreduce_oneshot", "allreduce_fused",
+)  # fmt: skip
 GPU_FIT_KINDS = ("decode", "mixed", "verify")
 EFFICIENCY_KEYS = (
     "mem_efficiency",

@@ -1,0 +1,110 @@
+"""tp_allreduce = "fused" in the simulator and the fit: the messages its size rule sends to the
+fused kernel (bubblesim.core.collectives) cost gpu_pass.allreduce_fused's latency + (n - 1) x S
+over the link, the rest the ring; a profile key of its own, validated and merged; `replay
+allreduce-fit` fits it from a sweep's "fused" rows beside the one-shot key; the fast-forward
+stays exact; a run predicts it faster than NCCL's ring at small batches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bubblesim.core.collectives import FUSED_MAX_BYTES, uses_oneshot
+from bubblesim.core.config import Config, load_config
+from bubblesim.core.gpus import get_gpu
+from bubblesim.core.trace import make_trace, write_trace
+from replay.__main__ import main as replay_main
+from replay.analysis.allreducefit import write_sweep
+from sim.cost import CostModel, ProfileError, default_profile, load_profile
+from sim.cost.collective import Collectives
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
+
+RING = {"latency_ms": 0.0118, "latency_ms_per_peer": 0.0, "bw_efficiency": 0.38}
+FUSED = {"latency_ms": 0.0053, "bw_efficiency": 0.47}
+ONE = {"latency_ms": 0.0094, "bw_efficiency": 0.30}
+H100 = get_gpu("h100")
+
+
+def test_fused_messages_take_the_fused_parameters() -> None:
+    for n in (2, 4, 8):
+        fused = Collectives(H100, n, RING, FUSED, "fused")
+        ring = Collectives(H100, n, RING)
+        limit = FUSED_MAX_BYTES[n]
+        for nbytes in (512, 8192, limit, limit + 2):
+            want = (
+                0.0053 + (n - 1) * nbytes / (450e9 * 0.47 / 1e3)
+                if uses_oneshot("fused", nbytes, n)
+                else ring.allreduce_ms(nbytes)
+            )
+            assert fused.allreduce_ms(nbytes) == pytest.approx(want, rel=1e-12), (n, nbytes)
+    with pytest.raises(ValueError, match="gpu_pass.allreduce_fused"):
+        Collectives(H100, 2, RING, None, "fused")
+
+
+def test_the_cost_model_reads_its_own_key() -> None:
+    cfg = Config(model="llama3-8b", tensor_parallel_size=2, tp_allreduce="fused")
+    base = CostModel(cfg)
+    assert (
+        base.collectives.oneshot_latency_ms
+        == default_profile()["gpu_pass"]["allreduce_fused"]["latency_ms"]
+    )
+    cm = CostModel(cfg, {"version": 1, "gpu_pass": {"allreduce_fused": {"latency_ms": 0.001}}})
+    assert cm.collectives.oneshot_latency_ms == 0.001
+    one = CostModel(Config(model="llama3-8b", tensor_parallel_size=2, tp_allreduce="oneshot"))
+    assert one.collectives.oneshot_latency_ms != base.collectives.oneshot_latency_ms
+    with pytest.raises(ProfileError, match="gpu_pass.allreduce_fused.bw_efficiency"):
+        CostModel(cfg, {"version": 1, "gpu_pass": {"allreduce_fused": {"bw_efficiency": 2.0}}})
+
+
+def test_fit_writes_the_fused_key_from_fused_rows(tmp_path: Path, capsys) -> None:
+    rows = []
+    for mode, params in (("graph", None), ("oneshot", ONE), ("fused", FUSED)):
+        for n in (2, 4):
+            c = Collectives(H100, n, RING, params, mode if params else "nccl")
+            for b in [2**k for k in range(10, 24)]:
+                if params is not None and not uses_oneshot(mode, b, n):
+                    continue
+                ms = c.allreduce_ms(b)
+                rows.append({"mode": mode, "world_size": n, "bytes": b, "iters": 10,
+                             "samples": 5, "ms": ms, "ms_min": ms, "ms_max": ms})  # fmt: skip
+    path = write_sweep(tmp_path / "ar.parquet", rows, {"gpu": "h100", "device": "synthetic"})
+    assert replay_main(["allreduce-fit", str(path), "-o", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "gpu_pass.allreduce_fused: latency_ms 0.00530" in out and "bytes pushed" in out
+    prof = load_profile(tmp_path / "p.json")
+    for key, want in (("allreduce_fused", FUSED), ("allreduce_oneshot", ONE)):
+        for k, v in want.items():
+            assert prof["gpu_pass"][key][k] == pytest.approx(v, rel=1e-6), (key, k)
+    assert "allreduce_fused fitted on" in prof["notes"]
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(12)
+    n = 40
+    arrival = np.sort(rng.uniform(0, 1.0, n))
+    t = make_trace(arrival, rng.integers(16, 600, n), rng.integers(1, 100, n))
+    return write_trace(t, tmp_path_factory.mktemp("fused") / "t.parquet")
+
+
+def test_fast_forward_is_exact_with_fused(trace: Path) -> None:
+    full = ["model=llama3-8b", "tensor_parallel_size=2", "gpu=h100", "tp_allreduce=fused"]
+    a, b = records_without_and_with_fast_forward(full, trace)
+    assert_same_records(a, b, " ".join(full))
+
+
+def test_sim_run_fused_is_faster_than_nccl(trace: Path, tmp_path: Path) -> None:
+    from sim.run import simulate
+
+    base = ["model=llama3-8b", "gpu=h100", "tensor_parallel_size=2"]
+    runs = {
+        a: simulate(load_config(None, [*base, f"tp_allreduce={a}"]), trace, tmp_path / a).summary
+        for a in ("nccl", "fused")
+    }
+    assert runs["fused"]["gpu_ms_mean"] < runs["nccl"]["gpu_ms_mean"]
+    assert runs["fused"]["config"]["tp_allreduce"] == "fused"
