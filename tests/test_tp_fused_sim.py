@@ -2,7 +2,9 @@
 fused kernel (bubblesim.core.collectives) cost gpu_pass.allreduce_fused's latency + (n - 1) x S
 over the link, the rest the ring; a profile key of its own, validated and merged; `replay
 allreduce-fit` fits it from a sweep's "fused" rows beside the one-shot key; the fast-forward
-stays exact; a run predicts it faster than NCCL's ring at small batches."""
+stays exact; a run predicts it faster than NCCL's ring at small batches; on fitted GPU models
+(measured with the profile's tp_allreduce) another algorithm adds the difference of the two
+algorithms' collectives, and the same algorithm keeps every value to the bit."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import pytest
 from bubblesim.core.collectives import FUSED_MAX_BYTES, uses_oneshot
 from bubblesim.core.config import Config, load_config
 from bubblesim.core.gpus import get_gpu
+from bubblesim.core.models import get_model
+from bubblesim.core.shape import BatchShape
 from bubblesim.core.trace import make_trace, write_trace
 from replay.__main__ import main as replay_main
 from replay.analysis.allreducefit import write_sweep
@@ -108,3 +112,42 @@ def test_sim_run_fused_is_faster_than_nccl(trace: Path, tmp_path: Path) -> None:
     }
     assert runs["fused"]["gpu_ms_mean"] < runs["nccl"]["gpu_ms_mean"]
     assert runs["fused"]["config"]["tp_allreduce"] == "fused"
+
+
+DECODE_FIT = {"intercept": 3.0, "num_reqs": 0.004, "kv_read_tokens": 1e-5}
+
+
+def _fitted(algorithm: str, fit_algorithm: str | None) -> CostModel:
+    prof = {"version": 1, "tensor_parallel_size": 2, "gpu_pass": {"decode": dict(DECODE_FIT)}}
+    if fit_algorithm is not None:
+        prof["tp_allreduce"] = fit_algorithm
+    cfg = Config(model="llama3-8b", gpu="h100", tensor_parallel_size=2, tp_allreduce=algorithm)
+    return CostModel(cfg, prof)
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64, 256])
+def test_a_fit_measured_with_nccl_gets_the_difference_to_fused(batch: int) -> None:
+    s = BatchShape(num_reqs=batch, decode_tokens=batch, kv_read_tokens=600 * batch,
+                   attn_pairs=600 * batch, max_kv_tokens=600)  # fmt: skip
+    nccl, fused = _fitted("nccl", None), _fitted("fused", None)
+    fit_ms = nccl.gpu_pass_ms(s)
+    assert fit_ms == _fitted("nccl", "nccl").gpu_pass_ms(s)  # the key's default is nccl
+    assert fit_ms == _fitted("fused", "fused").gpu_pass_ms(s)  # measured with its algorithm
+    model = get_model("llama3-8b")
+    rows = nccl._decode_message_tokens(s)  # a graphed decode all-reduces its captured rows
+    msg = rows * model.hidden_size * 2
+    ring, kernel = nccl.collectives, fused.collectives
+    calls = 2 * model.num_layers
+    per_ring = ring.allreduce_ms(batch * model.hidden_size * 2)
+    if uses_oneshot("fused", msg, 2):
+        per_fused = kernel.oneshot_ms(batch * model.hidden_size * 2)
+        want = fit_ms + calls * (per_fused - per_ring)
+    else:
+        want = fit_ms  # a message over the limit takes the ring either way
+    assert fused.gpu_pass_ms(s) == pytest.approx(want, rel=1e-9), batch
+    assert (fused.gpu_pass_ms(s) < fit_ms) == uses_oneshot("fused", msg, 2)
+
+
+def test_the_profile_s_algorithm_validates() -> None:
+    with pytest.raises(ProfileError, match="tp_allreduce"):
+        _fitted("nccl", "ring")

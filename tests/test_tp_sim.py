@@ -111,6 +111,7 @@ def test_calibrate_on_a_tp_run(trace: Path, tmp_path: Path) -> None:
     cal = calibrate([run])
     prof = cal.profile
     assert prof["tensor_parallel_size"] == 2
+    assert prof["tp_allreduce"] == "nccl"  # the algorithm its GPU fits hold (sim.cost.model)
     # the sim charges the send inside `launch`: no gap to fit, the launch fit holds it
     assert prof["terms"]["launch.tp_broadcast"] == {}
     assert prof["launch"]["graph_ms"] > 0.025 + 0.0325  # broadcast + the default graph launch

@@ -111,7 +111,7 @@ from replay.analysis.syncwake import fit_sync_wake
 from sim.cost import merge_profile, resolve_profile, save_profile, validate_profile
 from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
 from sim.cost.hostspeed import HOST_KEY
-from sim.cost.profile import PROBE_KEY, TP_KEY
+from sim.cost.profile import ALLREDUCE_KEY, PROBE_KEY, TP_KEY
 from sim.cost.spread import RANKS_KEY, SPREAD_KEY
 from sim.cost.terms import BROADCAST_TERM, TERM_NAMES, term_target
 
@@ -892,7 +892,7 @@ def _identity(runs: Sequence[Run], gpu_preset: str | None) -> tuple[dict[str, An
     """gpu (preset name), model, dtype, tensor_parallel_size (above 1), date, notes for the
     profile; all runs must agree."""
     cfgs = [run_config(r) for r in runs]
-    for key in ("model", "dtype", TP_KEY):
+    for key in ("model", "dtype", TP_KEY, ALLREDUCE_KEY):
         vals = sorted({str(getattr(c, key)) for c in cfgs})
         if len(vals) > 1:
             raise CalibrationError(f"the runs mix {key}s {vals}: calibrate one {key} at a time")
@@ -905,6 +905,7 @@ def _identity(runs: Sequence[Run], gpu_preset: str | None) -> tuple[dict[str, An
     tp = cfgs[0].tensor_parallel_size
     if tp > 1:  # the fits are rank 0's (its GPU pass holds the collectives): this degree only
         out[TP_KEY] = tp
+        out[ALLREDUCE_KEY] = cfgs[0].tp_allreduce  # and its algorithm (sim.cost.model)
     if preset:
         out["gpu"] = preset
     else:

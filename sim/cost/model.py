@@ -45,6 +45,7 @@ from .linear import (
 )
 from .mixedsplits import MIXED_DERIVED, mixed_derived
 from .profile import (
+    ALLREDUCE_KEY,
     GPU_FIT_KINDS,
     TP_KEY,
     ProfileError,
@@ -87,9 +88,20 @@ class CostModel:
             config.tp_allreduce,
         )  # fmt: skip
         self._collective_model = self.collectives.pass_model(self.model, config.dtype)
-        # tp_allreduce "oneshot": passes whose all-reduce message is small enough take the
-        # one-shot kernel's model instead (None with "nccl": one linear model, as before)
+        # tp_allreduce "oneshot"/"fused": passes whose all-reduce message is small enough take
+        # that kernel's model instead (None with "nccl": one linear model, as before)
         self._oneshot = self.collectives.oneshot_pass(self.model, config.dtype)
+        # fitted GPU models hold the collectives of their runs' algorithm (profile key
+        # tp_allreduce, absent: nccl); another algorithm in the config is a what-if: the fits
+        # get (this algorithm's collectives) - (theirs), the same piecewise rule on each side
+        fit_algorithm = prof.get(ALLREDUCE_KEY, "nccl")
+        self._fit_collectives = (
+            Collectives(
+                self.gpu, tp, gp["allreduce"], gp.get(f"allreduce_{fit_algorithm}"), fit_algorithm
+            )  # fmt: skip
+            if tp > 1 and fit_algorithm != config.tp_allreduce
+            else None
+        )
         gpu_extra = add_linear(*(prof["terms"][t] for t in terms if term_target(t) == GPU_TARGET))
         decode = prof["gpu_pass"].get("decode")
         derived = self._decode_derived(decode, where) if decode is not None else {}
@@ -275,12 +287,18 @@ class CostModel:
         derived: Derived | None = None,
         message: Callable[[Any], int] | None = None,
     ) -> LinearFn:
-        """A GPU pass model: the fit (which holds the collectives it was measured with) plus
-        `extra`, else the roofline plus `extra` plus the pass's collectives. With one-shot
-        all-reduces those are piecewise: the one-shot model for a pass whose all-reduce
-        message (`message(shape)` tokens, default num_tokens) is within the rule's limit."""
+        """A GPU pass model: the fit (which holds the collectives it was measured with, plus
+        the difference to the config's algorithm when that is another) plus `extra`, else the
+        roofline plus `extra` plus the pass's collectives. With one-shot or fused all-reduces
+        those are piecewise: the kernel's model for a pass whose all-reduce message
+        (`message(shape)` tokens, default num_tokens) is within the rule's limit."""
         if fit is not None:
-            return compile_model(add_to_model(fit, extra), derived)
+            fitted = compile_model(add_to_model(fit, extra), derived)
+            if self._fit_collectives is None:
+                return fitted
+            now = self._collectives_fn(self.collectives, message)
+            then = self._collectives_fn(self._fit_collectives, message)
+            return lambda s: fitted(s) + (now(s) - then(s))
         ring = add_linear(extra, self._collective_model)
         if self._oneshot is None:  # one linear model (tp_allreduce "nccl", one GPU)
             if not ring:
@@ -293,6 +311,20 @@ class CostModel:
             return lambda s: roof(s) + (add_one(s) if s.num_tokens <= limit else add_ring(s))
         tokens = message
         return lambda s: roof(s) + (add_one(s) if tokens(s) <= limit else add_ring(s))
+
+    def _collectives_fn(
+        self, coll: Collectives, message: Callable[[Any], int] | None
+    ) -> Callable[[Any], float]:
+        """A pass's collectives (ms) under `coll`'s algorithm: the one-kernel model for a
+        message of at most its limit in tokens (`message(shape)`, default num_tokens), the
+        ring's above."""
+        ring = compile_linear(coll.pass_model(self.model, self.config.dtype))
+        small = coll.oneshot_pass(self.model, self.config.dtype)
+        if small is None:
+            return ring
+        one, limit = compile_linear(small.model), small.max_tokens
+        tokens = message or _num_tokens
+        return lambda s: one(s) if tokens(s) <= limit else ring(s)
 
     def _decode_message_tokens(self, s: Any) -> int:
         """Tokens of a pure decode pass's all-reduce messages, which pick their algorithm: a
@@ -423,6 +455,10 @@ class CostModel:
         ms_per_byte = 1e3 / (self.gpu.hbm_gb_per_s * 1e9 * mem_eff)
         per_req_bytes = self.model.max_context * n_values * params["bytes_per_position"]
         return {"intercept": n_values * params["ms_per_n"], "num_reqs": per_req_bytes * ms_per_byte}
+
+
+def _num_tokens(s: Any) -> int:
+    return int(s.num_tokens)
 
 
 def _mixed_message_tokens(s: Any) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bubblesim.core.atomic import replacing
-from bubblesim.core.config import ConfigError
+from bubblesim.core.config import TP_ALLREDUCE, ConfigError
 from bubblesim.core.phases import CPU_PHASES
 
 from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
@@ -64,6 +64,9 @@ EFFICIENCY_KEYS = (
 # the tensor-parallel degree the profile's GPU fits were measured at (sim.cost.model refuses
 # it for another degree; a profile without it and with fitted GPU models is for degree 1)
 TP_KEY = "tensor_parallel_size"
+# the tp_allreduce of the runs the GPU fits were measured on (absent: nccl); the simulator adds
+# the difference to another algorithm in the config (sim.cost.model)
+ALLREDUCE_KEY = "tp_allreduce"
 # the calibration runs' host probe level (replay.analysis.probe): {"level": x, "runs": n}; the
 # simulator does not read it: a target host's probe over it is that host's `host_scale`
 PROBE_KEY = "host_probe"
@@ -71,6 +74,7 @@ TOP_KEYS = (
     "version",
     *META_STR_KEYS,
     TP_KEY,
+    ALLREDUCE_KEY,
     "source_runs",
     "gpu_pass",
     "launch",
@@ -248,6 +252,9 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
     tp = prof.get(TP_KEY, 1)
     if isinstance(tp, bool) or tp not in (1, 2, 4, 8):
         raise _fail(where, TP_KEY, f"expected 1, 2, 4 or 8, got {tp!r}")
+    if ALLREDUCE_KEY in prof and prof[ALLREDUCE_KEY] not in TP_ALLREDUCE:
+        raise _fail(where, ALLREDUCE_KEY, f"expected one of {TP_ALLREDUCE}, got "
+                    f"{prof[ALLREDUCE_KEY]!r}")  # fmt: skip
     runs = prof.get("source_runs", [])
     if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
         raise _fail(where, "source_runs", f"expected a list of strings, got {runs!r}")
