@@ -1,8 +1,8 @@
 """tp_allreduce = "fused" in the simulator and the fit: the messages its size rule sends to the
 fused kernel (bubblesim.core.collectives) cost gpu_pass.allreduce_fused's latency + (n - 1) x S
 over the link, the rest the ring; a profile key of its own, validated and merged; `replay
-allreduce-fit` fits it from a sweep's "fused" rows beside the one-shot key; the fast-forward
-stays exact; a run predicts it faster than NCCL's ring at small batches; on fitted GPU models
+allreduce-fit` fits it from a sweep's "fused" rows beside the one-shot key (the run and
+fast-forward tests are tests/test_tp_oneshot.py's, over both kernels); on fitted GPU models
 (measured with the profile's tp_allreduce) another algorithm adds the difference of the two
 algorithms' collectives, and the same algorithm keeps every value to the bit."""
 
@@ -11,22 +11,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from bubblesim.core.collectives import FUSED_MAX_BYTES, uses_oneshot
-from bubblesim.core.config import Config, load_config
+from bubblesim.core.config import Config
 from bubblesim.core.gpus import get_gpu
 from bubblesim.core.models import get_model
 from bubblesim.core.shape import BatchShape
-from bubblesim.core.trace import make_trace, write_trace
 from replay.__main__ import main as replay_main
 from replay.analysis.allreducefit import write_sweep
 from sim.cost import CostModel, ProfileError, default_profile, load_profile
 from sim.cost.collective import Collectives
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
 
 RING = {"latency_ms": 0.0118, "latency_ms_per_peer": 0.0, "bw_efficiency": 0.38}
 FUSED = {"latency_ms": 0.0053, "bw_efficiency": 0.47}
@@ -85,33 +82,6 @@ def test_fit_writes_the_fused_key_from_fused_rows(tmp_path: Path, capsys) -> Non
         for k, v in want.items():
             assert prof["gpu_pass"][key][k] == pytest.approx(v, rel=1e-6), (key, k)
     assert "allreduce_fused fitted on" in prof["notes"]
-
-
-@pytest.fixture(scope="module")
-def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    rng = np.random.default_rng(12)
-    n = 40
-    arrival = np.sort(rng.uniform(0, 1.0, n))
-    t = make_trace(arrival, rng.integers(16, 600, n), rng.integers(1, 100, n))
-    return write_trace(t, tmp_path_factory.mktemp("fused") / "t.parquet")
-
-
-def test_fast_forward_is_exact_with_fused(trace: Path) -> None:
-    full = ["model=llama3-8b", "tensor_parallel_size=2", "gpu=h100", "tp_allreduce=fused"]
-    a, b = records_without_and_with_fast_forward(full, trace)
-    assert_same_records(a, b, " ".join(full))
-
-
-def test_sim_run_fused_is_faster_than_nccl(trace: Path, tmp_path: Path) -> None:
-    from sim.run import simulate
-
-    base = ["model=llama3-8b", "gpu=h100", "tensor_parallel_size=2"]
-    runs = {
-        a: simulate(load_config(None, [*base, f"tp_allreduce={a}"]), trace, tmp_path / a).summary
-        for a in ("nccl", "fused")
-    }
-    assert runs["fused"]["gpu_ms_mean"] < runs["nccl"]["gpu_ms_mean"]
-    assert runs["fused"]["config"]["tp_allreduce"] == "fused"
 
 
 DECODE_FIT = {"intercept": 3.0, "num_reqs": 0.004, "kv_read_tokens": 1e-5}

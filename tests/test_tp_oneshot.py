@@ -1,4 +1,5 @@
-"""The one-shot all-reduce in the simulator (config tp_allreduce = "oneshot",
+"""The one-shot all-reduce in the simulator (config tp_allreduce = "oneshot"; the run and
+fast-forward tests also take "fused", tests/test_tp_fused_sim.py has its own parameters;
 sim.cost.collective): a message the shared rule (bubblesim.core.collectives) sends to the kernel
 costs latency + (n - 1) x S / (link x efficiency), larger ones the ring; the piece is chosen by
 the message the engine all-reduces (a graph's bucket); "nccl" keeps every value to the bit; the
@@ -182,22 +183,28 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "batches_in_flight=1", "max_num_batched_tokens=256"],
     ],
 )  # fmt: skip
-def test_fast_forward_is_exact_with_oneshot(trace: Path, sets: list[str]) -> None:
-    full = [*sets, "gpu=h100", "tp_allreduce=oneshot"]
+@pytest.mark.parametrize("algorithm", ["oneshot", "fused"])
+def test_fast_forward_is_exact_with_a_one_kernel_allreduce(
+    trace: Path, sets: list[str], algorithm: str
+) -> None:
+    full = [*sets, "gpu=h100", f"tp_allreduce={algorithm}"]
     a, b = records_without_and_with_fast_forward(full, trace)
     assert_same_records(a, b, " ".join(full))
 
 
-def test_sim_run_oneshot_is_faster_at_small_batches(trace: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", ["oneshot", "fused"])
+def test_sim_run_a_one_kernel_allreduce_is_faster_at_small_batches(
+    trace: Path, tmp_path: Path, algorithm: str
+) -> None:
     from sim.run import simulate
 
     base = ["model=llama3-8b", "gpu=h100", "tensor_parallel_size=2"]
     runs = {
         a: simulate(load_config(None, [*base, f"tp_allreduce={a}"]), trace, tmp_path / a).summary
-        for a in ("nccl", "oneshot")
+        for a in ("nccl", algorithm)
     }
-    assert runs["oneshot"]["gpu_ms_mean"] < runs["nccl"]["gpu_ms_mean"]
-    assert runs["oneshot"]["config"]["tp_allreduce"] == "oneshot"
+    assert runs[algorithm]["gpu_ms_mean"] < runs["nccl"]["gpu_ms_mean"]
+    assert runs[algorithm]["config"]["tp_allreduce"] == algorithm
 
 
 def test_profile_key_validates_and_merges() -> None:

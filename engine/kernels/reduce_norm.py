@@ -30,6 +30,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from engine.kernels import pdl
+from engine.kernels.rms_norm import norm_warps, normalize_row
 
 NUM_REGIONS = 3  # slots: the forward's first call, then two alternating (module docstring)
 
@@ -102,12 +103,8 @@ def _reduce_norm_kernel(
             + tl.load(residual_ptr + row64 * stride_r + cols, mask=mask).to(tl.float32)
         ).to(dtype)
     tl.store(residual_out_ptr + row64 * stride_r + cols, x, mask=mask)
-    x32 = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, 0) / size + eps)
-    normed = (x32 * rstd).to(dtype).to(tl.float32)
-    tl.store(
-        out_ptr + row64 * stride_o + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask
-    )
+    y = normalize_row(x, w, size, eps)
+    tl.store(out_ptr + row64 * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def reduce_norm(
@@ -152,7 +149,7 @@ def reduce_norm(
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
         PDL=use_pdl,
-        num_warps=min(max(block // 512, 1), 16),
+        num_warps=norm_warps(block),
         **pdl.launch_options(use_pdl),
     )
     return out, residual_out

@@ -44,10 +44,22 @@ def _rms_norm_kernel(
             + tl.load(residual_ptr + row * stride_r + cols, mask=mask).to(tl.float32)
         ).to(x.dtype)
         tl.store(residual_ptr + row * stride_r + cols, x, mask=mask)
+    y = normalize_row(x, w, size, eps)
+    tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def normalize_row(x, w, size, eps):
+    """A row of the model dtype (masked tail zero) -> x / rms(x) rounded to that dtype, times
+    the float32 weights `w`, in float32 (engine.model.RMSNorm's rounding)."""
     x32 = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, 0) / size + eps)
-    normed = (x32 * rstd).to(x.dtype).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    return (x32 * rstd).to(x.dtype).to(tl.float32) * w
+
+
+def norm_warps(block: int) -> int:
+    """Warps of a norm kernel's program over a row of `block` (a power of two) elements."""
+    return min(max(block // 512, 1), 16)
 
 
 def rms_norm(
@@ -77,7 +89,7 @@ def rms_norm(
         HAS_RESIDUAL=residual is not None,
         BLOCK=block,
         PDL=use_pdl,
-        num_warps=min(max(block // 512, 1), 16),
+        num_warps=norm_warps(block),
         **pdl.launch_options(use_pdl),
     )
     return out, x if residual is None else residual
