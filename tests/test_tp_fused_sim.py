@@ -8,7 +8,6 @@ algorithms' collectives, and the same algorithm keeps every value to the bit."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,6 @@ from replay.__main__ import main as replay_main
 from replay.analysis.allreducefit import write_sweep
 from sim.cost import CostModel, ProfileError, default_profile, load_profile
 from sim.cost.collective import Collectives
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RING = {"latency_ms": 0.0118, "latency_ms_per_peer": 0.0, "bw_efficiency": 0.38}
 FUSED = {"latency_ms": 0.0053, "bw_efficiency": 0.47}
