@@ -232,3 +232,25 @@ def test_calibrate_recovers_a_known_rho(tmp_path: Path) -> None:
     assert "copula" in cal.host_speed
     assert "rho" not in calibrate([tmp_path / "run"]).profile["host_speed"]
     assert math.isfinite(cal.host_speed["copula"]["phases"]["launch"]["corr"])
+
+
+def test_a_draw_is_a_function_of_seed_step_and_time_whatever_the_order() -> None:
+    """Across a block boundary, read forward, then back by a few steps (a process_outputs),
+    then by a fresh spread per read: the same values."""
+    from sim.cost.spread import BLOCK_STEPS
+
+    def make() -> PhaseSpread:
+        host = HostSpeed(HOST["sigma"], HOST["tau_s"], seed=4)
+        return PhaseSpread({"launch": SKEW, "process_outputs": SKEW}, 4, 0, host, None,
+                           {"launch": 0.6, "process_outputs": 0.8})  # fmt: skip
+
+    po = CPU_PHASES.index("process_outputs")
+    steps = [BLOCK_STEPS - 3 + k for k in range(8)] + [BLOCK_STEPS - 2, 2 * BLOCK_STEPS + 1]
+    seq = make()
+    got = [(seq.row_at(s, s * 1e-3)[LAUNCH], seq.at_time(po, s, s * 1e-3 + 5e-4),
+            seq.others_max(LAUNCH, s, 2, s * 1e-3)) for s in steps]  # fmt: skip
+    for s, g in zip(steps, got, strict=True):
+        one = make()
+        assert g[0] == one.row_at(s, s * 1e-3)[LAUNCH]
+        assert g[1] == make().at_time(po, s, s * 1e-3 + 5e-4)
+        assert g[2] == make().others_max(LAUNCH, s, 2, s * 1e-3)

@@ -213,11 +213,13 @@ class PhaseSpread:
 
     def _normal(self, key: tuple[int, ...], u: Any) -> list[float]:
         """The normal scores of a block of uniforms (`u`: a callable giving them), kept by
-        `key` while the loop is near it."""
+        `key` ((phase, block, ...)) while the loop is near it."""
         got = self._normals.get(key)
         if got is None:
-            if len(self._normals) > 4 * len(CPU_PHASES):  # the loop moves forward
-                self._normals.clear()
+            # the loop moves forward (a process_outputs looks back at most the depth): the
+            # blocks before the previous one go
+            b = key[1]
+            self._normals = {k: v for k, v in self._normals.items() if k[1] >= b - 1}
             got = self._normals[key] = normal_scores(u())
         return got
 
