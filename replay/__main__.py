@@ -154,6 +154,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if not args.output:
         raise UsageError("calibrate: -o PROFILE is required")
+    if args.host_copula and (args.no_host_speed or args.no_spread):
+        raise UsageError("calibrate: --host-copula needs the host speed and the spread fits "
+                         "(drop --no-host-speed / --no-spread)")  # fmt: skip
     check_place(Path(args.output), PROFILE_FILE, args.force)
     gpu = next((s.partition("=")[2] for s in args.sets if s.partition("=")[0] == "gpu"), None)
     try:
@@ -167,6 +170,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             gpu_model=args.gpu_model,
             spread=not args.no_spread,
             host_speed=not args.no_host_speed,
+            host_copula=args.host_copula,
             idle_sweeps=args.idle_sweep,
         )
         checks = {}
@@ -590,6 +594,13 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         action="store_true",
         help="leave out the host's slowly varying speed (profile key host_speed): the CPU "
         "phases then vary step by step only, by cpu_spread",
+    )
+    p.add_argument(
+        "--host-copula",
+        action="store_true",
+        help="also fit host_speed.rho: the simulator then draws each CPU phase from its "
+        "measured cpu_spread table at a quantile correlated with the host's state (a Gaussian "
+        "copula) instead of the host speed x the spread around it",
     )
     p.set_defaults(func=cmd_calibrate)
 

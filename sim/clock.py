@@ -12,9 +12,10 @@ seconds, the phases' net tracked objects (the GC model's input), and whether the
 one CUDA graph. A phase of step i takes its seconds x the CPU spread's multiplier of
 (i, phase) (sim.cost.spread; none: x 1 is skipped, which changes no bit) and, with a host speed
 (`spread.host`, sim.cost.hostspeed), x its multiplier at the step's start (process_outputs:
-at its own), then any collection its allocations trigger (the pause is part of the phase's
-interval, as the engine's timers see it). Waits (`sync`) end `wake_s` after their event
-(cost.sync_wake_s).
+at its own); with the host speed's copula (`spread.state`) the multiplier is drawn at the
+host's state at those times instead, and no speed multiplies it; then any collection its
+allocations trigger (the pause is part of the phase's interval, as the engine's timers see it).
+Waits (`sync`) end `wake_s` after their event (cost.sync_wake_s).
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ class StepClock:
             ) = c  # fmt: skip
             lag = self.eager_lag_s
             if sp is not None:  # no spread: no multiplication (x 1.0 would change no bit)
-                m = sp.row(step)
+                # the copula (host_speed.rho): the phases drawn at the host's state at t0
+                m = sp.row(step) if sp.state is None else sp.row_at(step, t0)
                 s_sched *= m[_SCHED]
                 s_prep *= m[_PREP]
                 own = m[_LAUNCH]
@@ -154,7 +156,7 @@ class StepClock:
                         if end > 1.0:
                             ranks = s_launch * own * (end - 1.0)
                     else:
-                        worst = sp.others_max(_LAUNCH, step, self.other_ranks)
+                        worst = sp.others_max(_LAUNCH, step, self.other_ranks, t0)
                         if worst > own:
                             ranks = s_launch * (worst - own)
                 s_launch *= own
@@ -215,7 +217,10 @@ class StepClock:
                 self.sync1.append(cpu)
             po0 = cpu
             if sp is not None:
-                po_s *= sp.at(_PO, done_step)
+                if sp.state is None:
+                    po_s *= sp.at(_PO, done_step)
+                else:  # the copula: at the host's state at the phase's start
+                    po_s *= sp.at_time(_PO, done_step, cpu)
                 if sp.host is not None:  # the host's speed at the phase's start
                     po_s *= sp.host.at(cpu)
             cpu += po_s

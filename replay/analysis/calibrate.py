@@ -76,7 +76,12 @@ from replay.analysis.eagerlag import describe as describe_eager_lag
 from replay.analysis.eagerlag import describe_ranks, eager_ends, fit_eager_lag, fit_rank_launches
 from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
-from replay.analysis.hostspeed import describe_host_speed, fit_host_speed
+from replay.analysis.hostspeed import (
+    describe_copula,
+    describe_host_speed,
+    fit_copula,
+    fit_host_speed,
+)
 from replay.analysis.hostspeed import mean_over as host_mean_over
 from replay.analysis.idle_start import fit_idle_start
 from replay.analysis.idlegap_file import IdleGapFileError, fit_idle_sweep
@@ -110,7 +115,7 @@ from replay.analysis.sweepmeta import measures_steps
 from replay.analysis.syncwake import fit_sync_wake
 from sim.cost import merge_profile, resolve_profile, save_profile, validate_profile
 from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
-from sim.cost.hostspeed import HOST_KEY
+from sim.cost.hostspeed import HOST_KEY, RHO_KEY
 from sim.cost.profile import ALLREDUCE_KEY, PROBE_KEY, TP_KEY
 from sim.cost.spread import RANKS_KEY, SPREAD_KEY
 from sim.cost.terms import BROADCAST_TERM, TERM_NAMES, term_target
@@ -314,6 +319,7 @@ def calibrate(
     gpu_model: str = "auto",
     spread: bool = True,
     host_speed: bool = True,
+    host_copula: bool = False,
     idle_sweeps: Sequence[str | Path] = (),
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
@@ -323,7 +329,9 @@ def calibrate(
     replay.analysis.piecewise.GPU_MODELS (auto: piecewise for sweeps that measure whole steps).
     `spread`: fit the CPU phases' spread around the fitted models (`cpu_spread`,
     replay.analysis.spread). `host_speed` (with `spread`): fit the host's slowly varying speed
-    and the phases' spread around it (`host_speed`, replay.analysis.hostspeed). `idle_sweeps`:
+    and the phases' spread around it (`host_speed`, replay.analysis.hostspeed). `host_copula`
+    (with `host_speed`): also fit `host_speed.rho`, the simulator's copula of the phases'
+    top-level tables and the host's state (replay.analysis.hostspeed.fit_copula). `idle_sweeps`:
     `replay idlegap` files; the idle-start laws they give replace the ones the runs give
     (replay.analysis.idlegap_file), which are still reported."""
     runs = [load_run(d) for d in run_dirs]
@@ -500,10 +508,14 @@ def calibrate(
             over, waited = host_mean_over(runs)
             prof[HOST_KEY] = {**hs, **({SPREAD_KEY: around} if around else {}),
                               "mean_over": over}  # fmt: skip
-            used = merge_profile(base, prof) if base else prof
             notes.append(describe_host_speed(host_report))
             notes.append(f"host_speed.mean_over: {over} (the runs' CPU waited on the GPU "
                          f"{100 * waited:.0f} % of their span)")  # fmt: skip
+            if host_copula:  # the phases' tables at quantiles correlated with the host
+                rho, host_report["copula"] = fit_copula(resolved, runs, steps, host_report, notes)
+                prof[HOST_KEY][RHO_KEY] = rho
+                notes.append(describe_copula(host_report["copula"]))
+            used = merge_profile(base, prof) if base else prof
     # after the GPU fits: the eager steps are classified by their predicted kernels
     ends = eager_ends(runs, steps, resolve_profile(used))
     tp = int(identity.get(TP_KEY, 1)) > 1

@@ -18,6 +18,16 @@ noise, which cpu_spread draws). The phases' spread around that speed (`host_spee
 what the simulator draws per step while the host speed is on) is replay.analysis.spread's fit on
 measured / (predicted x the step's estimated speed): the estimate is its bin's mean log speed
 shrunk towards 0 by sigma^2 / (sigma^2 + per-step variance / steps in the bin).
+
+The copula (`host_speed.rho`, calibrate --host-copula; sim.cost.hostspeed): per phase, rho is
+the correlation between a step's normal score, Phi^-1 of its ratio's place among the phase's
+measured / predicted ratios (the weighted mid-rank, weights = predicted ms as the spread table
+is fitted, so the score is the u the table gives that ratio at), and the host's state at the
+step estimated from the OTHER steps within COPULA_WINDOW_S of its start (their mean log speed,
+shrunk as above: the step's own ratio is not in it, which a bin holding the step would put
+there), weighted alike. The estimate is the state plus noise, so the correlation is
+disattenuated: divided by corr(state, estimate) = sqrt(var(estimate) / sum sigma^2) (the
+estimate is a posterior mean), and kept in [0, RHO_MAX]. Both are in the fit report.
 Pure numpy.
 """
 
@@ -31,7 +41,7 @@ import numpy as np
 
 from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.runfmt import Run
-from replay.analysis.quality import phase_predicted_ms
+from replay.analysis.quality import phase_predicted_ms, phase_predictions
 from replay.analysis.steps import Steps
 
 BIN_S = 0.05  # the bins the steps' log speeds are averaged in
@@ -41,6 +51,9 @@ MIN_BINS = 200  # fewer bins over all runs: no host speed (a note says so)
 TAU_GRID_S = np.geomspace(2 * BIN_S, 30.0, 120)  # the correlation times tried (a faster
 # process is not resolved by the bins: the per-step spread, cpu_spread, draws it)
 COMPONENTS = 2  # independent processes summed (their log speeds add)
+COPULA_WINDOW_S = 0.1  # the copula's host state of a step: the other steps this close to it
+COPULA_MIN_STEPS = 200  # fewer steps of a phase with an estimate: rho 0 (a note says so)
+RHO_MAX = 0.95
 
 
 @dataclass
@@ -243,3 +256,87 @@ def mean_over(runs: Sequence[Run]) -> tuple[str, float]:
         span += float(np.nanmax(s["gpu_end_s"]) - np.nanmin(s["schedule_start_s"]))
     share = waited / span if span > 0 else 0.0
     return ("time" if share > GPU_BOUND_SHARE else "steps"), share
+
+
+def state_without_step(
+    series: SpeedSeries, sigma: float, step_var: float, window_s: float = COPULA_WINDOW_S
+) -> np.ndarray:
+    """Each step's host state (log speed, its run's mean 0) from the other steps starting
+    within `window_s` of it: their mean, shrunk by sigma^2 / (sigma^2 + step_var / their
+    count); NaN where there are none."""
+    t = series.t_s
+    if not t.size:
+        return np.zeros(0)
+    order = np.argsort(t, kind="stable")
+    ts = t[order]
+    xs = (series.log_speed - series.log_speed.mean())[order]
+    cum = np.concatenate([[0.0], np.cumsum(xs)])
+    lo = np.searchsorted(ts, ts - window_s, "left")
+    hi = np.searchsorted(ts, ts + window_s, "right")
+    n = hi - lo - 1  # the step itself is inside its own window
+    mean = (cum[hi] - cum[lo] - xs) / np.maximum(n, 1)
+    s2 = sigma * sigma
+    shrink = s2 / (s2 + step_var / np.maximum(n, 1))
+    est = np.where(n > 0, shrink * mean, np.nan)
+    out = np.empty_like(est)
+    out[order] = est
+    return out
+
+
+def weighted_corr(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+    mx, my = np.average(x, weights=w), np.average(y, weights=w)
+    cov = np.average((x - mx) * (y - my), weights=w)
+    vx, vy = np.average((x - mx) ** 2, weights=w), np.average((y - my) ** 2, weights=w)
+    return float(cov / np.sqrt(vx * vy)) if vx > 0 and vy > 0 else 0.0
+
+
+def fit_copula(
+    prof: Mapping[str, Any], runs: Sequence[Run], steps: Steps, report: Mapping[str, Any],
+    notes: list[str],
+) -> tuple[dict[str, float], dict[str, Any]]:  # fmt: skip
+    """`host_speed.rho` per CPU phase (module docstring) for a resolved profile and the
+    host speed fit's `report` (fit_host_speed), and a report per phase: steps, the raw
+    weighted correlation, the estimate's reliability, rho."""
+    from sim.cost.spread import normal_scores
+
+    var = float(sum(s * s for s in report["sigma"]))
+    step_var = float(report["step_sd"]) ** 2
+    state = np.full(len(steps), np.nan)
+    for s in step_log_speeds(prof, runs, steps):
+        state[s.rows] = state_without_step(s, float(np.sqrt(var)), step_var)
+    rho: dict[str, float] = {}
+    out: dict[str, Any] = {"window_s": COPULA_WINDOW_S, "phases": {}}
+    for phase, y, rows, pred in phase_predictions(prof, runs, steps):
+        idx = np.flatnonzero(rows)
+        ok = (pred > 0) & np.isfinite(state[idx])
+        if ok.sum() < COPULA_MIN_STEPS:
+            notes.append(f"host_speed.rho.{phase}: {int(ok.sum())} steps with a host state "
+                         f"estimate (< {COPULA_MIN_STEPS}): rho 0")  # fmt: skip
+            continue
+        w, ratio, est = pred[ok], y[idx[ok]] / pred[ok], state[idx[ok]]
+        order = np.argsort(ratio, kind="stable")
+        cw = np.cumsum(w[order])
+        u = np.empty_like(ratio)
+        u[order] = (cw - w[order] / 2) / cw[-1]  # the weighted mid-rank, in (0, 1)
+        score = np.asarray(normal_scores(u))
+        raw = weighted_corr(score, est, w)
+        mean = np.average(est, weights=w)
+        rel = min(1.0, float(np.average((est - mean) ** 2, weights=w)) / var) if var > 0 else 0
+        r = min(RHO_MAX, max(0.0, raw / np.sqrt(rel))) if rel > 0 else 0.0
+        rho[phase] = round(r, 4)
+        out["phases"][phase] = {"steps": int(ok.sum()), "corr": raw, "reliability": rel,
+                                "rho": rho[phase]}  # fmt: skip
+    return rho, out
+
+
+def describe_copula(report: Mapping[str, Any]) -> str:
+    """One line for calibrate's notes: the fitted rho per phase."""
+    cells = ", ".join(
+        f"{phase} {r['rho']:.3f} (corr {r['corr']:.3f}, reliability {r['reliability']:.2f}, "
+        f"{r['steps']} steps)"
+        for phase, r in report["phases"].items()
+    )
+    return (
+        f"host_speed.rho (copula): per phase, the normal score's correlation with the host "
+        f"state from the other steps within {report['window_s']} s, / sqrt(reliability): {cells}"
+    )

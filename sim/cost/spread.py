@@ -32,18 +32,26 @@ independently of it, the lag came out ~50 % too long (reports/tp/README.md).
 
 With a `host_speed` (sim.cost.hostspeed) the tables are `host_speed.cpu_spread` (the spread
 around the host's speed; none: the top-level `cpu_spread`) and `PhaseSpread.host` holds the
-speed, which sim.clock.StepClock multiplies the phases by as well.
+speed, which sim.clock.StepClock multiplies the phases by as well. With `host_speed.rho` (the
+copula, sim.cost.hostspeed) the tables are the top-level ones, `host` is None and
+`PhaseSpread.state` holds the speed for its state z(t): a phase with rho > 0 is drawn at
+u = Phi(rho z(t) + sqrt(1 - rho^2) e) by `row_at` / `at_time` / `others_max(..., t_s)`, e =
+Phi^-1 of the same uniform `row` draws from its table (seeded as above), so the draws stay a
+function of (seed, stream, phase, block) and the step's time. Phases with rho 0 keep `row`'s
+draws to the bit; the other ranks' launches (`others_max`) take the largest of their uniforms'
+normal scores at the same z (the same host).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from bubblesim.core.phases import CPU_PHASES
 
-from .hostspeed import HOST_KEY, HostSpeed, host_speed
+from .hostspeed import HOST_KEY, RHO_KEY, HostSpeed, host_speed
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,6 +59,7 @@ if TYPE_CHECKING:
 SPREAD_KEY = "cpu_spread"
 RANKS_KEY = "tp_ranks"  # {"intercept", "slope", "residual": table, "steps"}: module docstring
 BLOCK_STEPS = 1 << 16
+U_MIN = 2.0**-53  # a uniform of 0 reads this in a normal score (Phi^-1(0) is -inf)
 
 
 class SpreadError(ValueError):
@@ -111,6 +120,24 @@ def draw(table: Mapping[str, Any], u: np.ndarray) -> np.ndarray:
     return np.interp(u, table["p"], table["ratio"])
 
 
+def normal_scores(u: np.ndarray) -> list[float]:
+    """Phi^-1(u) of uniforms in [0, 1) (0 reads U_MIN): the copula's e."""
+    from statistics import NormalDist
+
+    inv = NormalDist().inv_cdf
+    return [inv(x if x > U_MIN else U_MIN) for x in u.tolist()]
+
+
+def draw_one(p: list[float], ratio: list[float], u: float) -> float:
+    """`draw` of one uniform in [0, 1] (np.interp's arithmetic, without numpy's per-call cost)."""
+    j = bisect.bisect_right(p, u) - 1
+    if j >= len(p) - 1:
+        return ratio[-1]
+    if j < 0:
+        return ratio[0]
+    return ratio[j] + (u - p[j]) * (ratio[j + 1] - ratio[j]) / (p[j + 1] - p[j])
+
+
 class PhaseSpread:
     """Per-step multipliers of the CPU phases, for one replica's step loop.
 
@@ -120,16 +147,29 @@ class PhaseSpread:
 
     def __init__(
         self, spread: Mapping[str, Any], seed: int, stream: int = 0, host: HostSpeed | None = None,
-        ranks: Mapping[str, Any] | None = None,
+        ranks: Mapping[str, Any] | None = None, rho: Mapping[str, float] | None = None,
     ) -> None:  # fmt: skip
         """`host`: the host's speed (None: off), multiplied in by sim.clock.StepClock.
-        `ranks`: the profile's `tp_ranks` (None: `others_max` stands in)."""
+        `ranks`: the profile's `tp_ranks` (None: `others_max` stands in). `rho` (with `host`):
+        the copula's correlations (module docstring); `spread` then the top-level tables."""
         self.host = host
+        self.state: HostSpeed | None = None  # the copula's host state (None: no copula)
+        self.rho = [0.0] * len(CPU_PHASES)
         self.ranks = ranks
         if ranks is not None:
             self.ranks_scale = math.exp(float(ranks["intercept"]))
             self.ranks_slope = float(ranks["slope"])
         self.tables = [spread.get(phase) for phase in CPU_PHASES]
+        if rho is not None and host is not None:
+            self.state, self.host = host, None
+            self.rho = [float(rho.get(phase, 0.0)) for phase in CPU_PHASES]
+        # the copula's phases (rho > 0 and a table): i -> (rho, sqrt(1 - rho^2), p, ratio)
+        self.cop = {
+            i: (r, math.sqrt(1.0 - r * r), list(t["p"]), list(t["ratio"]))
+            for i, (r, t) in enumerate(zip(self.rho, self.tables, strict=True))
+            if r > 0 and t is not None
+        }
+        self._normals: dict[tuple[int, ...], list[float]] = {}  # e per (phase, block[, n])
         self.key = (int(seed), int(stream))
         self.lo = self.hi = 0
         self.window: list[list[float]] = [[] for _ in CPU_PHASES]
@@ -137,7 +177,7 @@ class PhaseSpread:
         self.rows_lo = -BLOCK_STEPS
         self.rows: list[tuple[float, ...]] = []
         self._blocks: dict[tuple[int, int], list[float]] = {}
-        self._others: dict[tuple[int, int, int], list[float]] = {}  # others_max's blocks
+        self._others: dict[tuple[int, ...], list[float]] = {}  # others_max's blocks
 
     def _block(self, i: int, b: int) -> list[float]:
         got = self._blocks.get((i, b))
@@ -163,7 +203,7 @@ class PhaseSpread:
             self.window[i] = [x for b in range(b0, b1 + 1) for x in self._block(i, b)]
         self.lo, self.hi = b0 * BLOCK_STEPS, (b1 + 1) * BLOCK_STEPS
 
-    def _keep(self, key: tuple[int, int, int], block: list[float]) -> list[float]:
+    def _keep(self, key: tuple[int, ...], block: list[float]) -> list[float]:
         """Keep a block of a stream beside the phases' (others_max's, ranks_end's) while the
         loop is near it; returns it."""
         if len(self._others) > 64:  # the loop moves forward: old blocks go
@@ -171,11 +211,64 @@ class PhaseSpread:
         self._others[key] = block
         return block
 
-    def others_max(self, i: int, step: int, n: int) -> float:
+    def _normal(self, key: tuple[int, ...], u: Any) -> list[float]:
+        """The normal scores of a block of uniforms (`u`: a callable giving them), kept by
+        `key` ((phase, block, ...)) while the loop is near it."""
+        got = self._normals.get(key)
+        if got is None:
+            # the loop moves forward (a process_outputs looks back at most the depth): the
+            # blocks before the previous one go
+            b = key[1]
+            self._normals = {k: v for k, v in self._normals.items() if k[1] >= b - 1}
+            got = self._normals[key] = normal_scores(u())
+        return got
+
+    def _phase_e(self, i: int, step: int) -> float:
+        """The copula's e of (step, CPU_PHASES[i]): Phi^-1 of the uniform `_block` draws."""
+        import numpy as np
+
+        b = step // BLOCK_STEPS
+        rng = lambda: np.random.default_rng([*self.key, i, b]).random(BLOCK_STEPS)  # noqa: E731
+        return self._normal((i, b), rng)[step - b * BLOCK_STEPS]
+
+    def _copula(self, i: int, e: float, z: float) -> float:
+        """CPU_PHASES[i]'s table at u = Phi(rho z + sqrt(1 - rho^2) e)."""
+        r, c, p, ratio = self.cop[i]
+        return draw_one(p, ratio, 0.5 * math.erfc(-(r * z + c * e) / math.sqrt(2.0)))
+
+    def row_at(self, step: int, t_s: float) -> list[float]:
+        """`row(step)` with the copula's phases drawn at the host's state at `t_s`."""
+        m = list(self.row(step))
+        if self.cop:
+            assert self.state is not None
+            z = self.state.z_at(t_s)
+            for i in self.cop:
+                m[i] = self._copula(i, self._phase_e(i, step), z)
+        return m
+
+    def at_time(self, i: int, step: int, t_s: float) -> float:
+        """`at(i, step)`, a copula phase drawn at the host's state at `t_s`."""
+        if i not in self.cop:
+            return self.at(i, step)
+        assert self.state is not None
+        return self._copula(i, self._phase_e(i, step), self.state.z_at(t_s))
+
+    def others_max(self, i: int, step: int, n: int, t_s: float = 0.0) -> float:
         """The largest of `n` more draws of CPU_PHASES[i]'s multiplier at `step`, independent of
         `at`'s: the same phase on the other tensor-parallel ranks (each its own process). Drawn
-        per block of steps from their own stream, so a run stays deterministic."""
+        per block of steps from their own stream, so a run stays deterministic. A copula phase:
+        at the host's state at `t_s` (the same host), the largest of the ranks' e."""
         b = step // BLOCK_STEPS
+        if i in self.cop:
+            import numpy as np
+
+            def umax() -> Any:
+                rng = np.random.default_rng([*self.key, i, b, 1, n])
+                return rng.random((BLOCK_STEPS, n)).max(axis=1)
+
+            assert self.state is not None
+            e = self._normal((i, b, 1, n), umax)[step - b * BLOCK_STEPS]
+            return self._copula(i, e, self.state.z_at(t_s))
         got = self._others.get((i, b, n))
         if got is None:
             table = self.tables[i]
@@ -231,9 +324,12 @@ def phase_spread(profile: Mapping[str, Any], seed: int, stream: int = 0) -> Phas
     has neither."""
     spread = profile.get(SPREAD_KEY) or {}
     host = host_speed(profile, seed, stream)
+    rho = None
     if host is not None:
-        spread = profile[HOST_KEY].get(SPREAD_KEY, spread)
+        rho = profile[HOST_KEY].get(RHO_KEY)
+        if rho is None:  # the product: the spread around the host's speed
+            spread = profile[HOST_KEY].get(SPREAD_KEY, spread)
     ranks = profile.get(RANKS_KEY)
     if not spread and host is None and ranks is None:
         return None
-    return PhaseSpread(spread, seed, stream, host, ranks)
+    return PhaseSpread(spread, seed, stream, host, ranks, rho)
