@@ -123,6 +123,12 @@ def _overlapping(
 ) -> tuple[FloatArray, FloatArray]:
     """The intervals [starts, ends) that overlap one of the gaps (disjoint, ascending), in
     their order; `chunk` intervals at a time (NaN ones overlap nothing)."""
+    nan = np.isnan(starts)
+    if nan.all():
+        return starts[:0], ends[:0]
+    if not nan.any() and _ascending(starts) and _ascending(ends):
+        return _overlapping_sorted(starts, ends, gap_s, gap_e)
+    del nan
     keep = [np.zeros(0, np.int64)]
     for c0 in range(0, starts.size, chunk):
         x, y = starts[c0 : c0 + chunk], ends[c0 : c0 + chunk]
@@ -131,6 +137,27 @@ def _overlapping(
         keep.append(ok[gap_s[k[ok]] < y[ok]] + c0)
     idx = np.concatenate(keep)
     return starts[idx], ends[idx]
+
+
+def _overlapping_sorted(
+    starts: FloatArray, ends: FloatArray, gap_s: FloatArray, gap_e: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """`_overlapping` of intervals whose starts and ends both ascend (a step loop's phases,
+    sync waits and pauses: one CPU thread): those overlapping gap k (start < gap_e[k] and
+    end > gap_s[k]) are the run [lo_k, hi_k), found per gap, not per interval."""
+    lo = np.searchsorted(ends, gap_s, side="right")
+    hi = np.searchsorted(starts, gap_e, side="left")
+    if lo.size > 1:  # both ascend with k: drop the part of a run its predecessor covered
+        lo[1:] = np.maximum(lo[1:], hi[:-1])
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    size = hi - lo
+    idx = np.arange(int(size.sum())) + np.repeat(lo - np.cumsum(size) + size, size)
+    return starts[idx], ends[idx]
+
+
+def _ascending(x: FloatArray) -> bool:
+    return bool(np.all(x[1:] >= x[:-1]))
 
 
 def account_bubbles(
