@@ -75,15 +75,21 @@ def union(starts: FloatArray, ends: FloatArray) -> tuple[FloatArray, FloatArray]
 
 
 def measure_upto(
-    starts: FloatArray, ends: FloatArray, x: FloatArray, chunk: int = 1 << 20
+    starts: FloatArray,
+    ends: FloatArray,
+    x: FloatArray,
+    chunk: int = 1 << 20,
+    out: FloatArray | None = None,
 ) -> FloatArray:
     """|D ∩ (-inf, x]| for each x, with D = [starts, ends) sorted and disjoint (`chunk` x at a
-    time: the temporaries of a run of millions of steps stay small)."""
+    time: the temporaries of a run of millions of steps stay small), into `out` if given."""
+    if out is None:
+        out = np.empty(x.shape)
     if starts.size == 0:
-        return np.zeros(x.shape)
+        out[...] = 0.0
+        return out
     width = ends - starts
     cum = np.concatenate(([0.0], np.cumsum(width)))
-    out: FloatArray = np.empty(x.shape)
     for c0 in range(0, x.size, chunk):
         xc, part = x[c0 : c0 + chunk], out[c0 : c0 + chunk]
         i = _count_upto(starts, xc)
