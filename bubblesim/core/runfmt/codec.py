@@ -96,9 +96,13 @@ def write_chunks(
     if num_rows <= row_group_rows:
         write_table(rows(0, num_rows), path)
         return
-    plan = _plan_chunks(num_rows, plan_rows or rows, row_group_rows, first_only=True)
+    # the first row group is built once: the guess is taken on it, and it is written first
+    first = [rows(0, row_group_rows)]
+    plan = _plan_chunks(
+        num_rows, plan_rows or rows, row_group_rows, first_only=True, first=first[0]
+    )
     try:
-        _write_groups(path, num_rows, rows, row_group_rows, plan)
+        _write_groups(path, num_rows, rows, row_group_rows, plan, first)
     except _PlanMiss:
         plan = _plan_chunks(num_rows, plan_rows or rows, row_group_rows)
         _write_groups(path, num_rows, rows, row_group_rows, plan)
@@ -114,7 +118,10 @@ def _write_groups(
     rows: Callable[[int, int], pa.Table],
     row_group_rows: int,
     plan: _Plan,
+    first: list[pa.Table] | None = None,
 ) -> None:
+    """The row groups along `plan`; `first` may hold the first one's rows, built already (taken
+    out of the list, so that it is not held once written)."""
     carry: dict[str, tuple[int, int]] = {}  # float column -> last (stored value, ns) written
     writer: pq.ParquetWriter | None = None
     pending: Future[None] | None = None  # the previous row group, written by `pool`
@@ -125,7 +132,10 @@ def _write_groups(
         try:
             for lo in range(0, num_rows, row_group_rows):
                 lent = spare.lent = []
-                enc = _encode(rows(lo, min(num_rows, lo + row_group_rows)), plan, carry, spare)
+                hi = min(num_rows, lo + row_group_rows)
+                table = first.pop() if lo == 0 and first else rows(lo, hi)
+                enc = _encode(table, plan, carry, spare)
+                del table
                 if writer is None:
                     writer = pq.ParquetWriter(path, enc.schema, **_writer_args(enc.schema))
                 if pending is not None:
@@ -274,17 +284,26 @@ def _domain(bits: np.ndarray, ns: bool, fill: int = 0) -> tuple[np.ndarray, np.n
 
 
 def _plan_chunks(
-    n: int, rows: Callable[[int, int], pa.Table], step: int, first_only: bool = False
+    n: int,
+    rows: Callable[[int, int], pa.Table],
+    step: int,
+    first_only: bool = False,
+    first: pa.Table | None = None,
 ) -> _Plan:
     """`encode`'s decisions for the n rows `rows` gives, reading them `step` at a time: a column
     is nanoseconds / int32 if every chunk is (`first_only`: the first chunk and `_sample`'s
-    rows, a guess to check); the tree is chosen on `_sample`'s rows."""
+    rows, a guess to check); the tree is chosen on `_sample`'s rows. `first`: the first chunk,
+    built already (it may hold more columns than `rows` gives; those are neither float64 nor
+    int64)."""
     plan = _Plan()
     floats: list[str] = []
     ns_ok: dict[str, bool] = {}
     lo_hi: dict[str, tuple[int, int] | None] = {}
     windows = [rows(int(s), int(s) + _WINDOW_ROWS) for s in _sample_starts(n)]
-    chunks = (rows(lo, min(n, lo + step)) for lo in range(0, step if first_only else n, step))
+    chunks = (
+        first if lo == 0 and first is not None else rows(lo, min(n, lo + step))
+        for lo in range(0, step if first_only else n, step)
+    )
     for k, t in enumerate(chunks if not first_only else [*chunks, *windows]):
         for f in t.schema:
             if pa.types.is_float64(f.type):
