@@ -181,10 +181,10 @@ def build_timeline(
     ev = [_dumps(e) for e in _metadata()]
     for j, p in enumerate(CPU_PHASES):
         s, e = rec.phase_start[:, j], rec.phase_end[:, j]
-        steps = np.flatnonzero(np.isfinite(s) & (s >= lo) & (s < cut))
+        steps = _starting_in(s, lo, cut)
         ev += _spans(p, "cpu", PID_CPU, TID_CPU, s[steps], e[steps], _STEP, steps.tolist())
         release(rec.phase_start, rec.phase_end)  # a spilled run's maps: one phase at a time
-    ok = (rec.sync_start >= lo) & (rec.sync_start < cut)
+    ok = _starting_in(rec.sync_start, lo, cut)
     sync_steps = rec.sync_step[ok].tolist()
     ev += _spans(
         "sync", "sync", PID_CPU, TID_CPU, rec.sync_start[ok], rec.sync_end[ok], _STEP, sync_steps
@@ -217,6 +217,18 @@ def build_timeline(
     return Timeline(text, other)
 
 
+def _starting_in(start_s: np.ndarray, lo: float, cut: float, chunk: int = 1 << 16) -> np.ndarray:
+    """The rows whose (finite) start is in [lo, cut), ascending: a chunk at a time, in cache (a
+    run of millions of steps exports a few thousand)."""
+    found = [np.zeros(0, np.int64)]
+    for c0 in range(0, start_s.size, chunk):
+        x = start_s[c0 : c0 + chunk]
+        hit = np.flatnonzero(np.isfinite(x) & (x >= lo) & (x < cut))
+        if hit.size:
+            found.append(hit + c0)
+    return np.concatenate(found)
+
+
 _STEP = '{"step":%d}'
 _GC_ARGS = '{"step":%d,"generation":%d,"phase":%s}'
 _GPU_ARGS_FORMAT = "{" + ",".join(f'"{k}":%d' for k in ("step", *_GPU_ARGS)) + "}"
@@ -224,7 +236,7 @@ _GPU_ARGS_FORMAT = "{" + ",".join(f'"{k}":%d' for k in ("step", *_GPU_ARGS)) + "
 
 def _gpu_events(rec: Recording, lo: float, cut: float) -> list[str]:
     g = rec.gpu_start
-    steps = np.flatnonzero(np.isfinite(g) & (g >= lo) & (g < cut))
+    steps = _starting_in(g, lo, cut)
     cols = [SHAPE_FIELDS.index(f) for f in _GPU_ARGS]
     shape = rec.shape[steps][:, cols]
     prefill = rec.shape[steps, SHAPE_FIELDS.index("num_prefill_reqs")] > 0
