@@ -73,19 +73,28 @@ class Bubbles:
         return out
 
 
-def gpu_intervals(rec: Recording, tol_s: float) -> tuple[IntArray, FloatArray, FloatArray]:
-    """(step ids, starts, ends) of GPU intervals in time order; overlaps <= tol_s are clipped."""
-    has = ~np.isnan(rec.gpu_start)
-    every = bool(has.all())  # a step loop's: copies, not gathers (~10x faster on a spill map)
+def gpu_intervals(
+    rec: Recording, tol_s: float, chunk: int = 1 << 20
+) -> tuple[IntArray | slice, FloatArray, FloatArray]:
+    """(steps, starts, ends) of GPU intervals in time order; overlaps <= tol_s are clipped.
+    `steps` indexes the recording's steps: slice(None) when every step has one, in step order,
+    none overlapping (a step loop's), and then starts and ends are the recording's own arrays
+    (read-only: a run of millions of steps copies nothing; `chunk` steps are checked at a
+    time)."""
+    g0, g1 = rec.gpu_start, rec.gpu_end
+    if g0.size and _plain(g0, g1, chunk):
+        return slice(None), g0, g1
+    has = ~np.isnan(g0)
+    every = bool(has.all())  # copies, not gathers (~10x faster on a spill map)
     sid = np.arange(has.size) if every else np.flatnonzero(has)
     del has
-    s = np.array(rec.gpu_start) if every else rec.gpu_start[sid]
+    s = np.array(g0) if every else g0[sid]
     if not bool(np.all(s[1:] >= s[:-1])):  # a step loop's are in step order: no sort
         order = np.argsort(s, kind="stable")
         sid, s = sid[order], s[order]
         every = False
-    e = np.array(rec.gpu_end) if every else rec.gpu_end[sid]
-    release(rec.gpu_start, rec.gpu_end)
+    e = np.array(g1) if every else g1[sid]
+    release(g0, g1)
     if s.size > 1:  # in place on the copies s and e: a run of millions of steps
         prev_reach = np.maximum.accumulate(e)[:-1]
         over = np.subtract(prev_reach, s[1:])
@@ -101,6 +110,21 @@ def gpu_intervals(rec: Recording, tol_s: float) -> tuple[IntArray, FloatArray, F
         del prev_reach
         np.maximum(e, s, out=e)
     return sid, s, e
+
+
+def _plain(starts: FloatArray, ends: FloatArray, chunk: int) -> bool:
+    """Whether every step has a GPU interval (no NaN), each starting at or after every earlier
+    one ends and ending at or after its start: `gpu_intervals` would change nothing."""
+    reach = -math.inf  # the latest end before the chunk
+    for c0 in range(0, starts.size, chunk):
+        s, e = starts[c0 : c0 + chunk], ends[c0 : c0 + chunk]
+        if not bool(np.all(e >= s)):  # NaN fails too
+            return False
+        if not (s[0] >= reach and bool(np.all(s[1:] >= np.maximum.accumulate(e)[:-1]))):
+            return False
+        reach = max(reach, float(e.max()))
+    release(starts, ends)
+    return True
 
 
 def _activities(rec: Recording, gap_s: FloatArray, gap_e: FloatArray) -> dict[int, SortedIntervals]:
@@ -123,6 +147,12 @@ def _overlapping(
 ) -> tuple[FloatArray, FloatArray]:
     """The intervals [starts, ends) that overlap one of the gaps (disjoint, ascending), in
     their order; `chunk` intervals at a time (NaN ones overlap nothing)."""
+    nan = np.isnan(starts)
+    if nan.all():
+        return starts[:0], ends[:0]
+    if not nan.any() and _ascending(starts) and _ascending(ends):
+        return _overlapping_sorted(starts, ends, gap_s, gap_e)
+    del nan
     keep = [np.zeros(0, np.int64)]
     for c0 in range(0, starts.size, chunk):
         x, y = starts[c0 : c0 + chunk], ends[c0 : c0 + chunk]
@@ -131,6 +161,27 @@ def _overlapping(
         keep.append(ok[gap_s[k[ok]] < y[ok]] + c0)
     idx = np.concatenate(keep)
     return starts[idx], ends[idx]
+
+
+def _overlapping_sorted(
+    starts: FloatArray, ends: FloatArray, gap_s: FloatArray, gap_e: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """`_overlapping` of intervals whose starts and ends both ascend (a step loop's phases,
+    sync waits and pauses: one CPU thread): those overlapping gap k (start < gap_e[k] and
+    end > gap_s[k]) are the run [lo_k, hi_k), found per gap, not per interval."""
+    lo = np.searchsorted(ends, gap_s, side="right")
+    hi = np.searchsorted(starts, gap_e, side="left")
+    if lo.size > 1:  # both ascend with k: drop the part of a run its predecessor covered
+        lo[1:] = np.maximum(lo[1:], hi[:-1])
+    keep = hi > lo
+    lo, hi = lo[keep], hi[keep]
+    size = hi - lo
+    idx = np.arange(int(size.sum())) + np.repeat(lo - np.cumsum(size) + size, size)
+    return starts[idx], ends[idx]
+
+
+def _ascending(x: FloatArray) -> bool:
+    return bool(np.all(x[1:] >= x[:-1]))
 
 
 def account_bubbles(
@@ -158,17 +209,19 @@ def account_bubbles(
     del s
     np.maximum(gap_e, gap_s, out=gap_e)
     gap_bubble = np.empty(gap_s.size)
+    upto_s = np.empty(min(gap_s.size, chunk_gaps * 32))
     for c0 in range(0, gap_s.size, chunk_gaps * 32):  # bounded temporaries, the same values
         c = slice(c0, c0 + chunk_gaps * 32)
-        gap_bubble[c] = measure_upto(ds, de, gap_e[c]) - measure_upto(ds, de, gap_s[c])
+        measure_upto(ds, de, gap_e[c], out=gap_bubble[c])
+        before = measure_upto(ds, de, gap_s[c], out=upto_s[: gap_bubble[c].size])
+        np.subtract(gap_bubble[c], before, out=gap_bubble[c])
+    del upto_s
     bubble_s = float(np.sum(gap_bubble))
     gap_len = gap_e - gap_s
     idle_s = float(np.sum(gap_len)) - bubble_s
-    idle_before = np.full(n, np.nan)
-    idle_before[sid] = gap_len[:-1]
+    idle_before = _per_step(n, sid, gap_len, np.nan)
     del gap_len
-    bubble_before = np.full(n, np.nan)
-    bubble_before[sid] = gap_bubble[:-1]
+    bubble_before = _per_step(n, sid, gap_bubble, np.nan)
 
     by_cause = np.zeros(len(CAUSES))
     gap_cause = np.full(gap_s.size, -1, dtype=np.int8)
@@ -185,8 +238,7 @@ def account_bubbles(
         gap_cause[g] = main
         if lo.size and lo[0] < pieces_until_s:
             kept.append(merge_touching(*(x[lo < pieces_until_s] for x in (lo, hi, cause))))
-    cause_code = np.full(n, -1, dtype=np.int8)
-    cause_code[sid] = gap_cause[:-1]
+    cause_code = _per_step(n, sid, gap_cause, -1)
     p_start, p_end, p_cause = (
         merge_touching(*(np.concatenate(parts) for parts in zip(*kept)))
         if kept
@@ -206,6 +258,16 @@ def account_bubbles(
         piece_end=p_end,
         piece_cause=p_cause,
     )
+
+
+def _per_step(n: int, sid: IntArray | slice, per_gap: np.ndarray, none: float) -> np.ndarray:
+    """Gap k's value (the last gap's left out) for the step of GPU interval k; `none` for a
+    step without one. Every step in order (`sid` a slice): a view, nothing copied."""
+    if isinstance(sid, slice):
+        return per_gap[:-1]
+    out = np.full(n, none, dtype=per_gap.dtype)
+    out[sid] = per_gap[:-1]
+    return out
 
 
 def _pieces(

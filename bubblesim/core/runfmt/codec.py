@@ -96,9 +96,13 @@ def write_chunks(
     if num_rows <= row_group_rows:
         write_table(rows(0, num_rows), path)
         return
-    plan = _plan_chunks(num_rows, plan_rows or rows, row_group_rows, first_only=True)
+    # the first row group is built once: the guess is taken on it, and it is written first
+    first = [rows(0, row_group_rows)]
+    plan = _plan_chunks(
+        num_rows, plan_rows or rows, row_group_rows, first_only=True, first=first[0]
+    )
     try:
-        _write_groups(path, num_rows, rows, row_group_rows, plan)
+        _write_groups(path, num_rows, rows, row_group_rows, plan, first)
     except _PlanMiss:
         plan = _plan_chunks(num_rows, plan_rows or rows, row_group_rows)
         _write_groups(path, num_rows, rows, row_group_rows, plan)
@@ -114,21 +118,32 @@ def _write_groups(
     rows: Callable[[int, int], pa.Table],
     row_group_rows: int,
     plan: _Plan,
+    first: list[pa.Table] | None = None,
 ) -> None:
+    """The row groups along `plan`; `first` may hold the first one's rows, built already (taken
+    out of the list, so that it is not held once written)."""
     carry: dict[str, tuple[int, int]] = {}  # float column -> last (stored value, ns) written
     writer: pq.ParquetWriter | None = None
     pending: Future[None] | None = None  # the previous row group, written by `pool`
+    spare = _Spare()
     # one row group is written (parquet releases the GIL) while the next is built and encoded:
     # the same row groups in the same order, one more of them in memory
     with ThreadPoolExecutor(1, thread_name_prefix="parquet") as pool:
         try:
             for lo in range(0, num_rows, row_group_rows):
-                enc = _encode(rows(lo, min(num_rows, lo + row_group_rows)), plan, carry)
+                lent = spare.lent = []
+                hi = min(num_rows, lo + row_group_rows)
+                table = first.pop() if lo == 0 and first else rows(lo, hi)
+                enc = _encode(table, plan, carry, spare)
+                del table
                 if writer is None:
                     writer = pq.ParquetWriter(path, enc.schema, **_writer_args(enc.schema))
                 if pending is not None:
                     pending.result()
+                    spare.give_back()  # the row group before: written, its columns unread
+                spare.written_next = lent
                 pending = pool.submit(writer.write_table, enc, row_group_size=row_group_rows)
+                del enc
             if pending is not None:
                 pending.result()
         finally:
@@ -136,6 +151,35 @@ def _write_groups(
                 wait([pending])  # never close the file under a write
             if writer is not None:
                 writer.close()
+
+
+class _Spare:
+    """Encoded columns handed out again: a row group's are free once the writer wrote it, and
+    the row group after next takes them (a new array of a row group's size page-faults fresh
+    memory in, ~2-4 ms per 4 MB on a VM, as long as the arithmetic that fills it)."""
+
+    def __init__(self) -> None:
+        self.free: dict[tuple[int, str], list[np.ndarray]] = {}
+        self.lent: list[np.ndarray] = []  # handed out for the row group being encoded
+        self.written_next: list[np.ndarray] = []  # the row group being written
+
+    def empty(self, n: int, dtype: type) -> np.ndarray:
+        """An uninitialised (n,) array of `dtype`, lent to the row group being encoded."""
+        kept = self.free.get((n, np.dtype(dtype).str))
+        out = kept.pop() if kept else np.empty(n, dtype)
+        self.lent.append(out)
+        return out
+
+    def scratch_done(self, a: np.ndarray) -> None:
+        """`a` (lent by `empty`) is not part of the encoded row group: free again now."""
+        self.lent.remove(a)
+        self.free.setdefault((a.size, a.dtype.str), []).append(a)
+
+    def give_back(self) -> None:
+        """The row group being written was written: its columns are free."""
+        for a in self.written_next:
+            self.free.setdefault((a.size, a.dtype.str), []).append(a)
+        self.written_next = []
 
 
 @dataclass
@@ -164,9 +208,17 @@ def encode(table: pa.Table) -> pa.Table:
     return _encode(table, plan, None)
 
 
-def _encode(table: pa.Table, plan: _Plan, carry: dict[str, tuple[int, int]] | None) -> pa.Table:
+def _encode(
+    table: pa.Table,
+    plan: _Plan,
+    carry: dict[str, tuple[int, int]] | None,
+    spare: _Spare | None = None,
+) -> pa.Table:
     """`table` stored along `plan`. `carry` (chunked writes): each float column's last stored
-    value and nanoseconds from the previous rows, updated; None: these are all the rows."""
+    value and nanoseconds from the previous rows, updated; None: these are all the rows.
+    `spare`: where the stored columns' arrays come from (new ones without)."""
+    empty = spare.empty if spare is not None else np.empty
+    n = table.num_rows
     values: dict[str, np.ndarray] = {}  # float columns in their stored domain: bits or ns
     nans: dict[str, np.ndarray] = {}
     for name in plan.refs:
@@ -176,12 +228,17 @@ def _encode(table: pa.Table, plan: _Plan, carry: dict[str, tuple[int, int]] | No
         if ns:
             nans[name] = nan
     fields, arrays = [], []
+    scratch = empty(n, np.int64) if any(r and d for r, d in plan.refs.values()) else None
     for f in table.schema:
         col = table.column(f.name)
         if f.name in plan.refs:
             ref, diffed = plan.refs[f.name]
-            x = values[f.name] - values[ref] if ref else values[f.name]
-            stored = _stored(x, diffed)
+            v = values[f.name]
+            stored = empty(n, np.int64) if ref or diffed else v
+            x = np.subtract(v, values[ref], out=scratch if diffed else stored) if ref else v
+            if diffed and n:  # `_stored(x, 1)`, into `stored`
+                np.subtract(x[1:], x[:-1], out=stored[1:])
+                stored[0] = x[0]
             if carry is not None:
                 if diffed and f.name in carry and x.size:
                     stored[0] = x[0] - carry[f.name][0]  # wraps, as `_stored`
@@ -199,13 +256,17 @@ def _encode(table: pa.Table, plan: _Plan, carry: dict[str, tuple[int, int]] | No
             if carry is not None and not _fits_int32(col):
                 raise _PlanMiss(f.name)
             fields.append(pa.field(f.name, pa.int32(), metadata={TYPE_KEY: b"int64"}))
-            arrays.append(pa.array(col.to_numpy().astype(np.int32)))
+            narrow = empty(n, np.int32)
+            np.copyto(narrow, col.to_numpy(), casting="unsafe")  # as astype(np.int32)
+            arrays.append(pa.array(narrow))
         elif pa.types.is_int64(f.type):
             fields.append(f.with_metadata({TYPE_KEY: b"int64"}))
             arrays.append(col)
         else:
             fields.append(f)
             arrays.append(col)
+    if spare is not None and scratch is not None:
+        spare.scratch_done(scratch)
     meta = {**(table.schema.metadata or {}), CODEC_KEY: CODEC_VERSION}
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=meta))
 
@@ -223,17 +284,26 @@ def _domain(bits: np.ndarray, ns: bool, fill: int = 0) -> tuple[np.ndarray, np.n
 
 
 def _plan_chunks(
-    n: int, rows: Callable[[int, int], pa.Table], step: int, first_only: bool = False
+    n: int,
+    rows: Callable[[int, int], pa.Table],
+    step: int,
+    first_only: bool = False,
+    first: pa.Table | None = None,
 ) -> _Plan:
     """`encode`'s decisions for the n rows `rows` gives, reading them `step` at a time: a column
     is nanoseconds / int32 if every chunk is (`first_only`: the first chunk and `_sample`'s
-    rows, a guess to check); the tree is chosen on `_sample`'s rows."""
+    rows, a guess to check); the tree is chosen on `_sample`'s rows. `first`: the first chunk,
+    built already (it may hold more columns than `rows` gives; those are neither float64 nor
+    int64)."""
     plan = _Plan()
     floats: list[str] = []
     ns_ok: dict[str, bool] = {}
     lo_hi: dict[str, tuple[int, int] | None] = {}
     windows = [rows(int(s), int(s) + _WINDOW_ROWS) for s in _sample_starts(n)]
-    chunks = (rows(lo, min(n, lo + step)) for lo in range(0, step if first_only else n, step))
+    chunks = (
+        first if lo == 0 and first is not None else rows(lo, min(n, lo + step))
+        for lo in range(0, step if first_only else n, step)
+    )
     for k, t in enumerate(chunks if not first_only else [*chunks, *windows]):
         for f in t.schema:
             if pa.types.is_float64(f.type):

@@ -75,20 +75,30 @@ def union(starts: FloatArray, ends: FloatArray) -> tuple[FloatArray, FloatArray]
 
 
 def measure_upto(
-    starts: FloatArray, ends: FloatArray, x: FloatArray, chunk: int = 1 << 20
+    starts: FloatArray,
+    ends: FloatArray,
+    x: FloatArray,
+    chunk: int = 1 << 20,
+    out: FloatArray | None = None,
 ) -> FloatArray:
     """|D ∩ (-inf, x]| for each x, with D = [starts, ends) sorted and disjoint (`chunk` x at a
-    time: the temporaries of a run of millions of steps stay small)."""
+    time: the temporaries of a run of millions of steps stay small), into `out` if given."""
+    if out is None:
+        out = np.empty(x.shape)
     if starts.size == 0:
-        return np.zeros(x.shape)
-    cum = np.concatenate(([0.0], np.cumsum(ends - starts)))
-    out: FloatArray = np.empty(x.shape)
+        out[...] = 0.0
+        return out
+    width = ends - starts
+    cum = np.concatenate(([0.0], np.cumsum(width)))
     for c0 in range(0, x.size, chunk):
-        xc = x[c0 : c0 + chunk]
-        i = _count_upto(starts, xc) - 1
+        xc, part = x[c0 : c0 + chunk], out[c0 : c0 + chunk]
+        i = _count_upto(starts, xc)
+        i -= 1  # the last interval starting at or before x (-1: none)
         ic = np.maximum(i, 0)
-        part = np.clip(xc - starts[ic], 0.0, ends[ic] - starts[ic])
-        out[c0 : c0 + chunk] = np.where(i >= 0, cum[ic] + part, 0.0)
+        np.subtract(xc, starts[ic], out=part)
+        np.clip(part, 0.0, width[ic], out=part)
+        np.add(cum[ic], part, out=part)
+        part[i < 0] = 0.0
     return out
 
 

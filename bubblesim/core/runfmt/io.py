@@ -158,16 +158,14 @@ def write_run(
                 trace=trace,
                 source=source,
                 complete=complete,
-                timeline=timeline["otherData"] if timeline else None,
+                timeline=timeline.other if timeline else None,
                 extra=extra,
                 step_records=steps,
             )
             # serialized before a file but steps.parquet is written: a bad `extra` value
             # fails here
             summary_text = json.dumps(_jsonable(summary), indent=2, allow_nan=False) + "\n"
-            timeline_text = (
-                json.dumps(timeline, separators=(",", ":"), allow_nan=False) if steps else ""
-            )
+            timeline_text = timeline.text if timeline else ""
             del timeline
             codec.write_table(requests_table(frozen), tmp / REQUESTS)
             codec.write_table(gc_table(frozen), tmp / GC_PAUSES)

@@ -50,7 +50,8 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def _mean_ms(durations_s: np.ndarray) -> float | None:
-    d = durations_s[np.isfinite(durations_s)]
+    finite = np.isfinite(durations_s)
+    d = durations_s if finite.all() else durations_s[finite]  # the same values, not copied
     return float(d.mean() * 1e3) if d.size else None
 
 
@@ -138,7 +139,8 @@ def _cpu_ms(rec: Recording) -> dict[str, float | None]:
         per_step = np.bincount(rec.sync_step, weights=dur)
         release(rec.sync_step)
         del dur
-        out["sync"] = float(per_step[waited].mean() * 1e3)
+        waits = per_step if waited.all() else per_step[waited]  # a step loop's: every step
+        out["sync"] = float(waits.mean() * 1e3)
     else:
         out["sync"] = None
     return out

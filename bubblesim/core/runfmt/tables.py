@@ -170,7 +170,9 @@ def gc_table(rec: Recording) -> pa.Table:
 
 def _longest_per_step(step: np.ndarray, dur: np.ndarray) -> np.ndarray:
     """Per step with a sync wait, the index of its longest one (ties: the first recorded).
-    Waits recorded in step order (a step loop's) take no sort."""
+    Waits recorded in step order (a step loop's) take no sort; one wait a step, each its own."""
+    if np.all(step[1:] > step[:-1]):
+        return np.arange(step.size)
     if np.all(step[1:] >= step[:-1]) and not np.isnan(dur).any():
         group = np.flatnonzero(np.concatenate(([True], step[1:] != step[:-1])))
         longest = np.repeat(np.maximum.reduceat(dur, group), np.diff(np.append(group, dur.size)))
