@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bubblesim.core.cli import add_config_args, check_names
+from bubblesim.core.cli import UsageError, add_config_args, check_names
 from bubblesim.core.cli_timeline import add_timeline_args
 from bubblesim.core.config import Config
 from bubblesim.core.scenario import Scenario, config_for_trace
@@ -28,6 +28,13 @@ def add_commands(sub: argparse._SubParsersAction, command: str | None = None) ->
         action="store_true",
         help="leave out the step records (steps.parquet, timeline.json): summary.json, "
         "requests.parquet and gc.parquet only, for planning-style runs",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="also run seeds seed+1 .. seed+N-1 and add their spread to summary.json "
+        "(seed_spread; sim.seeds): how much of a prediction is the seeded host's draw",
     )
     add_scenario_arg(p)
     p.set_defaults(func=cmd_run)
@@ -72,7 +79,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bubblesim.core.outplace import RUN_FOLDER, output_place
     from sim.report import print_summary
     from sim.run import simulate
+    from sim.seeds import MAX_SEEDS
 
+    if not 1 <= args.seeds <= MAX_SEEDS:
+        raise UsageError(f"--seeds {args.seeds}: expected 1 to {MAX_SEEDS}")
     cfg, scenario = trace_config(args)
     out = Path(args.output or Path("runs") / f"sim-{Path(args.trace).stem}")
     bar = Progress(f"simulating {Path(args.trace).name}", 0.0, enabled=not args.quiet)
@@ -90,8 +100,31 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
     finally:
         bar.close()
-    print_summary(res.summary, out, res.wall_s)
-    line = describe(res.summary.get("cost_envelope") or {})
+    summary = res.summary
+    if args.seeds > 1:
+        summary = _seed_spread(args, cfg, scenario, out, summary)
+    print_summary(summary, out, res.wall_s)
+    line = describe(summary.get("cost_envelope") or {})
     if line:
         print(line)
+    if args.seeds > 1:
+        from sim.seeds import SPREAD_KEY, spread_lines
+
+        print("\n".join(spread_lines(summary[SPREAD_KEY])))
     return 0
+
+
+def _seed_spread(
+    args: argparse.Namespace, cfg: Config, scenario: Scenario | None, out: Path, summary: dict
+) -> dict:
+    """The other seeds' runs (no step records), their spread added to the folder's summary."""
+    from sim.run import simulate
+    from sim.seeds import add_to_summary, other_seeds, seed_spread
+
+    def run(c: Config, folder: Path) -> dict:
+        if not args.quiet:
+            print(f"seed {c.seed} of {cfg.seed}..{cfg.seed + args.seeds - 1}", flush=True)
+        return simulate(c, args.trace, folder, steps=False, scenario=scenario).summary
+
+    others = other_seeds(cfg, args.seeds, run)
+    return add_to_summary(out, seed_spread([summary, *others], cfg.seed))

@@ -18,11 +18,11 @@ import pytest
 from bubblesim.core.config import Config
 from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.runfmt import RunRecorder, load_run, write_run
+from bubblesim.core.runfmt.metrics import flat_metrics
 from bubblesim.core.shape import BatchShape
 from replay.analysis.calibrate import calibrate, evaluate, write_calibration
 from replay.analysis.compare import TARGETS, compare_runs
 from replay.analysis.lsq import fit, nnls_lawson_hanson
-from replay.analysis.metrics import flat_metrics
 from replay.analysis.report import write_report
 from sim.cost import CostModel, load_profile, validate_profile
 

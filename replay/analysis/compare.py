@@ -19,9 +19,9 @@ import numpy as np
 from bubblesim.core.config import flatten
 from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.runfmt import Run
+from bubblesim.core.runfmt.metrics import flat_metrics, is_fraction, rel_error
 from bubblesim.core.runfmt.stats import dist
 from bubblesim.core.shape import SHAPE_FIELDS
-from replay.analysis.metrics import flat_metrics, is_fraction, rel_error
 
 # metric -> (kind, bound): |relative error| <= bound, or |error| <= bound points
 TARGETS: dict[str, tuple[str, float]] = {

@@ -44,10 +44,10 @@ from typing import Any
 from bubblesim.core.cli import UsageError
 from bubblesim.core.config import Config, flatten
 from bubblesim.core.runfmt import load_run, trace_info
+from bubblesim.core.runfmt.metrics import flat_metrics, is_fraction, rel_error
 from bubblesim.core.switches import BY_KEY, cannot_act
 from bubblesim.core.switches import SWITCHES as REGISTRY
 from replay.analysis.calibrate import ONE_SIDED_FIELDS, calibrate, write_calibration
-from replay.analysis.metrics import flat_metrics, is_fraction, rel_error
 from replay.analysis.outdir import atomic_file
 from replay.analysis.steps import run_config
 from replay.gpu.run import replay, replay_interleaved

@@ -38,6 +38,7 @@ from bubblesim.core.models import get_model, with_context
 from bubblesim.core.request import Request
 from bubblesim.core.runfmt import trace_info, write_run
 from bubblesim.core.runfmt.bubbles import account_bubbles
+from bubblesim.core.runfmt.metrics import flat_metrics, spread
 from bubblesim.core.runfmt.summary import build_summary
 from bubblesim.core.trace import Trace, TraceError, read_trace
 from engine import warmup as W
@@ -46,7 +47,6 @@ from engine.hooks import StepHooks
 from engine.requests import RequestInput
 from engine.tp.ranktimes import empty_table
 from engine.tp.workers import stop_all as stop_tp_workers
-from replay.analysis.metrics import flat_metrics, spread
 from replay.analysis.ranks import write_ranks
 from replay.gpu import segref
 from replay.gpu.compiles import CompileCounter

@@ -1,4 +1,5 @@
-"""The flat metric names that `replay run --repeat` spreads and `replay compare` compares.
+"""The flat metric names that `replay run --repeat` and `sim run --seeds` spread and `replay
+compare` compares.
 
 A run's summary.json nests its metrics (`ttft_s.p50`, `cpu_ms_mean.schedule`); both commands
 read the same flat view, so a fidelity row and the run-to-run spread it is read against always
