@@ -43,6 +43,7 @@ from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.runfmt import Run
 from replay.analysis.quality import phase_predicted_ms, phase_predictions
 from replay.analysis.steps import Steps
+from sim.cost.spread import normal_scores
 
 BIN_S = 0.05  # the bins the steps' log speeds are averaged in
 MIN_BIN_STEPS = 3  # a bin with fewer steps is left out
@@ -297,8 +298,6 @@ def fit_copula(
     """`host_speed.rho` per CPU phase (module docstring) for a resolved profile and the
     host speed fit's `report` (fit_host_speed), and a report per phase: steps, the raw
     weighted correlation, the estimate's reliability, rho."""
-    from sim.cost.spread import normal_scores
-
     var = float(sum(s * s for s in report["sigma"]))
     step_var = float(report["step_sd"]) ** 2
     state = np.full(len(steps), np.nan)
