@@ -155,7 +155,7 @@ def test_tp2_decode_with_2_in_flight_and_workers_exit(mixed):
 
 def test_a_second_oneshot_group_in_one_process_is_refused():
     """tp_allreduce=oneshot serves one tensor-parallel group per process (engine.tp.comm
-    check_oneshot: a second group's symmetric-memory exchange hung on 2 x H100): the second
+    check_symmetric: a second group's symmetric-memory exchange hung on 2 x H100): the second
     engine that would start a group is refused before any worker starts."""
     try:
         first = Engine(make_cfg(device="cuda", model="small", tensor_parallel_size=2,
