@@ -14,12 +14,11 @@ import pytest
 from bubblesim.core.config import load_config
 from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.shape import BatchShape
-from bubblesim.core.trace import make_trace, write_trace
 from sim.cost import PROFILE_VERSION, CostModel, ProfileError, validate_profile
 from sim.cost.spread import BLOCK_STEPS, PhaseSpread, mean_ratio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
+from ffcheck import assert_same_records, records_and_loops, small_trace  # noqa: E402
 
 # a skewed table with a heavy tail (1 % of steps 2-6x), mean 1
 RAW = {"p": [0.0, 0.25, 0.5, 0.9, 0.99, 1.0], "ratio": [0.5, 0.8, 0.9, 1.3, 2.0, 6.0]}
@@ -31,13 +30,6 @@ def _profile(tmp: Path, spread: dict[str, object], **more: object) -> Path:
     p = tmp / "spread.json"
     p.write_text(json.dumps({"version": PROFILE_VERSION, "cpu_spread": spread, **more}))
     return p
-
-
-def _trace(tmp: Path, n: int = 60, span_s: float = 2.0, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    arrival = np.sort(rng.uniform(0, span_s, n))
-    t = make_trace(arrival, rng.integers(20, 600, n), rng.integers(1, 200, n))
-    return write_trace(t, tmp / "t.parquet")
 
 
 @pytest.mark.parametrize(
@@ -87,7 +79,7 @@ def _sim(tmp: Path, sets: list[str]):
     import sim.run as simrun
 
     cfg = load_config(None, sets)
-    return simrun.simulate(cfg, _trace(tmp))
+    return simrun.simulate(cfg, small_trace(tmp))
 
 
 def test_phase_times_follow_the_table(tmp_path: Path) -> None:
@@ -129,15 +121,7 @@ def test_same_seed_same_run_other_seed_differs(tmp_path: Path) -> None:
 
 
 def test_no_spread_by_default(tmp_path: Path) -> None:
-    from sim.loop import SimLoop
-
-    loops: list[SimLoop] = []
-
-    def keep(*args: object, **kw: object) -> SimLoop:
-        loops.append(SimLoop(*args, **kw))  # type: ignore[arg-type]
-        return loops[-1]
-
-    records_without_and_with_fast_forward(["model=llama3.2-1b"], _trace(tmp_path), keep)
+    *_, loops = records_and_loops(["model=llama3.2-1b"], small_trace(tmp_path))
     assert loops and all(lp.spread is None for lp in loops)
 
 
@@ -156,17 +140,9 @@ FF_CASES = [
 
 @pytest.mark.parametrize("sets", FF_CASES, ids=lambda s: ",".join(s))
 def test_fast_forward_is_exact_with_a_spread(tmp_path: Path, sets: list[str]) -> None:
-    from sim.loop import SimLoop
-
     prof = _profile(tmp_path, {p: TABLE for p in CPU_PHASES})
-    loops: list[SimLoop] = []
-
-    def keep(*args: object, **kw: object) -> SimLoop:
-        loops.append(SimLoop(*args, **kw))  # type: ignore[arg-type]
-        return loops[-1]
-
-    recs = records_without_and_with_fast_forward(
-        [*sets, f"profile={prof}", "seed=5"], _trace(tmp_path, n=80, span_s=1.0), keep
+    *recs, loops = records_and_loops(
+        [*sets, f"profile={prof}", "seed=5"], small_trace(tmp_path, n=80, span_s=1.0)
     )
     assert_same_records(*recs, str(sets))
     ff = loops[1].ff
@@ -180,7 +156,7 @@ def test_calibrate_recovers_a_known_spread(tmp_path: Path) -> None:
 
     prof = _profile(tmp_path, {"sample": TABLE}, cpu_phases={"sample": SAMPLE})
     cfg = load_config(None, ["model=llama3.2-1b", f"profile={prof}", "seed=9"])
-    simrun.simulate(cfg, _trace(tmp_path, n=120, span_s=3.0), out_dir=tmp_path / "run")
+    simrun.simulate(cfg, small_trace(tmp_path, n=120, span_s=3.0), out_dir=tmp_path / "run")
     cal = calibrate([tmp_path / "run"])
     got = cal.profile["cpu_spread"]["sample"]
     p = np.array([0.1, 0.25, 0.5, 0.75, 0.9, 0.95])

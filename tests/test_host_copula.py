@@ -18,13 +18,12 @@ import pytest
 
 from bubblesim.core.config import load_config
 from bubblesim.core.phases import CPU_PHASES
-from bubblesim.core.trace import make_trace, write_trace
 from sim.cost import PROFILE_VERSION, ProfileError, validate_profile
 from sim.cost.hostspeed import HostSpeed
 from sim.cost.spread import PhaseSpread, phase_spread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
+from ffcheck import assert_same_records, records_and_loops, small_trace  # noqa: E402
 
 WIDE = {"p": [0.0, 0.5, 1.0], "ratio": [0.5, 1.0, 1.5]}  # uniform on [0.5, 1.5]: u = m - 0.5
 SKEW = {"p": [0.0, 0.3, 0.6, 0.9, 1.0], "ratio": [0.4, 0.6, 0.8, 1.6, 2.6]}
@@ -37,13 +36,6 @@ def _profile(tmp: Path, name: str = "p.json", **keys: object) -> Path:
     p = tmp / name
     p.write_text(json.dumps({"version": PROFILE_VERSION, **keys}))
     return p
-
-
-def _trace(tmp: Path, n: int = 60, span_s: float = 2.0, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    arrival = np.sort(rng.uniform(0, span_s, n))
-    t = make_trace(arrival, rng.integers(20, 600, n), rng.integers(1, 200, n))
-    return write_trace(t, tmp / f"t{n}-{seed}.parquet")
 
 
 @pytest.mark.parametrize(
@@ -137,7 +129,7 @@ def test_rho_empty_is_the_profile_without_host_speed(tmp_path: Path) -> None:
     a = _profile(tmp_path, "a.json", cpu_spread=spread)
     b = _profile(tmp_path, "b.json", cpu_spread=spread,
                  host_speed={**HOST, "cpu_spread": around, "rho": {}})  # fmt: skip
-    trace = _trace(tmp_path)
+    trace = small_trace(tmp_path)
     recs = [
         simrun.simulate(load_config(None, ["model=llama3.2-1b", f"profile={p}", "seed=3"]), trace)
         .recorder.freeze()
@@ -155,7 +147,7 @@ def test_same_seed_same_run_and_the_copula_moves_the_phases(tmp_path: Path) -> N
     on = _profile(tmp_path, "on.json", cpu_spread=spread,
                   host_speed={**HOST, "rho": {p: 0.8 for p in CPU_PHASES}})  # fmt: skip
     off = _profile(tmp_path, "off.json", cpu_spread=spread, host_speed=HOST)
-    trace = _trace(tmp_path)
+    trace = small_trace(tmp_path)
 
     def rec(p: Path, seed: int):  # noqa: ANN202
         sets = ["model=llama3.2-1b", f"profile={p}", f"seed={seed}"]
@@ -185,7 +177,6 @@ def test_fast_forward_is_exact_with_the_copula(
 ) -> None:
     """The step loop and the fast path draw through the one StepClock.step at the same clock
     readings: the same run to the bit, the fast path taken."""
-    from sim.loop import SimLoop
 
     extra: dict[str, object] = {}
     if ranks:
@@ -194,14 +185,8 @@ def test_fast_forward_is_exact_with_the_copula(
                     host_speed={**HOST, "rho": {"launch": 0.7, "sample": 0.5,
                                                 "process_outputs": 0.9}},
                     **extra)  # fmt: skip
-    loops: list[SimLoop] = []
-
-    def keep(*args: object, **kw: object) -> SimLoop:
-        loops.append(SimLoop(*args, **kw))  # type: ignore[arg-type]
-        return loops[-1]
-
-    recs = records_without_and_with_fast_forward(
-        [*sets, f"profile={prof}", "seed=5"], _trace(tmp_path, n=80, span_s=1.0), keep
+    *recs, loops = records_and_loops(
+        [*sets, f"profile={prof}", "seed=5"], small_trace(tmp_path, n=80, span_s=1.0)
     )
     assert_same_records(*recs, str(sets))
     sp = loops[1].spread
@@ -223,7 +208,7 @@ def test_calibrate_recovers_a_known_rho(tmp_path: Path) -> None:
     prof = _profile(tmp_path, cpu_phases=phases, cpu_spread={p: WIDE for p in CPU_PHASES},
                     host_speed={**truth, "rho": rho})  # fmt: skip
     cfg = load_config(None, ["model=llama3.2-1b", f"profile={prof}", "seed=9"])
-    simrun.simulate(cfg, _trace(tmp_path, n=500, span_s=40.0), out_dir=tmp_path / "run")
+    simrun.simulate(cfg, small_trace(tmp_path, n=500, span_s=40.0), out_dir=tmp_path / "run")
     cal = calibrate([tmp_path / "run"], host_copula=True)
     got = cal.profile["host_speed"]["rho"]
     for p in ("schedule", "launch", "process_outputs"):

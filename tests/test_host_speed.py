@@ -18,13 +18,12 @@ import pytest
 from bubblesim.core.config import load_config
 from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.shape import BatchShape
-from bubblesim.core.trace import make_trace, write_trace
 from sim.cost import PROFILE_VERSION, CostModel, ProfileError, validate_profile
 from sim.cost.hostspeed import CHUNK, GRID_S, HostSpeed
 from sim.cost.spread import PhaseSpread, phase_spread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
+from ffcheck import assert_same_records, records_and_loops, small_trace  # noqa: E402
 
 TABLE = {"p": [0.0, 0.5, 1.0], "ratio": [0.7, 1.0, 1.3]}  # mean 1
 HOST = {"sigma": [0.1, 0.3], "tau_s": [0.05, 0.4]}
@@ -35,13 +34,6 @@ def _profile(tmp: Path, **keys: object) -> Path:
     p = tmp / "host.json"
     p.write_text(json.dumps({"version": PROFILE_VERSION, **keys}))
     return p
-
-
-def _trace(tmp: Path, n: int = 60, span_s: float = 2.0, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
-    arrival = np.sort(rng.uniform(0, span_s, n))
-    t = make_trace(arrival, rng.integers(20, 600, n), rng.integers(1, 200, n))
-    return write_trace(t, tmp / f"t{n}-{seed}.parquet")
 
 
 @pytest.mark.parametrize(
@@ -117,7 +109,7 @@ def test_phases_take_the_speed_on_top_of_the_spread(tmp_path: Path) -> None:
     prof = _profile(tmp_path, cpu_phases={"sample": SAMPLE}, cpu_spread={"sample": wide},
                     host_speed={**HOST, "cpu_spread": {"sample": TABLE}})  # fmt: skip
     sets = ["model=llama3.2-1b", f"profile={prof}", "seed=4"]
-    rec = simrun.simulate(load_config(None, sets), _trace(tmp_path)).recorder.freeze()
+    rec = simrun.simulate(load_config(None, sets), small_trace(tmp_path)).recorder.freeze()
     j = CPU_PHASES.index("sample")
     cost = CostModel(load_config(None, sets), json.loads(prof.read_text()))
     dur = (rec.phase_end[:, j] - rec.phase_start[:, j]) * 1e3
@@ -138,7 +130,7 @@ def test_off_without_the_key_and_same_seed_same_run(tmp_path: Path) -> None:
     assert sp is not None and sp.host is None
     prof = _profile(tmp_path, host_speed=HOST)
     base = ["model=llama3.2-1b", f"profile={prof}"]
-    trace = _trace(tmp_path)
+    trace = small_trace(tmp_path)
     a = simrun.simulate(load_config(None, [*base, "seed=1"]), trace).recorder.freeze()
     b = simrun.simulate(load_config(None, [*base, "seed=1"]), trace).recorder.freeze()
     c = simrun.simulate(load_config(None, [*base, "seed=2"]), trace).recorder.freeze()
@@ -162,17 +154,10 @@ FF_CASES = [
 def test_fast_forward_is_exact_with_a_host_speed(tmp_path: Path, sets: list[str]) -> None:
     """The step loop and the fast path read the speed through the one StepClock.step, at the
     same clock readings: the same run to the bit (the fast path does not step aside)."""
-    from sim.loop import SimLoop
 
     prof = _profile(tmp_path, host_speed={**HOST, "cpu_spread": {p: TABLE for p in CPU_PHASES}})
-    loops: list[SimLoop] = []
-
-    def keep(*args: object, **kw: object) -> SimLoop:
-        loops.append(SimLoop(*args, **kw))  # type: ignore[arg-type]
-        return loops[-1]
-
-    recs = records_without_and_with_fast_forward(
-        [*sets, f"profile={prof}", "seed=5"], _trace(tmp_path, n=80, span_s=1.0), keep
+    *recs, loops = records_and_loops(
+        [*sets, f"profile={prof}", "seed=5"], small_trace(tmp_path, n=80, span_s=1.0)
     )
     assert_same_records(*recs, str(sets))
     assert loops[1].spread is not None and loops[1].spread.host is not None
@@ -192,7 +177,7 @@ def test_calibrate_recovers_a_known_host_speed(tmp_path: Path) -> None:
     prof = _profile(tmp_path, cpu_phases=phases,
                     host_speed={**truth, "cpu_spread": {p: TABLE for p in CPU_PHASES}})  # fmt: skip
     cfg = load_config(None, ["model=llama3.2-1b", f"profile={prof}", "seed=9"])
-    simrun.simulate(cfg, _trace(tmp_path, n=500, span_s=40.0), out_dir=tmp_path / "run")
+    simrun.simulate(cfg, small_trace(tmp_path, n=500, span_s=40.0), out_dir=tmp_path / "run")
     cal = calibrate([tmp_path / "run"])
     hs = cal.profile["host_speed"]
     var = sum(s * s for s in hs["sigma"])

@@ -101,14 +101,14 @@ class Comm:
                 have_f = ReduceNorm(self.device, self.rank, self.size, dtype, max_bytes)
                 self._fused_buffer = have_f
                 if self.rank == 0:
-                    _oneshot_groups.append(weakref.ref(self))
+                    _symmetric_groups.append(weakref.ref(self))
             self.fused = have_f
             return
         have = self._oneshot_buffer
         if have is None or have.dtype != dtype or have.max_bytes < max_bytes:
             have = self._oneshot_buffer = OneShot(self.device, dtype, max_bytes)
             if self.rank == 0:
-                _oneshot_groups.append(weakref.ref(self))
+                _symmetric_groups.append(weakref.ref(self))
         self.oneshot = have
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
@@ -233,7 +233,7 @@ class Comm:
 
 _warned: set[str] = set()  # the algorithms whose CPU fallback was announced
 # rank 0: the group whose symmetric memory this process exchanged (at most one: check_symmetric)
-_oneshot_groups: list[weakref.ref] = []
+_symmetric_groups: list[weakref.ref] = []
 
 
 def check_symmetric(comm: Comm | None) -> None:
@@ -244,7 +244,7 @@ def check_symmetric(comm: Comm | None) -> None:
     the same process never returned (test and bench both hung there): torch keeps the first
     group's registration under a group name the next group reuses. An engine on the same
     group (replay's shared model) is fine. Raises ValueError naming the key."""
-    if any(comm is None or r() is not comm for r in _oneshot_groups):
+    if any(comm is None or r() is not comm for r in _symmetric_groups):
         raise ValueError(
             "config key 'tp_allreduce': oneshot and fused serve one tensor-parallel group per "
             "process (a second group's symmetric-memory exchange hangs under torch 2.11); start "

@@ -179,6 +179,13 @@ class PhaseSpread:
         self._blocks: dict[tuple[int, int], list[float]] = {}
         self._others: dict[tuple[int, ...], list[float]] = {}  # others_max's blocks
 
+    def _uniforms(self, tag: tuple[int, ...], shape: int | tuple[int, int]) -> np.ndarray:
+        """Uniforms in [0, 1) of the stream seeded with (seed, stream, *tag): every draw here
+        is a function of the seed, the stream and the tag alone (module docstring)."""
+        import numpy as np
+
+        return np.random.default_rng([*self.key, *tag]).random(shape)
+
     def _block(self, i: int, b: int) -> list[float]:
         got = self._blocks.get((i, b))
         if got is None:
@@ -186,10 +193,7 @@ class PhaseSpread:
             if table is None:
                 got = [1.0] * BLOCK_STEPS
             else:
-                import numpy as np
-
-                rng = np.random.default_rng([*self.key, i, b])
-                got = draw(table, rng.random(BLOCK_STEPS)).tolist()
+                got = draw(table, self._uniforms((i, b), BLOCK_STEPS)).tolist()
             self._blocks[(i, b)] = got
         return got
 
@@ -225,11 +229,9 @@ class PhaseSpread:
 
     def _phase_e(self, i: int, step: int) -> float:
         """The copula's e of (step, CPU_PHASES[i]): Phi^-1 of the uniform `_block` draws."""
-        import numpy as np
-
         b = step // BLOCK_STEPS
-        rng = lambda: np.random.default_rng([*self.key, i, b]).random(BLOCK_STEPS)  # noqa: E731
-        return self._normal((i, b), rng)[step - b * BLOCK_STEPS]
+        u = lambda: self._uniforms((i, b), BLOCK_STEPS)  # noqa: E731
+        return self._normal((i, b), u)[step - b * BLOCK_STEPS]
 
     def _copula(self, i: int, e: float, z: float) -> float:
         """CPU_PHASES[i]'s table at u = Phi(rho z + sqrt(1 - rho^2) e)."""
@@ -260,12 +262,7 @@ class PhaseSpread:
         at the host's state at `t_s` (the same host), the largest of the ranks' e."""
         b = step // BLOCK_STEPS
         if i in self.cop:
-            import numpy as np
-
-            def umax() -> Any:
-                rng = np.random.default_rng([*self.key, i, b, 1, n])
-                return rng.random((BLOCK_STEPS, n)).max(axis=1)
-
+            umax = lambda: self._uniforms((i, b, 1, n), (BLOCK_STEPS, n)).max(axis=1)  # noqa: E731
             assert self.state is not None
             e = self._normal((i, b, 1, n), umax)[step - b * BLOCK_STEPS]
             return self._copula(i, e, self.state.z_at(t_s))
@@ -275,10 +272,8 @@ class PhaseSpread:
             if table is None:
                 block = [1.0] * BLOCK_STEPS
             else:
-                import numpy as np
-
-                rng = np.random.default_rng([*self.key, i, b, 1, n])
-                block = draw(table, rng.random((BLOCK_STEPS, n))).max(axis=1).tolist()
+                u = self._uniforms((i, b, 1, n), (BLOCK_STEPS, n))
+                block = draw(table, u).max(axis=1).tolist()
             got = self._keep((i, b, n), block)
         return got[step - b * BLOCK_STEPS]
 
@@ -290,13 +285,9 @@ class PhaseSpread:
         b = step // BLOCK_STEPS
         got = self._others.get((-1, b, 2))
         if got is None:
-            import numpy as np
-
             assert self.ranks is not None, "ranks_end without a tp_ranks fit"
-            rng = np.random.default_rng([*self.key, 2**31, b, 2])
-            got = self._keep(
-                (-1, b, 2), draw(self.ranks["residual"], rng.random(BLOCK_STEPS)).tolist()
-            )
+            u = self._uniforms((2**31, b, 2), BLOCK_STEPS)
+            got = self._keep((-1, b, 2), draw(self.ranks["residual"], u).tolist())
         return self.ranks_scale * own**self.ranks_slope * got[step - b * BLOCK_STEPS]
 
     def at(self, i: int, step: int) -> float:

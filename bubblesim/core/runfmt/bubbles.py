@@ -89,7 +89,7 @@ def gpu_intervals(
     sid = np.arange(has.size) if every else np.flatnonzero(has)
     del has
     s = np.array(g0) if every else g0[sid]
-    if not bool(np.all(s[1:] >= s[:-1])):  # a step loop's are in step order: no sort
+    if not _ascending(s):  # a step loop's are in step order: no sort
         order = np.argsort(s, kind="stable")
         sid, s = sid[order], s[order]
         every = False
