@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SWEEP = ROOT / "reports/fidelity/gen/shapes-h100-llama3.2-1b.parquet"
 ATTN = mixed_attention_fn(32, 8, 132)  # llama3.2-1b (32 query heads, 8 kv heads) on an H100
 FIELDS = ("num_reqs", "num_prefill_reqs", "prefill_tokens", "kv_read_tokens", "attn_pairs",
-          "max_kv_tokens", "decode_tokens")  # fmt: skip
+          "max_kv_tokens", "decode_tokens", "draft_tokens")  # fmt: skip
 
 
 def _attn(entries: list[Entry]) -> tuple[float, float]:

@@ -163,7 +163,7 @@ def mixed_attention(run: Run, cols: Mapping[str, np.ndarray]) -> dict[str, np.nd
     fn = mixed_attention_fn(*heads)
     rows = np.flatnonzero(np.asarray(cols["num_prefill_reqs"]) > 0)
     fields = ("num_reqs", "num_prefill_reqs", "prefill_tokens", "kv_read_tokens", "attn_pairs",
-              "max_kv_tokens", "decode_tokens")  # fmt: skip
+              "max_kv_tokens", "decode_tokens", "draft_tokens")  # fmt: skip
     vals = np.stack([np.asarray(cols[f], np.float64) for f in fields], axis=1)
     for i in rows:
         keys, blocks = fn(SimpleNamespace(**dict(zip(fields, (int(v) for v in vals[i])))))
