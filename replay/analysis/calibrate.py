@@ -116,7 +116,7 @@ from replay.analysis.syncwake import fit_sync_wake
 from sim.cost import merge_profile, resolve_profile, save_profile, validate_profile
 from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
 from sim.cost.hostspeed import HOST_KEY, RHO_KEY
-from sim.cost.profile import ALLREDUCE_KEY, PROBE_KEY, TP_KEY
+from sim.cost.profile import ALLREDUCE_KEY, MIXED_GRID_KEY, PROBE_KEY, TP_KEY
 from sim.cost.spread import RANKS_KEY, SPREAD_KEY
 from sim.cost.terms import BROADCAST_TERM, TERM_NAMES, term_target
 
@@ -914,6 +914,9 @@ def _identity(runs: Sequence[Run], gpu_preset: str | None) -> tuple[dict[str, An
     notes: list[str] = []
     preset = gpu_preset or _preset_for(names[0])
     out: dict[str, Any] = {"model": cfgs[0].model, "dtype": cfgs[0].dtype}
+    # the mixed fits' grid_blocks / mixed_keys columns (replay.analysis.steps.mixed_attention)
+    # follow the longest chunk: the simulator must compute them alike
+    out[MIXED_GRID_KEY] = "longest"
     tp = cfgs[0].tensor_parallel_size
     if tp > 1:  # the fits are rank 0's (its GPU pass holds the collectives): this degree only
         out[TP_KEY] = tp

@@ -160,7 +160,7 @@ def mixed_attention(run: Run, cols: Mapping[str, np.ndarray]) -> dict[str, np.nd
     heads = _model_heads(run)
     if heads is None:
         return out
-    fn = mixed_attention_fn(*heads)
+    fn = mixed_attention_fn(*heads, by_longest=True)  # the rule calibrate writes (MIXED_GRID_KEY)
     rows = np.flatnonzero(np.asarray(cols["num_prefill_reqs"]) > 0)
     fields = ("num_reqs", "num_prefill_reqs", "prefill_tokens", "kv_read_tokens", "attn_pairs",
               "max_kv_tokens", "decode_tokens", "draft_tokens")  # fmt: skip

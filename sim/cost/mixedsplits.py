@@ -46,6 +46,9 @@ BLOCK_M, SMALL_BLOCK_M = 64, 16
 MIXED_KEYS = "mixed_keys"
 GRID_BLOCKS = "grid_blocks"
 MIXED_DERIVED = (MIXED_KEYS, GRID_BLOCKS)
+# a profile's rule for the grid's query blocks (sim.cost.profile MIXED_GRID_KEY): its mixed
+# fits hold coefficients of the derived terms as that rule computed them
+GRID_RULES = ("mean", "longest")
 
 ShapeFn = Callable[[Any], float]
 
@@ -72,9 +75,11 @@ def longest_chunk(reqs: int, chunks: int, pre: int, drafts: int, kv: int, pairs:
 
 
 def mixed_attention_fn(
-    num_q_heads: int, num_kv_heads: int, sms: int, flat: bool = False
+    num_q_heads: int, num_kv_heads: int, sms: int, flat: bool = False, by_longest: bool = True
 ) -> Callable[[Any], tuple[float, float]]:
     """`shape -> (mixed_keys, grid_blocks)` for a model and a GPU; (0, 0) without a chunk.
+    `by_longest`: the grid's query blocks from `longest_chunk` (the kernel's); False: from the mean
+    chunk, the rule of profiles fitted before it (MIXED_GRID_KEY: "mean").
     `flat`: the flat grid of a mixed-step CUDA graph (engine.mixed_graphs), whose blocks are
     num_tokens // BLOCK_Q + num_seqs (+ decode splits past the first per sequence): no
     sequence gets another's query blocks (the graph's padding is its bucket's, priced apart)."""
@@ -89,7 +94,8 @@ def mixed_attention_fn(
             return 0.0, 0.0
         tokens = pre + dec_tok
         q = _cdiv(pre, chunks)  # the mean chunk: its context solve below takes chunks alike
-        q_max = longest_chunk(reqs, chunks, pre, drafts, kv, pairs)  # max_query_len's estimate
+        # max_query_len's estimate (the mean chunk under the old rule)
+        q_max = longest_chunk(reqs, chunks, pre, drafts, kv, pairs) if by_longest else q
         block_m = max(BLOCK_M if q_max * group > 16 else SMALL_BLOCK_M, _pow2(group))
         block_q = max(block_m // group, 1)
         blocks = _cdiv(q_max, block_q)
@@ -114,8 +120,9 @@ def mixed_attention_fn(
 
 
 def mixed_derived(
-    num_q_heads: int, num_kv_heads: int, sms: int, flat: bool = False
+    num_q_heads: int, num_kv_heads: int, sms: int, flat: bool = False, by_longest: bool = True
 ) -> dict[str, ShapeFn]:
-    """The two derived terms as functions of a shape (sim.cost.linear's `derived`)."""
-    fn = mixed_attention_fn(num_q_heads, num_kv_heads, sms, flat)
+    """The two derived terms as functions of a shape (sim.cost.linear's `derived`); `by_longest`
+    as mixed_attention_fn's."""
+    fn = mixed_attention_fn(num_q_heads, num_kv_heads, sms, flat, by_longest)
     return {MIXED_KEYS: lambda s: fn(s)[0], GRID_BLOCKS: lambda s: fn(s)[1]}

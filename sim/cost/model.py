@@ -47,6 +47,7 @@ from .mixedsplits import MIXED_DERIVED, mixed_derived
 from .profile import (
     ALLREDUCE_KEY,
     GPU_FIT_KINDS,
+    MIXED_GRID_KEY,
     TP_KEY,
     ProfileError,
     load_profile,
@@ -126,7 +127,9 @@ class CostModel:
             config.cuda_graphs and config.cuda_graphs_mixed and not config.spec.enabled
         )
         mixed = prof["gpu_pass"].get("mixed")
-        derived_m = self._mixed_derived(mixed, where) if mixed is not None else {}
+        # the grid rule the mixed fit was made with (absent: the mean chunk's, of older files)
+        longest = prof.get(MIXED_GRID_KEY, "mean") == "longest"
+        derived_m = self._mixed_derived(mixed, where, longest) if mixed is not None else {}
         # a graphed mixed step all-reduces its bucket's tokens: the bucket picks the algorithm
         message = _mixed_message_tokens if self._mixed_graphs else None
         self._gpu_mixed = self._gpu_fn(mixed, gpu_extra, derived_m, message)
@@ -414,15 +417,16 @@ class CostModel:
             out[TAIL_KEYS] = lambda s: tail(s.num_reqs, s.kv_read_tokens, s.max_kv_tokens)
         return out
 
-    def _mixed_derived(self, mixed: Mapping[str, Any], where: str | None) -> Derived:
+    def _mixed_derived(self, mixed: Mapping[str, Any], where: str | None, longest: bool) -> Derived:
         """`mixed_keys` / `grid_blocks` (sim.cost.mixedsplits) if the mixed model uses them; a
-        mixed-step graph runs the flat grid (no empty blocks per sequence)."""
+        mixed-step graph runs the flat grid (no empty blocks per sequence); `longest`: the
+        grid from the longest chunk (profile key mixed_grid)."""
         used = [t for t in MIXED_DERIVED if any(b.get(t) for b in branches(mixed))]
         if not used:
             return {}
         sms = self._sms("mixed", used[0], where)
         heads = (self.model.num_heads // self.tp, self.model.kv_heads_per_rank(self.tp))
-        return mixed_derived(*heads, sms, flat=self._mixed_graphs)  # one rank's heads
+        return mixed_derived(*heads, sms, self._mixed_graphs, longest)  # one rank's heads
 
     def _per_token_ms(self, fit: Mapping[str, Any] | None, oneshot: bool = False) -> float:
         """GPU ms per query token of a mixed step: the fitted num_tokens (+ prefill_tokens)

@@ -25,6 +25,7 @@ from .defaults import DEFAULTS, PROFILE_VERSION, default_profile
 from .envelope import EnvelopeError, check_envelope
 from .hostspeed import HOST_KEY, HostSpeedError, check_host_speed
 from .linear import DECODE_TERMS, LINEAR_TERMS, MAX_KEY, MIXED_TERMS
+from .mixedsplits import GRID_RULES
 from .spread import RANKS_KEY, SPREAD_KEY, SpreadError, check_spread
 from .table import NONLINEAR_KEYS, TABLE_KEY, TableError, check_spline, check_table
 from .terms import TERM_NAMES
@@ -67,6 +68,9 @@ TP_KEY = "tensor_parallel_size"
 # the tp_allreduce of the runs the GPU fits were measured on (absent: nccl); the simulator adds
 # the difference to another algorithm in the config (sim.cost.model)
 ALLREDUCE_KEY = "tp_allreduce"
+# the rule of the mixed grid_blocks / mixed_keys terms the mixed fits were made with
+# (sim.cost.mixedsplits.GRID_RULES; absent: "mean", the rule before the longest chunk's)
+MIXED_GRID_KEY = "mixed_grid"
 # the calibration runs' host probe level (replay.analysis.probe): {"level": x, "runs": n}; the
 # simulator does not read it: a target host's probe over it is that host's `host_scale`
 PROBE_KEY = "host_probe"
@@ -75,6 +79,7 @@ TOP_KEYS = (
     *META_STR_KEYS,
     TP_KEY,
     ALLREDUCE_KEY,
+    MIXED_GRID_KEY,
     "source_runs",
     "gpu_pass",
     "launch",
@@ -255,6 +260,9 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
     if ALLREDUCE_KEY in prof and prof[ALLREDUCE_KEY] not in TP_ALLREDUCE:
         raise _fail(where, ALLREDUCE_KEY, f"expected one of {TP_ALLREDUCE}, got "
                     f"{prof[ALLREDUCE_KEY]!r}")  # fmt: skip
+    if MIXED_GRID_KEY in prof and prof[MIXED_GRID_KEY] not in GRID_RULES:
+        raise _fail(where, MIXED_GRID_KEY, f"expected one of {GRID_RULES}, got "
+                    f"{prof[MIXED_GRID_KEY]!r}")  # fmt: skip
     runs = prof.get("source_runs", [])
     if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
         raise _fail(where, "source_runs", f"expected a list of strings, got {runs!r}")
