@@ -7,7 +7,8 @@ Where the sweep holds steps whose attention waits on one long program (sim.cost.
 a short chunk after a long context runs a few programs that each walk all of it; a long decode
 row beside a chunk walks its context in at most 8 splits), the model is the larger of two
 branches sharing the spline (`{"max": [...]}`):
-  throughput: spline + attn_pairs, kv_read_tokens, grid_blocks, ... (the fit's `terms`)
+  throughput: spline + attn_pairs, kv_read_tokens, grid_blocks, chunk_spread, ... (the fit's
+              `terms`)
   straggler:  spline + mixed_keys (the longest program's keys), kv_read_tokens, num_reqs
 fitted together: each row joins the branch that is the larger at the current coefficients
 (rows > STRAGGLER_START x the throughput branch seed the straggler branch), one penalised
@@ -47,6 +48,7 @@ def mixed_knots(cols: Cols, rows: np.ndarray) -> list[float] | None:
 
 
 GRID_TERM = "grid_blocks"  # joins the throughput branch's terms where the columns hold it
+SPREAD_TERM = "chunk_spread"  # likewise (sim.cost.mixedsplits.chunk_spread)
 KEYS_TERM = "mixed_keys"
 STRAGGLER_TERMS = (KEYS_TERM, "kv_read_tokens", "num_reqs")
 STRAGGLER_START = 1.05  # rows this far above the throughput branch seed the straggler branch
@@ -78,7 +80,7 @@ def fit_mixed(
     t = table_rule()
     w = t.spline_weights(knots, cols["num_tokens"][rows])
     yr = y[rows]
-    lin = _independent(cols, rows, w, [*terms, GRID_TERM])
+    lin = _independent(cols, rows, w, [*terms, GRID_TERM, SPREAD_TERM])
     x1 = _columns(cols, rows, lin)
     nk = len(knots)
     pen = curvature(knots)

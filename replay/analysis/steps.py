@@ -20,13 +20,13 @@ from bubblesim.core.phases import CPU_PHASES, DRAFT, LAUNCH, SAMPLE
 from bubblesim.core.runfmt import Run
 from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from sim.cost import CostModel, load_profile, resolve_profile
-from sim.cost.mixedsplits import mixed_attention_fn
+from sim.cost.mixedsplits import chunk_spread, mixed_attention_fn
 from sim.cost.splits import num_sms, program_keys_fn, tail_keys_fn
 from sim.cost.table import SPLINE_KEY, TABLE_KEY, spline_values, table_values
 from sim.cost.terms import TERM_NAMES, active_terms
 
 # sim.cost.mixedsplits.MIXED_DERIVED (sim is imported lazily here: the GPU host has no simpy)
-MIXED_DERIVED = ("mixed_keys", "grid_blocks")
+MIXED_DERIVED = ("mixed_keys", "grid_blocks", "chunk_spread")
 
 # GPU event times reach the host clock through one base event (engine.hooks), good to a few us
 CLEAN_TOL_S = 10e-6
@@ -153,7 +153,8 @@ def tail_keys(
 
 
 def mixed_attention(run: Run, cols: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The mixed-step derived terms (sim.cost.mixedsplits: `mixed_keys`, `grid_blocks`) of each
+    """The mixed-step derived terms (sim.cost.mixedsplits: `mixed_keys`, `grid_blocks`,
+    `chunk_spread`) of each
     row of `cols` (shape fields) for the run's model and GPU; zeros where either is unknown."""
     n = len(cols["num_reqs"])
     out = {t: np.zeros(n) for t in MIXED_DERIVED}
@@ -166,8 +167,9 @@ def mixed_attention(run: Run, cols: Mapping[str, np.ndarray]) -> dict[str, np.nd
               "max_kv_tokens", "decode_tokens", "draft_tokens")  # fmt: skip
     vals = np.stack([np.asarray(cols[f], np.float64) for f in fields], axis=1)
     for i in rows:
-        keys, blocks = fn(SimpleNamespace(**dict(zip(fields, (int(v) for v in vals[i])))))
-        out[MIXED_DERIVED[0]][i], out[MIXED_DERIVED[1]][i] = keys, blocks
+        s = SimpleNamespace(**dict(zip(fields, (int(v) for v in vals[i]))))
+        out[MIXED_DERIVED[0]][i], out[MIXED_DERIVED[1]][i] = fn(s)
+        out[MIXED_DERIVED[2]][i] = chunk_spread(s)
     return out
 
 

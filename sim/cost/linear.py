@@ -11,7 +11,7 @@ times per simulated step, for millions of steps).
 A GPU pass model may also be `{"max": [LINEAR, LINEAR, ...]}`: the larger of its branches
 (`compile_model`; pure decode: the KV stream vs the longest attention program), and its linear
 models may use derived terms the caller defines for one model and GPU (`derived`:
-`program_keys`, sim.cost.splits; a mixed model's `mixed_keys` and `grid_blocks`,
+`program_keys`, sim.cost.splits; a mixed model's `mixed_keys`, `grid_blocks` and `chunk_spread`,
 sim.cost.mixedsplits), which compile to a call of the caller's function. A GPU pass
 model (or branch) may also hold a piecewise-linear term, `"table"` or `"spline"`
 (sim.cost.table), added to its linear terms and compiled to a call the same way.

@@ -1,6 +1,6 @@
-"""`mixed_keys` and `grid_blocks`: derived terms of a mixed step's attention (a step with a
-prefill chunk), from this engine's paged attention kernel (engine/kernels/paged_attention.py,
-per-sequence grid: the eager mixed step).
+"""`mixed_keys`, `grid_blocks` and `chunk_spread`: derived terms of a mixed step's attention (a
+step with a prefill chunk), from this engine's paged attention kernel
+(engine/kernels/paged_attention.py, per-sequence grid: the eager mixed step).
 
 The kernel's grid is (sequence, kv head, query block x split); a program walks the keys of one
 block of BLOCK_Q query tokens of one sequence (BLOCK_M = BLOCK_Q x GROUP rows: 64, or 16 when
@@ -45,7 +45,8 @@ BLOCK_M, SMALL_BLOCK_M = 64, 16
 
 MIXED_KEYS = "mixed_keys"
 GRID_BLOCKS = "grid_blocks"
-MIXED_DERIVED = (MIXED_KEYS, GRID_BLOCKS)
+CHUNK_SPREAD = "chunk_spread"
+MIXED_DERIVED = (MIXED_KEYS, GRID_BLOCKS, CHUNK_SPREAD)
 
 ShapeFn = Callable[[Any], float]
 
@@ -113,9 +114,31 @@ def mixed_attention_fn(
     return attention
 
 
+def chunk_spread(s: Any) -> float:
+    """`chunk_spread`: tokens by which the longest chunk (`longest_chunk`) exceeds the mean
+    chunk; 0 without a prefill, for one chunk and for equal fresh chunks. Unequal chunks, or a
+    later chunk after a long context beside a fresh one (whose pairs weigh it up to the most
+    one chunk can hold), leave the longest programs running beside short ones: the kernel's
+    grid launches query block by query block, so the longest chunk's last blocks, which walk
+    the most keys, start last and the step waits on them. On the H100 sweep of llama3.2-1b a
+    later chunk of 2048 tokens after 4096 cached beside a fresh one ran 4.4 % longer than one
+    chunk of 4096 with the same pairs, tokens and grid (`chunks@ctx` against `prefill@ctx`),
+    and the 1b-asap2 check's steps of 2-5 chunks sat 2-4 % above the model with the grid of
+    their longest chunk. Reads every field it uses on every call."""
+    reqs, chunks, pre = s.num_reqs, s.num_prefill_reqs, s.prefill_tokens
+    drafts, kv, pairs = s.draft_tokens, s.kv_read_tokens, s.attn_pairs
+    if chunks <= 1 or pre <= 0:
+        return 0.0
+    return float(longest_chunk(reqs, chunks, pre, drafts, kv, pairs) - _cdiv(pre, chunks))
+
+
 def mixed_derived(
     num_q_heads: int, num_kv_heads: int, sms: int, flat: bool = False
 ) -> dict[str, ShapeFn]:
-    """The two derived terms as functions of a shape (sim.cost.linear's `derived`)."""
+    """The derived terms as functions of a shape (sim.cost.linear's `derived`)."""
     fn = mixed_attention_fn(num_q_heads, num_kv_heads, sms, flat)
-    return {MIXED_KEYS: lambda s: fn(s)[0], GRID_BLOCKS: lambda s: fn(s)[1]}
+    return {
+        MIXED_KEYS: lambda s: fn(s)[0],
+        GRID_BLOCKS: lambda s: fn(s)[1],
+        CHUNK_SPREAD: chunk_spread,
+    }

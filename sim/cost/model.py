@@ -415,8 +415,8 @@ class CostModel:
         return out
 
     def _mixed_derived(self, mixed: Mapping[str, Any], where: str | None) -> Derived:
-        """`mixed_keys` / `grid_blocks` (sim.cost.mixedsplits) if the mixed model uses them; a
-        mixed-step graph runs the flat grid (no empty blocks per sequence)."""
+        """`mixed_keys` / `grid_blocks` / `chunk_spread` (sim.cost.mixedsplits) if the mixed
+        model uses them; a mixed-step graph runs the flat grid (no empty blocks per sequence)."""
         used = [t for t in MIXED_DERIVED if any(b.get(t) for b in branches(mixed))]
         if not used:
             return {}

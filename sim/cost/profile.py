@@ -6,7 +6,7 @@ bad profile gets one `ProfileError` naming the key. Merging rules: parameter tab
 a term, `sync`, `gpu_pass.decode`/`mixed`) is replaced whole, since a fit's coefficients only
 make sense together. `gpu_pass.decode` and `mixed` may also be `{"max": [LINEAR, LINEAR, ...]}`
 (the larger of its branches); decode models may use the derived terms `program_keys` and `tail_keys`
-(sim.cost.splits), mixed ones `mixed_keys` and `grid_blocks` (sim.cost.mixedsplits).
+(sim.cost.splits), mixed ones `mixed_keys`, `grid_blocks` and `chunk_spread` (sim.cost.mixedsplits).
 """
 
 from __future__ import annotations
