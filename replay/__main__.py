@@ -202,6 +202,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_shapes(args: argparse.Namespace) -> int:
     # lazy: the sweep runs the engine (torch)
     from replay.analysis.outdir import SHAPES_FILE
+    from replay.analysis.shapes_grid import FAMILIES
     from replay.gpu.shapes import KINDS, sweep
 
     cfg = config_from_args(args)
@@ -216,6 +217,10 @@ def cmd_shapes(args: argparse.Namespace) -> int:
         raise UsageError("--budget-s must be >= 0 (0: no budget) and --points >= 1")
     if args.max_context < 0:
         raise UsageError("--max-context must be >= 0 (0: max_model_len)")
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise UsageError(f"--families: unknown {unknown}; the grid's families are {FAMILIES}")
     out = Path(args.output or Path("runs") / f"shapes-{Path(cfg.model).name}.parquet")
     bar = _Progress(not args.quiet)
     try:
@@ -224,7 +229,7 @@ def cmd_shapes(args: argparse.Namespace) -> int:
                 res = sweep(
                     cfg, out, args.repeats, kinds, args.quick, args.max_seconds, bar,
                     budget_s=args.budget_s or None, points=args.points,
-                    max_context=args.max_context, announce=print,
+                    max_context=args.max_context, announce=print, families=families,
                 )  # fmt: skip
         finally:
             bar.close()
@@ -610,6 +615,13 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     add_config_args(p)
     p.add_argument("--repeats", type=int, default=5, help="clean samples per shape (median)")
     p.add_argument("--kinds", default="mixed,decode", help="batch kinds to sweep")
+    p.add_argument(
+        "--families",
+        default="",
+        help="only these grid families, comma-separated (their sweep `label`, e.g. "
+        "'chunks(uneven),chunks@ctx'; default: all): a sweep to add to another with "
+        "calibrate --shapes A --shapes B",
+    )
     p.add_argument(
         "--budget-s",
         type=float,

@@ -17,6 +17,9 @@ the cache:
 - chunks, chunks@ctx: a token total split into 2..16 fresh chunks; a new and a later chunk;
 - prefill+decode: a chunk of P tokens beside D decode rows of context c (P x D x c);
 - prefill+decode+long, prefill+decode(spread);
+- chunks(uneven): chunks of unequal sizes in one step (a long and a short fresh chunk, a later
+  chunk beside a fresh one of another size), alone and beside decode rows: the mixed kernel's
+  grid is sized by the longest chunk and its last query blocks finish last;
 - decode(history): decode cells (B at the graph buckets, c in HISTORY_CONTEXTS) whose every
   row needs its output history (sampling with penalties: the decode graph's penalties variant,
   engine.graphs); decode(history mix): every other row, or one row, with history. Each is a
@@ -52,6 +55,10 @@ MIXED_DECODE_CONTEXTS = (256, 2048, 16384)  # decode rows beside a prefill chunk
 SPREAD_CONTEXTS = (128, 8192)  # log-uniform contexts of a "spread" batch
 LONG_CONTEXT = 16384  # a long row among short ones (plus max_context)
 CHUNK_SPLITS = (2, 4, 8, 16)
+UNEVEN_TOTALS = (1024, 4096, 8192)  # chunks(uneven): tokens of the step's chunks, capped
+UNEVEN_ROWS = (0, 16, 64)  # decode rows beside them (context UNEVEN_ROW_CONTEXT)
+UNEVEN_ROW_CONTEXT = 2048
+UNEVEN_PRIOR = 4096  # the later chunk's cached context
 HISTORY_CONTEXTS = (256, 2048, 16384)  # decode(history) cells: contexts of the decode lattice
 HISTORY_MIX = ((32, 2048), (128, 2048), (256, 2048))  # decode(history mix): (rows, context)
 FAMILIES = (  # the order within a level
@@ -70,6 +77,7 @@ FAMILIES = (  # the order within a level
     "prefill+decode(spread)",
     "decode(history)",  # last: the families before keep their turns within a level
     "decode(history mix)",
+    "chunks(uneven)",  # added after the others: their points and order are unchanged
 )
 NO_CACHE_LIMIT = 1 << 62
 
@@ -320,6 +328,7 @@ def grid(lim: Limits, kinds: Sequence[str] = ("decode", "mixed"), seed: int = 0)
         _decode(g)
     if "mixed" in kinds:
         _mixed(g)
+        _uneven_chunks(g)
     rank = {f: i for i, f in enumerate(FAMILIES)}
     turn: dict[tuple[int, str], int] = {}  # within a level the families take turns
     keys = []
@@ -427,6 +436,36 @@ def _mixed(g: _Grid) -> None:
             pf = min(p, t_max - d * q)
             rows = [_dec(c, k) for c in g.contexts(d, *SPREAD_CONTEXTS)]
             g.add("prefill+decode(spread)", [*rows, Entry(0, pf, True)])
+
+
+def _uneven_chunks(g: _Grid) -> None:
+    """chunks(uneven): per token total T and decode rows D, four splits of T: 3/4 + 1/4 fresh,
+    1/2 + three 1/6 fresh, a later 1/4 (after UNEVEN_PRIOR cached) + a fresh 3/4, a later 3/4 +
+    a fresh 1/4. No random draw: the seeded families' points do not move."""
+    lim = g.lim
+    k = lim.spec_k
+    q = 1 + k
+    totals = sorted({min(t, lim.max_tokens) for t in UNEVEN_TOTALS})
+    for total in totals:
+        for d in UNEVEN_ROWS:
+            t = min(total, lim.max_tokens - d * q)
+            if t < 8 * MIN_PREFILL_TOKENS:
+                continue
+            rows = [_dec(min(UNEVEN_ROW_CONTEXT, lim.decode_cap(k)), k)] * d
+            a, b, c = t * 3 // 4, t // 4, t // 6
+            splits = [
+                [Entry(0, a, True), Entry(0, t - a, True)],
+                [Entry(0, t - 3 * c, True), *[Entry(0, c, True)] * 3],
+            ]
+            s = min(UNEVEN_PRIOR, lim.prefill_cap - a)  # a prior the longer later chunk fits
+            if s >= PRIOR_MIN:
+                splits += [
+                    [Entry(s, b, True), Entry(0, t - b, True)],
+                    [Entry(s, a, True), Entry(0, t - a, True)],
+                ]
+            axes = [_ax("tokens", totals, total), _ax("rows", UNEVEN_ROWS, d)]
+            for chunks in splits:
+                g.add("chunks(uneven)", [*rows, *chunks], axes)
 
 
 def quick_grid(batches: Sequence[Batch], per_kind: int) -> list[Batch]:

@@ -119,6 +119,7 @@ class Plan:
     grid_shapes: int  # in the full grid
     estimate_s: float  # estimated GPU seconds of the selected shapes
     limits: Limits
+    families: tuple[str, ...] = ()  # the grid families swept (none: all)
 
 
 def plan(
@@ -131,15 +132,20 @@ def plan(
     points: int | None = None,
     max_context: int = 0,
     buckets: Sequence[int] = (),
+    families: Sequence[str] = (),
 ) -> Plan:
     """The grid for `cfg` and a cache of `num_kv_blocks`, cut to `points` / `budget_s`;
-    `buckets`: the engine's decode graphs (none: decode runs eagerly)."""
+    `buckets`: the engine's decode graphs (none: decode runs eagerly); `families`: only these
+    grid families (their `label`; none: all)."""
     graphs = bool(buckets)
     lim = Limits.of(cfg, num_kv_blocks, max_context, buckets)
     full = grid(lim, kinds, cfg.seed)
+    if families:
+        full = [b for b in full if b.label in families]
     guess = CostGuess.of(cfg)
     if quick:
         full = quick_grid(full, quick)
     cost = [guess.shape_s(b, graphs and b.kind == "decode", repeats) for b in full]
     keep = select(full, cost, None if quick else budget_s, points)
-    return Plan([full[i] for i in keep], len(full), float(sum(cost[i] for i in keep)), lim)
+    chosen = [full[i] for i in keep]
+    return Plan(chosen, len(full), float(sum(cost[i] for i in keep)), lim, tuple(families))

@@ -131,10 +131,12 @@ def sweep(
     points: int | None = None,
     max_context: int = 0,
     announce: Callable[[str], None] | None = None,
+    families: Sequence[str] = (),
 ) -> SweepResult:
     """Time the grid's steps for `cfg` (module docstring); write the parquet file `out`.
     `quick` > 0: about that many shapes per kind (no budget). `max_seconds`: stop adding shapes
-    after that long. `announce` gets the plan (shapes, estimated GPU time) before timing."""
+    after that long. `announce` gets the plan (shapes, estimated GPU time) before timing.
+    `families`: only these grid families (replay.analysis.shapes_grid.FAMILIES; none: all)."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     t_start = time.monotonic()
@@ -150,7 +152,7 @@ def sweep(
         buckets = engine.graphs.buckets if engine.graphs is not None else ()
         pl = plan(
             _as_run(cfg), engine.num_kv_blocks, kinds, quick, repeats, budget_s, points,
-            max_context, buckets,
+            max_context, buckets, families,
         )  # fmt: skip
         if announce is not None:
             announce(
@@ -367,6 +369,7 @@ def _meta_fn(
                 "spec_k": pl.limits.spec_k,
             },
             "grid_shapes": pl.grid_shapes,
+            "families": list(pl.families) or "all",
             "selected_shapes": len(pl.batches),
             "budget_s": budget_s,
             "points": points,

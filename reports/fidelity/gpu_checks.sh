@@ -6,7 +6,8 @@
 # penalties on every other request), mixed-ab (cuda_graphs_mixed off/on),
 # checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
 # never used in a fit), checks2 (the second, fresh set of traces/checks2/: every run, or the
-# names in $CHECKS2), checks3 (traces/checks3/, or the names in $CHECKS3), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
+# names in $CHECKS2), checks-d3 (azure_mid and longout_hi of traces/checks2/ at depth 3, or the
+# names in $CHECKSD3), checks3 (traces/checks3/, or the names in $CHECKS3), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
 # sweep-spec (the verify-width sweep: ngram-gpu, k=3, decode shapes, cut at $SPEC_SWEEP_S s),
 # idlegap / idlegap-spec (decode / verify graphs timed after set GPU idle gaps: the idle-start
 # law for `replay calibrate --idle-sweep`).
@@ -54,6 +55,11 @@ case $part in
         asap2) replay "$n" $C2/$n.parquet --set arrival=asap ;;
         *) replay "$n" $C2/$n.parquet ;;
       esac
+    done
+    ;;
+  checks-d3)  # depth 3 on the fresh set's workloads (three batches in flight; $CHECKSD3 names)
+    for n in ${CHECKSD3:-azure_mid longout_hi}; do
+      replay "$n-d3" $C2/$n.parquet --set batches_in_flight=3
     done
     ;;
   checks3)  # the third set (traces/checks3/: penalties on every request, make_checks.py 3)
