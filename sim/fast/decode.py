@@ -2,7 +2,9 @@
 
 A segment starts at the top of a loop iteration when (no speculative decoding, own arrivals):
 - every running request is decoding and the batches in flight (depth - 1 of them) hold only
-  running requests, each generating one token.
+  running requests, each generating one token; or all but one, a prompt in chunks whose next
+  chunk waits for KV blocks while the others, each with a batch in flight, decode (`_Stall`:
+  nothing of it changes until blocks are freed).
 Iteration k of the segment launches step s0 + k and completes the oldest pass in flight. Its
 batch is the decode of every "member": a running request r with j1_r <= k < end_r, at position
 cr_r + k (end_r: the first launch once the passes in flight surely finish it), followed by the
@@ -21,8 +23,8 @@ join or finish, with no arrival due, no admission to try (or only one
 iterations run one after another in a loop of their own (decode costs, clock step; their
 grows after them, in one call, as far as the free blocks go).
 The segment ends before a step the normal path must run: nothing to decode, more decode tokens
-than the budget, fewer free blocks than the step's decodes need (preemption), or after a step
-that admitted a partial prompt chunk.
+than the budget, fewer free blocks than the step's decodes need (preemption), a stalled prompt
+chunk that may get its blocks, or after a step that admitted a partial prompt chunk.
 Costs that read only the fields a batch size fixes are taken once per batch size
 (sim.stepcosts.StepCosts.const); the rest are called on one mutable shape at every step. Each
 step's timing is the step loop's own phase block (sim.clock.StepClock.launch / complete), so
@@ -95,6 +97,36 @@ class _Member:
         self.grows: list[Request] | None = None  # its grow class while it has launches to grow
 
 
+class _Stall:
+    """A running request in its prompt chunks that waits for KV blocks: at each schedule
+    Scheduler.schedule plans its next chunk within the budget the decodes before it leave,
+    `BlockManager.allocate` finds too few free blocks (no change) and no victim is found to
+    preempt (every other running request has a batch in flight: FastForward._may_stall), so
+    it is skipped and nothing of it changes. A segment runs beside it while that surely holds
+    (`fails`) and ends before the first launch where it may not (a member's finish freed
+    blocks, fewer decodes leave a larger chunk): the step loop schedules that launch."""
+
+    __slots__ = ("req", "start", "known", "held", "block_size", "max_tokens")
+
+    def __init__(self, req: Request, block_size: int, max_tokens: int) -> None:
+        self.req = req
+        self.start = req.num_computed_tokens
+        self.known = req.num_tokens - self.start  # its prompt tokens left to compute
+        self.held = len(req.block_ids)
+        self.block_size = block_size
+        self.max_tokens = max_tokens
+
+    def fails(self, b: int, free: int) -> bool:
+        """Whether its chunk surely finds too few blocks at a launch of b decodes (b <= the
+        budget) with `free` blocks before their grows: the decodes before it take at most b
+        of the budget, so the chunk has at least min(known, max_tokens - b) tokens, and at
+        its turn at most `free` blocks are free."""
+        n = self.max_tokens - b
+        if self.known < n:
+            n = self.known
+        return -(-(self.start + n) // self.block_size) - self.held > free
+
+
 @dataclass
 class _Run:
     """What a segment computed: per launch k, and per iteration (the pass completed in it)."""
@@ -122,6 +154,7 @@ class FastForward:
         self.max_seqs = cfg.max_num_seqs
         self.max_tokens = cfg.max_num_batched_tokens
         self.block_size = cfg.block_size
+        self.chunked_prefill = cfg.chunked_prefill
         self.blocks = loop.sched.blocks  # the scheduler's block manager (kept for its life)
         self.num_segments = 0
         self.num_steps = 0
@@ -133,18 +166,21 @@ class FastForward:
         nd = loop.depth - 1
         if not running or len(loop.inflight) != nd or len(running) > self.max_tokens:
             return False
+        stalled = None
         for r in reversed(running):  # the latest admitted first: a recompute in prompt chunks
-            if not r.in_decode:
-                return False  # a prompt chunk to continue (as _initial_members finds, sooner)
+            if not r.in_decode:  # a prompt chunk to continue: one stalled for blocks, or none
+                if stalled is not None or not self._may_stall(r, nd):
+                    return False
+                stalled = _Stall(r, self.block_size, self.max_tokens)
         old = list(loop.inflight)
         for p in old:
             for e in p.batch.entries:
                 if not e.generates or e.num_drafts:
                     return False
-        members = self._initial_members(old, running)
+        members = self._initial_members(old, running, stalled)
         if members is None:
             return False
-        run = self._simulate(old, members)
+        run = self._simulate(old, members, stalled)
         if run.n == 0:
             return False  # nothing changed: the first step already needs the normal path
         shapes = self._record(old, run)
@@ -153,8 +189,18 @@ class FastForward:
         self.num_steps += run.n
         return True
 
-    def _initial_members(self, old: list[Pass], running: list[Request]) -> list[_Member] | None:
-        """The running requests as members, or None when one is not plainly decoding."""
+    def _may_stall(self, r: Request, nd: int) -> bool:
+        """Whether running request `r`, in its prompt chunks, may be the segment's stalled
+        one (_Stall): with batches in flight (nd >= 1: every other running request then has
+        one at each schedule, so none is a victim the scheduler could preempt for it; checked
+        at the start by _initial_members), chunked prefill, and none of its own in flight."""
+        return nd >= 1 and self.chunked_prefill and r.num_inflight_batches == 0
+
+    def _initial_members(
+        self, old: list[Pass], running: list[Request], stalled: _Stall | None
+    ) -> list[_Member] | None:
+        """The running requests but `stalled` as members, or None when one is not plainly
+        decoding (or, with a stalled request, has no batch in flight: a victim for it)."""
         nd = len(old)
         held: dict[int, list[int]] = {}  # request index -> old passes holding it (0/1 each)
         for q, p in enumerate(old):
@@ -164,6 +210,8 @@ class FastForward:
         members = []
         for key, r in enumerate(running):
             out, ph, c = r.num_output_tokens, r.num_placeholders, r.num_computed_tokens
+            if stalled is not None and r is stalled.req:
+                continue
             if not r.in_decode:
                 return None  # a prompt chunk to continue
             flags = held.get(r.index, [0] * nd)
@@ -173,6 +221,8 @@ class FastForward:
             n_old = cum[-1]
             if not (ph == r.num_inflight_gen == r.num_inflight_batches == n_old):
                 return None
+            if stalled is not None and not n_old:
+                return None  # nothing in flight: the stalled request would preempt it
             if not c <= len(r.block_ids) * bs < c + bs:
                 return None  # not the blocks its computed tokens take: not ours to model
             # launch k needs outputs_guaranteed = out + inflight_gen + k < output_len
@@ -186,7 +236,7 @@ class FastForward:
         return members
 
     # ---- the steps ----------------------------------------------------------------------------
-    def _simulate(self, old: list[Pass], members: list[_Member]) -> _Run:
+    def _simulate(self, old: list[Pass], members: list[_Member], stalled: _Stall | None) -> _Run:
         """SimLoop.launch_step + complete_step, iteration after iteration: the policy on the
         members' lazy state, each step's timing by the loop's own StepClock.step."""
         loop = self.loop
@@ -288,6 +338,8 @@ class FastForward:
                 # iteration does reads the block manager): `end` stops before the first launch
                 # whose grows would find too few free blocks (`short`: the normal path
                 # preempts there)
+                if stalled is not None and not stalled.fails(b, self.blocks.num_free):
+                    break  # a finish freed blocks: the step loop schedules the stalled chunk
                 k0 = k
                 end, short = self._calm_end(classes, k, min(calm_until, MAX_SEGMENT_STEPS), b)
                 # a step whose CPU clock reaches the next arrival or the progress tick ends it
@@ -356,6 +408,8 @@ class FastForward:
                             sum_hr -= m.hr
             if (changed or not k) and (b == 0 or b > max_tokens):
                 break  # an empty or budget-cut schedule: the normal path runs it
+            if stalled is not None and not stalled.fails(b, self.blocks.num_free):
+                break  # the stalled chunk may get its blocks: the normal path schedules it
             grows = classes[k % bs]
             if grows and not allocate_next(grows):
                 break  # the normal path preempts
