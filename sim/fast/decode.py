@@ -302,7 +302,7 @@ class FastForward:
         sh, mx = StepShape(), StepShape()  # this decode step's shape; a step with prompts'
         sh.set_decode(b)
         c: list[Any] = []  # the step's costs (sim.clock.COSTS)
-        varying: list[Any] = []  # how to get those that vary: StepCosts.varying
+        set_varying: Any = None  # sets those that vary: StepCosts.set_varying
         # the passes completed in iterations 0 .. nd - 1: the old ones
         po_s, po_objs = run.po_s, run.po_objs
         po_s.extend(p.po_s for p in old)
@@ -313,8 +313,6 @@ class FastForward:
         cpu = clock.cpu_s
         stop_after = False
         reload = True
-        vary_one, vary_i = False, 0  # (set with `varying`)
-        vary_fn: Any = None
         # bound once: the loop below runs for every step of the segment
         drop_pop = drop.pop
         allocate_next = self.blocks.allocate_next
@@ -356,11 +354,7 @@ class FastForward:
                     sh.max_kv_tokens = longest
                     sh.history_tokens = hist
                     sh.context_tokens = ctx
-                    if vary_one:
-                        c[vary_i] = vary_fn(sh) / 1e3
-                    else:
-                        for i, fn, ms in varying:  # StepCosts.varying
-                            c[i] = fn(sh) / 1e3 if ms else fn(sh)
+                    set_varying(sh, c)
                     step = s0 + k
                     po_s_add(c[PO_S])
                     po_objs_add(c[PO_OBJS])
@@ -497,17 +491,13 @@ class FastForward:
             else:
                 if reload:
                     c = list(costs.const(sh, b))
-                    varying = costs.varying(b)
-                    # one varying cost in ms (the GPU pass's, as a rule): called without the loop
-                    vary_one = len(varying) == 1 and varying[0][2]
-                    vary_i, vary_fn = varying[0][:2] if vary_one else (0, None)
+                    set_varying = costs.set_varying(b)
                     reload = False
                 sh.kv_read_tokens = sh.attn_pairs = kv
                 sh.max_kv_tokens = longest
                 sh.history_tokens = hist
                 sh.context_tokens = ctx
-                for i, fn, ms in varying:  # StepCosts.varying
-                    c[i] = fn(sh) / 1e3 if ms else fn(sh)
+                set_varying(sh, c)
             step = s0 + k
             # ---- launch_step, then complete_step of the oldest pass in flight
             po_s_add(c[PO_S])
