@@ -251,8 +251,9 @@ class RunRecorder:
         """`sync(steps[i], starts_s[i], ends_s[i])` for every i, in order."""
         if not len(steps) == len(starts_s) == len(ends_s):
             raise ValueError("syncs: steps, starts_s and ends_s differ in length")
-        if len(steps) >= _VECTOR_TIMES and not isinstance(steps, array):
-            many = np.asarray(steps, np.int64)  # checked and stored through numpy
+        if len(steps) >= _VECTOR_TIMES:
+            many = np.asarray(steps, np.int64)  # checked and stored through numpy (an array's
+            # buffer as it is)
             if not (many.min() >= 0 and many.max() < self.num_steps):
                 raise IndexError("syncs: a step was not added")
             self._sync_step.frombytes(many.tobytes())
