@@ -36,12 +36,11 @@ the steps in bulk, request states are written back, and the passes still in flig
 from __future__ import annotations
 
 import struct
+from array import array
 from collections import deque
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import partial
 from heapq import heapify, heappop, heappush
-from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -64,7 +63,8 @@ from sim.fast.bulk import last_completed, record_steps
 from sim.fast.host import Host
 from sim.stepcosts import StepShape
 
-MAX_SEGMENT_STEPS = 1 << 16  # bounds the lists of one segment
+MAX_SEGMENT_STEPS = 1 << 16
+PIECE = 7  # values of a decode piece (_Run.pieces)  # bounds the lists of one segment
 _TIMES_ROW = struct.Struct(f"={len(TIMES)}d")  # StepClock.step's times, packed
 # a decode step's shape row is written out positionally below
 assert SHAPE_FIELDS == (
@@ -132,13 +132,17 @@ class _Run:
     """What a segment computed: per launch k, and per iteration (the pass completed in it)."""
 
     n: int = 0
-    # decode shapes: from launch k0 on,
+    # Flat int64 arrays (converted as each is added: a long list of tuples converted at the
+    # end reads every tuple and int again, long out of the cache):
+    # decode shapes: from launch k0 on, PIECE values
     # (k0, b, sum cr, max cr, sum hr, history members, sum prompt+a)
-    pieces: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
-    rows: dict[int, tuple[int, ...]] = field(default_factory=dict)  # other shapes, by launch
-    # StepClock.step of iteration k, packed as doubles (_TIMES_ROW: a third of a tuple's
-    # memory, no conversion after), and its pass's GPU end (read when that pass completes)
-    times: list[bytes] = field(default_factory=list)
+    pieces: array[int] = field(default_factory=lambda: array("q"))
+    # other shapes: the launches (ascending, once each) and their rows (SHAPE_FIELDS each)
+    row_at: array[int] = field(default_factory=lambda: array("q"))
+    rows: array[int] = field(default_factory=lambda: array("q"))
+    # StepClock.step of iteration k, packed as doubles (_TIMES_ROW: no conversion after), and
+    # its pass's GPU end (read when that pass completes)
+    times: bytearray = field(default_factory=bytearray)
     gpu_end: list[float] = field(default_factory=list)
     # process_outputs seconds and objects of the pass completed in iteration i
     po_s: list[float] = field(default_factory=list)
@@ -247,7 +251,7 @@ class FastForward:
         nd = len(old)  # completed in iterations 0 .. nd - 1, before any launched pass
         s0 = rec.num_steps
         run = _Run(members=members)
-        pieces, rows = run.pieces, run.rows
+        add_piece, add_row_at, add_row = run.pieces.extend, run.row_at.append, run.rows.extend
         gpu_end = run.gpu_end
         clock_step = clock.step
 
@@ -318,7 +322,7 @@ class FastForward:
         allocate_next = self.blocks.allocate_next
         chunk_done_pop, done_pop = chunk_done.pop, done.pop
         po_s_add, po_objs_add = po_s.append, po_objs.append
-        times_add, gpu_end_add, pack = run.times.append, gpu_end.append, _TIMES_ROW.pack
+        times_add, gpu_end_add, pack = run.times.extend, gpu_end.append, _TIMES_ROW.pack
         marks_add = partial(heappush, marks)
         k = calm_until = 0
         changed = False  # launch k decodes other members than launch k - 1
@@ -411,7 +415,7 @@ class FastForward:
                 while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
                     heappop(tops)
                 top_cr = -tops[0][0]
-                pieces.append((k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
+                add_piece((k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
                 sh.set_decode(b)
                 reload = True
                 changed = False
@@ -419,12 +423,13 @@ class FastForward:
             longest = top_cr + k + 1
             ctx = sum_prompt + sum_a + b * k
             hist = sum_hr + nh * k
+            settling = False  # members settling in: this decode's row is written out
             if full:
                 if young:
                     corr = self._young_correction(young, k)
                     if corr:
                         ctx += corr
-                        rows[k] = (b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0)
+                        settling = True
                 budget = max_tokens - b
                 admitted = None
                 if waiting and budget > 0 and len(running) < max_seqs:
@@ -442,7 +447,8 @@ class FastForward:
                     kv + p_kv, kv + p_pairs, max(longest, p_longest), hist + p_hist,
                     ctx + p_ctx, p_new, p_finished,
                 )  # fmt: skip
-                rows[k] = row
+                add_row_at(k)
+                add_row(row)
                 for e in admitted:
                     sched.launch(e)
                 run.admitted[k] = admitted
@@ -489,6 +495,9 @@ class FastForward:
                 c = costs.all(mx)
                 reload = True  # the next decode step takes the decode costs again
             else:
+                if settling:
+                    add_row_at(k)
+                    add_row((b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0))
                 if reload:
                     c = list(costs.const(sh, b))
                     set_varying = costs.set_varying(b)
@@ -595,7 +604,7 @@ class FastForward:
         rec = loop.rec
         n, nd = run.n, len(old)
         shapes = _shape_rows(run)
-        t = np.frombuffer(b"".join(run.times), np.float64).reshape(n, len(TIMES))
+        t = np.frombuffer(run.times, np.float64).reshape(n, len(TIMES))
         s0, po1 = record_steps(rec, loop.clock, old, shapes, t)
         for k, p in enumerate(old[:n]):
             rec.tokens_each([e.req.index for e in p.batch.entries], po1[k : k + 1])
@@ -632,7 +641,7 @@ class FastForward:
             shape = BatchShape(*shapes[k].tolist())
             batch = ScheduledBatch(first + k, entries, shape)
             po = run.po_s[nd + k], run.po_objs[nd + k]
-            t = _TIMES_ROW.unpack(run.times[k])
+            t = _TIMES_ROW.unpack_from(run.times, k * _TIMES_ROW.size)
             inflight.append(launched_pass(batch, s0 + k, t, po))
         loop.inflight = inflight
         if loop.check:
@@ -647,10 +656,8 @@ def _shape_rows(run: _Run) -> np.ndarray:
     """(n, len(SHAPE_FIELDS)) int64: the decode pieces evaluated at every launch, then the
     launches whose shape was written out."""
     n = run.n
-    pieces = run.pieces
-    while pieces and pieces[-1][0] >= n:  # launches from n on did not run
-        pieces.pop()
-    p = _int_rows(pieces, 7)
+    p = np.frombuffer(run.pieces, np.int64).reshape(-1, PIECE)
+    p = p[p[:, 0] < n]  # launches from n on did not run
     lengths = np.diff(np.append(p[:, 0], n))
     b, sum_cr, top_cr, sum_hr, nh, sum_pa = np.repeat(p[:, 1:], lengths, axis=0).T
     k = np.arange(n, dtype=np.int64)
@@ -660,18 +667,12 @@ def _shape_rows(run: _Run) -> np.ndarray:
     out[:, 7] = top_cr + k + 1  # max_kv_tokens
     out[:, 8] = sum_hr + nh * k  # history_tokens
     out[:, 9] = sum_pa + b * k  # context_tokens
-    if run.rows:  # launch -> its row; launches from n on did not run
-        at = np.fromiter(run.rows, np.int64, len(run.rows))
-        rows = _int_rows(run.rows.values(), len(SHAPE_FIELDS))
+    if run.row_at:  # launches from n on did not run
+        at = np.frombuffer(run.row_at, np.int64)
+        rows = np.frombuffer(run.rows, np.int64).reshape(-1, len(SHAPE_FIELDS))
         ran = at < n
         out[at[ran]] = rows[ran]
     return out
-
-
-def _int_rows(rows: Collection[tuple[int, ...]], width: int) -> np.ndarray:
-    """(len(rows), width) int64 from tuples of `width` ints (fromiter: ~2x np.array's speed)."""
-    flat = chain.from_iterable(rows)
-    return np.fromiter(flat, np.int64, len(rows) * width).reshape(-1, width)
 
 
 def _set_state(m: _Member, n: int, nd: int) -> None:
