@@ -36,7 +36,6 @@ the steps in bulk, request states are written back, and the passes still in flig
 from __future__ import annotations
 
 import struct
-from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
@@ -63,9 +62,10 @@ from sim.fast.bulk import last_completed, record_steps
 from sim.fast.host import Host
 from sim.stepcosts import StepShape
 
-MAX_SEGMENT_STEPS = 1 << 16
-PIECE = 7  # values of a decode piece (_Run.pieces)  # bounds the lists of one segment
+MAX_SEGMENT_STEPS = 1 << 16  # bounds the buffers of one segment
 _TIMES_ROW = struct.Struct(f"={len(TIMES)}d")  # StepClock.step's times, packed
+_PIECE = struct.Struct("=7q")  # a decode piece (_Run.pieces), packed
+_ROW = struct.Struct(f"={1 + len(SHAPE_FIELDS)}q")  # a launch and its shape row, packed
 # a decode step's shape row is written out positionally below
 assert SHAPE_FIELDS == (
     "num_reqs", "num_prefill_reqs", "prefill_tokens", "decode_tokens", "draft_tokens",
@@ -132,16 +132,15 @@ class _Run:
     """What a segment computed: per launch k, and per iteration (the pass completed in it)."""
 
     n: int = 0
-    # Flat int64 arrays (converted as each is added: a long list of tuples converted at the
-    # end reads every tuple and int again, long out of the cache):
-    # decode shapes: from launch k0 on, PIECE values
-    # (k0, b, sum cr, max cr, sum hr, history members, sum prompt+a)
-    pieces: array[int] = field(default_factory=lambda: array("q"))
-    # other shapes: the launches (ascending, once each) and their rows (SHAPE_FIELDS each)
-    row_at: array[int] = field(default_factory=lambda: array("q"))
-    rows: array[int] = field(default_factory=lambda: array("q"))
-    # StepClock.step of iteration k, packed as doubles (_TIMES_ROW: no conversion after), and
-    # its pass's GPU end (read when that pass completes)
+    # Packed as they are added (struct: no conversion after; a long list of tuples converted
+    # at the end reads every tuple and int again, long out of the cache):
+    # decode shapes: from launch k0 on, (k0, b, sum cr, max cr, sum hr, history members,
+    # sum prompt+a) (_PIECE)
+    pieces: bytearray = field(default_factory=bytearray)
+    # other shapes: (launch, its row in SHAPE_FIELDS order) (_ROW), launches ascending, once each
+    rows: bytearray = field(default_factory=bytearray)
+    # StepClock.step of iteration k (_TIMES_ROW), and its pass's GPU end (read when that pass
+    # completes)
     times: bytearray = field(default_factory=bytearray)
     gpu_end: list[float] = field(default_factory=list)
     # process_outputs seconds and objects of the pass completed in iteration i
@@ -251,7 +250,8 @@ class FastForward:
         nd = len(old)  # completed in iterations 0 .. nd - 1, before any launched pass
         s0 = rec.num_steps
         run = _Run(members=members)
-        add_piece, add_row_at, add_row = run.pieces.extend, run.row_at.append, run.rows.extend
+        add_piece, pack_piece = run.pieces.extend, _PIECE.pack
+        add_row, pack_row = run.rows.extend, _ROW.pack
         gpu_end = run.gpu_end
         clock_step = clock.step
 
@@ -415,7 +415,7 @@ class FastForward:
                 while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
                     heappop(tops)
                 top_cr = -tops[0][0]
-                add_piece((k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
+                add_piece(pack_piece(k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
                 sh.set_decode(b)
                 reload = True
                 changed = False
@@ -447,8 +447,7 @@ class FastForward:
                     kv + p_kv, kv + p_pairs, max(longest, p_longest), hist + p_hist,
                     ctx + p_ctx, p_new, p_finished,
                 )  # fmt: skip
-                add_row_at(k)
-                add_row(row)
+                add_row(pack_row(k, *row))
                 for e in admitted:
                     sched.launch(e)
                 run.admitted[k] = admitted
@@ -496,8 +495,7 @@ class FastForward:
                 reload = True  # the next decode step takes the decode costs again
             else:
                 if settling:
-                    add_row_at(k)
-                    add_row((b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0))
+                    add_row(pack_row(k, b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0))
                 if reload:
                     c = list(costs.const(sh, b))
                     set_varying = costs.set_varying(b)
@@ -656,7 +654,7 @@ def _shape_rows(run: _Run) -> np.ndarray:
     """(n, len(SHAPE_FIELDS)) int64: the decode pieces evaluated at every launch, then the
     launches whose shape was written out."""
     n = run.n
-    p = np.frombuffer(run.pieces, np.int64).reshape(-1, PIECE)
+    p = np.frombuffer(run.pieces, np.int64).reshape(-1, 7)
     p = p[p[:, 0] < n]  # launches from n on did not run
     lengths = np.diff(np.append(p[:, 0], n))
     b, sum_cr, top_cr, sum_hr, nh, sum_pa = np.repeat(p[:, 1:], lengths, axis=0).T
@@ -667,11 +665,10 @@ def _shape_rows(run: _Run) -> np.ndarray:
     out[:, 7] = top_cr + k + 1  # max_kv_tokens
     out[:, 8] = sum_hr + nh * k  # history_tokens
     out[:, 9] = sum_pa + b * k  # context_tokens
-    if run.row_at:  # launches from n on did not run
-        at = np.frombuffer(run.row_at, np.int64)
-        rows = np.frombuffer(run.rows, np.int64).reshape(-1, len(SHAPE_FIELDS))
-        ran = at < n
-        out[at[ran]] = rows[ran]
+    if run.rows:  # launches from n on did not run
+        rows = np.frombuffer(run.rows, np.int64).reshape(-1, 1 + len(SHAPE_FIELDS))
+        ran = rows[rows[:, 0] < n]
+        out[ran[:, 0]] = ran[:, 1:]
     return out
 
 
