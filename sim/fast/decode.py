@@ -17,11 +17,11 @@ joins or leaves (the longest context is the largest cr + k + 1 of the members, t
 with lazy deletion when the members change): a step costs O(1) plus the block allocations it
 makes (done at once, in the per-step order: a member crosses into its next block every
 block_size launches, so the members of launch k's grow class, k % block_size, get one each)
-and what its arrivals, admissions and finishes touch. An iteration before the next drop,
-join or finish, with no arrival due, no admission to try (or only one
-`Scheduler.admission_blocked` knows fails) and no member settling in, is calm: calm
-iterations run one after another in a loop of their own (decode costs, clock step; their
-grows after them, in one call, as far as the free blocks go).
+and what its arrivals, admissions and finishes touch. An iteration before the next drop or
+finish, with no arrival due, no admission to try (or only one `Scheduler.admission_blocked`
+knows fails) and no member settling in, is calm (members admitted the iteration before join
+its sums first): calm iterations run one after another in a loop of their own (decode costs,
+clock step; their grows after them, in one call, as far as the free blocks go).
 The segment ends before a step the normal path must run: nothing to decode, more decode tokens
 than the budget, fewer free blocks than the step's decodes need (preemption), a stalled prompt
 chunk that may get its blocks, or after a step that admitted a partial prompt chunk.
@@ -328,20 +328,48 @@ class FastForward:
         changed = False  # launch k decodes other members than launch k - 1
         admitted: list[Entry] | None = None  # a list only when admit runs
         while k < MAX_SEGMENT_STEPS and not stop_after:
-            if (
-                k < calm_until
-                and next_arrival_s > cpu
-                and not reload
-                and not changed
-                and k >= nd > 0
-            ):
-                # calm iterations one after another: the calm path below, without its checks.
+            full = k >= calm_until or next_arrival_s <= cpu  # else calm (below)
+            if full:
+                # ---- top of the loop: arrivals up to the CPU clock are visible
+                if next_arrival_s <= cpu:
+                    next_arrival_s = loop.take_arrivals()
+                # ---- schedule(): the decodes of this launch
+                left = drop_pop(k, None)
+                if left is not None:
+                    changed = True
+                    for m in left:
+                        r = m.req
+                        if m.grows is not None:
+                            m.grows.remove(r)
+                        b -= 1
+                        sum_cr -= m.cr
+                        sum_prompt -= r.prompt_len
+                        sum_a -= m.a
+                        if r.needs_history:
+                            nh -= 1
+                            sum_hr -= m.hr
+            if changed or not k:  # this launch's decode sums (nothing here reads the blocks)
+                if b == 0 or b > max_tokens:
+                    break  # an empty or budget-cut schedule: the normal path runs it
+                while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
+                    heappop(tops)
+                top_cr = -tops[0][0]
+                add_piece(pack_piece(k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
+                sh.set_decode(b)
+                reload = True
+                changed = False
+            if stalled is not None and not stalled.fails(b, self.blocks.num_free):
+                break  # the stalled chunk may get its blocks: the normal path schedules it
+            if not full and k >= nd > 0:
+                # calm iterations one after another: the path below, without its checks.
                 # Their grows are made after them, in launch order, in one call (nothing a calm
                 # iteration does reads the block manager): `end` stops before the first launch
                 # whose grows would find too few free blocks (`short`: the normal path
                 # preempts there)
-                if stalled is not None and not stalled.fails(b, self.blocks.num_free):
-                    break  # a finish freed blocks: the step loop schedules the stalled chunk
+                if reload:
+                    c = list(costs.const(sh, b))
+                    set_varying = costs.set_varying(b)
+                    reload = False
                 k0 = k
                 end, short = self._calm_end(classes, k, min(calm_until, MAX_SEGMENT_STEPS), b)
                 # a step whose CPU clock reaches the next arrival or the progress tick ends it
@@ -384,41 +412,9 @@ class FastForward:
                 elif short and k == end and next_arrival_s > cpu:
                     break  # the normal path preempts
                 continue
-            full = k >= calm_until or next_arrival_s <= cpu  # else calm: skip to the grows
-            if full:
-                # ---- top of the loop: arrivals up to the CPU clock are visible
-                if next_arrival_s <= cpu:
-                    next_arrival_s = loop.take_arrivals()
-                # ---- schedule(): the decodes of this launch
-                left = drop_pop(k, None)
-                if left is not None:
-                    changed = True
-                    for m in left:
-                        r = m.req
-                        if m.grows is not None:
-                            m.grows.remove(r)
-                        b -= 1
-                        sum_cr -= m.cr
-                        sum_prompt -= r.prompt_len
-                        sum_a -= m.a
-                        if r.needs_history:
-                            nh -= 1
-                            sum_hr -= m.hr
-            if (changed or not k) and (b == 0 or b > max_tokens):
-                break  # an empty or budget-cut schedule: the normal path runs it
-            if stalled is not None and not stalled.fails(b, self.blocks.num_free):
-                break  # the stalled chunk may get its blocks: the normal path schedules it
             grows = classes[k % bs]
             if grows and not allocate_next(grows):
                 break  # the normal path preempts
-            if changed or not k:
-                while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
-                    heappop(tops)
-                top_cr = -tops[0][0]
-                add_piece(pack_piece(k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
-                sh.set_decode(b)
-                reload = True
-                changed = False
             kv = sum_cr + b * (k + 1)
             longest = top_cr + k + 1
             ctx = sum_prompt + sum_a + b * k
