@@ -246,7 +246,10 @@ class RunRecorder:
         self._gpu_end[cut] = _doubles(ends_s)
 
     def syncs(
-        self, steps: Sequence[int], starts_s: Sequence[float], ends_s: Sequence[float]
+        self,
+        steps: Sequence[int] | np.ndarray,
+        starts_s: Sequence[float] | np.ndarray,
+        ends_s: Sequence[float] | np.ndarray,
     ) -> None:
         """`sync(steps[i], starts_s[i], ends_s[i])` for every i, in order."""
         if not len(steps) == len(starts_s) == len(ends_s):
@@ -774,7 +777,7 @@ class RunRecorder:
         self._cap += more
 
 
-def _extend(col: array[Any], values: Sequence[Any]) -> None:
+def _extend(col: array[Any], values: Sequence[Any] | np.ndarray) -> None:
     """`col.extend(values)`; many values that are not an array through numpy (array converts
     each value through PyArg_Parse, ~10x numpy's conversion)."""
     if isinstance(values, array) or len(values) < _VECTOR_TIMES:
