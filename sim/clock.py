@@ -20,9 +20,12 @@ Waits (`sync`) end `wake_s` after their event (cost.sync_wake_s).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from bubblesim.core import phases as P
 from bubblesim.core.policy import ScheduledBatch
@@ -45,6 +48,9 @@ _INDEX = {p: i for i, p in enumerate(P.CPU_PHASES)}
 _SCHED, _PREP, _LAUNCH = _INDEX[P.SCHEDULE], _INDEX[P.PREPARE_INPUTS], _INDEX[P.LAUNCH]
 _SAMPLE, _DRAFT, _PO = _INDEX[P.SAMPLE], _INDEX[P.DRAFT], _INDEX[P.PROCESS_OUTPUTS]
 NO_EVENT = float("-inf")  # `step(counts_s=...)` without a wait for the last counts
+_WAIT = struct.Struct("=qdd")  # a wait kept by StepClock: (step, start_s, end_s)
+_pack_wait = _WAIT.pack
+_WAIT_DTYPE = np.dtype([("step", "=i8"), ("start", "=f8"), ("end", "=f8")])  # _WAIT's columns
 
 # what `StepClock.step` returns: these CPU and GPU times (seconds)
 TIMES = (
@@ -85,7 +91,7 @@ class StepClock:
     GC pauses and waits are kept in `pauses` and `sync_*` until `flush` records them."""
 
     __slots__ = ("cpu_s", "gpu_free_s", "gc", "spread", "wake_s", "idle", "cpu_ngram", "pauses",
-                 "sync_step", "sync0", "sync1", "eager_lag_s", "other_ranks")  # fmt: skip
+                 "waits", "add_wait", "eager_lag_s", "other_ranks")  # fmt: skip
 
     def __init__(
         self, gc: GCModel, spread: PhaseSpread | None, wake_s: float, idle: IdleStart,
@@ -108,11 +114,12 @@ class StepClock:
         self.cpu_ngram = cpu_ngram
         # (start_s, duration_s, generation, phase, step) of each collection
         self.pauses: list[tuple[float, float, int, str, int]] = []
-        # lists: array.append converts each value through PyArg_Parse (~10x a list append);
-        # RunRecorder.syncs takes a segment's many at once
-        self.sync_step: list[int] = []
-        self.sync0: list[float] = []
-        self.sync1: list[float] = []
+        # each wait packed (_WAIT: step, start_s, end_s): one pack of hot values, and a
+        # segment's many go to RunRecorder.syncs as columns of one buffer (lists converted
+        # later read every int and float object again, long out of the cache; three array
+        # appends convert each value, ~90 ns more a wait)
+        self.waits = bytearray()
+        self.add_wait = self.waits.extend
 
     def step(
         self, step: int, c: Sequence[Any] | None, counts_s: float = NO_EVENT,
@@ -211,10 +218,9 @@ class StepClock:
             if done_end_s is None:
                 done_end_s = end
             if done_end_s > cpu:  # _wait, inlined: most steps of a GPU-bound run wait here
-                self.sync_step.append(done_step)
-                self.sync0.append(cpu)
-                cpu = done_end_s + self.wake_s
-                self.sync1.append(cpu)
+                end_s = done_end_s + self.wake_s
+                self.add_wait(_pack_wait(done_step, cpu, end_s))
+                cpu = end_s
             po0 = cpu
             if sp is not None:
                 if sp.state is None:
@@ -254,18 +260,20 @@ class StepClock:
         """A host waiting from `cpu` resumes `wake_s` after the event (the result's copy and
         the wake-up: ~0.5 ms measured on an H100 host, cost.sync_wake_s, default 0)."""
         end = event_s + self.wake_s
-        self.sync_step.append(step)
-        self.sync0.append(cpu)
-        self.sync1.append(end)
+        self.add_wait(_pack_wait(step, cpu, end))
         return end
 
     def flush(self, rec: RunRecorder) -> None:
         """Record the pauses and waits kept so far, in order, and forget them."""
-        if self.sync_step:
-            rec.syncs(self.sync_step, self.sync0, self.sync1)
-            self.sync_step.clear()
-            self.sync0.clear()
-            self.sync1.clear()
+        waits = self.waits
+        if len(waits) > _WAIT.size:  # many: as columns (copied by `syncs`)
+            cols = np.frombuffer(waits, _WAIT_DTYPE)
+            rec.syncs(cols["step"], cols["start"], cols["end"])
+            del cols  # (the view holds the buffer)
+            del waits[:]
+        elif waits:
+            rec.sync(*_WAIT.unpack(waits))
+            del waits[:]
         if self.pauses:
             for start_s, dur_s, gen, phase, step in self.pauses:
                 rec.gc_pause(start_s, dur_s, gen, phase, step)

@@ -74,6 +74,7 @@ class SimLoop:
         self.cost = cost
         self.rec = rec
         self.requests = requests  # this replica's requests, sorted by arrival
+        self.num_requests = len(requests)
         self.accept = accept
         self.gc = gc
         self.progress = progress
@@ -267,7 +268,7 @@ class SimLoop:
     def take_arrivals(self) -> float:
         """Submit the requests that arrived up to the CPU clock; returns when the next one
         arrives (inf when none is left), as `next_arrival_s`."""
-        reqs, i, n, now = self.requests, self.next_arrival, len(self.requests), self.cpu_s
+        reqs, i, n, now = self.requests, self.next_arrival, self.num_requests, self.clock.cpu_s
         while i < n:
             r = reqs[i]  # each row is indexed once here (RequestRows makes it when indexed)
             if r.arrival_s > now:

@@ -105,6 +105,7 @@ class RequestRows(Sequence[Request]):
         self.arrival_s = np.zeros(len(order)) if arrival_mode == "asap" else trace.arrival_s[order]
         self.prompt_len = trace.prompt_len[order]
         self.output_len = trace.output_len[order]
+        self._n = len(self.arrival_s)
         self._last: tuple[int, Request] | None = None
         # rows [chunk_start, chunk_start + CHUNK) as Python values (one tolist per column per
         # chunk instead of four numpy-scalar conversions per request; memory stays bounded)
@@ -121,7 +122,7 @@ class RequestRows(Sequence[Request]):
         )
 
     def __len__(self) -> int:
-        return len(self.arrival_s)
+        return self._n
 
     @overload
     def __getitem__(self, i: int) -> Request: ...
@@ -131,10 +132,10 @@ class RequestRows(Sequence[Request]):
         if isinstance(i, slice):
             return [self[k] for k in range(*i.indices(len(self)))]
         if i < 0:
-            i += len(self)
+            i += self._n
         if self._last is not None and self._last[0] == i:
             return self._last[1]
-        if not 0 <= i < len(self):
+        if not 0 <= i < self._n:
             raise IndexError(f"request row {i} of {len(self)}")
         at = i - self._chunk_start
         if not 0 <= at < len(self._chunk[1]):  # not in the loaded rows (none at first)

@@ -23,6 +23,7 @@ from bubblesim.core import phases as P
 from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 from sim.clock import COSTS, NUM_SECONDS
 from sim.cost import CostModel
+from sim.cost.linear import EXPR_ATTR
 
 CostFn = Callable[[Any], Any]
 # StepShape.set_row unpacks a row in this order
@@ -47,6 +48,31 @@ def _keyed(fn: CostFn, shape: StepShape) -> CostFn:
     else `fn`."""
     keyed = getattr(fn, "keyed", None)
     return fn if keyed is None else keyed(shape, KEY_FIELDS)
+
+
+Setter = Callable[[Any, list[Any]], None]
+
+
+def _setter(costs: list[tuple[int, CostFn, bool]]) -> Setter:
+    """One function `set(shape, out)` doing `out[i] = fn(shape) / 1e3 if in_ms else
+    fn(shape)` for each (i, fn, in_ms) of `costs`, in order: a compiled linear model
+    (sim.cost.linear.compile_linear: its expression, EXPR_ATTR, reads only `s` and float
+    literals) is inlined, evaluated with the same operations in the same order (the same value
+    to the bit, without its call); any other function is called."""
+    env: dict[str, Any] = {"__builtins__": {}, "round": round}
+    lines = []
+    for i, fn, in_ms in costs:
+        expr = getattr(fn, EXPR_ATTR, None)
+        if expr is None:
+            env[f"_f{i}"] = fn
+            value = f"_f{i}(s)"
+        else:
+            value = f"({expr})"
+        lines.append(f"    out[{i}] = {value} / 1e3" if in_ms else f"    out[{i}] = {value}")
+    namespace: dict[str, Any] = {}
+    exec("def set(s, out):\n" + ("\n".join(lines) or "    pass"), env, namespace)  # noqa: S102
+    setter: Setter = namespace["set"]
+    return setter
 
 
 class StepShape:
@@ -120,7 +146,11 @@ class StepCosts:
 
         def alloc(p: str) -> CostFn:  # cost.alloc_objects(p, ·)
             fn = cost.alloc_objects_fn(p)
-            return lambda s: round(fn(s))
+            rounded = lambda s: round(fn(s))  # noqa: E731
+            expr = getattr(fn, EXPR_ATTR, None)
+            if expr is not None:  # (what `_setter` inlines)
+                setattr(rounded, EXPR_ATTR, f"round({expr})")  # noqa: B010
+            return rounded
 
         def graphed(s: Any) -> bool:
             return cost.graphed(s, cuda_graphs)
@@ -135,37 +165,36 @@ class StepCosts:
         self._sched_ms, self._sched_objs = phases[0], rest[1]
         self._const: dict[Hashable, list[Any]] = {}
         self._varying: dict[Hashable, list[tuple[int, CostFn, bool]]] = {}
-        # `all`: the costs that read no field (their values), and those that read one
+        self._set_varying: dict[Hashable, Setter] = {}
+        # `all`: the costs that read no field (their values), and a setter of those that read
         self._template: list[Any] | None = None
-        self._all_ms: list[tuple[int, CostFn]] = []
-        self._all_other: list[tuple[int, CostFn]] = []
+        self._set_all: Setter | None = None
 
     def all(self, shape: BatchShape | StepShape) -> list[Any]:
         """Every cost of a step that runs a pass: the costs that read no field of the shape
         (found by a probe at the first call: the same value for every shape) are copied from
-        a template, the rest called."""
-        if self._template is None:
+        a template, the rest set by one call (`_setter`)."""
+        if self._set_all is None:
             self._probe_all(shape)
         out = self._template.copy()  # type: ignore[union-attr]
-        for i, fn in self._all_ms:
-            out[i] = fn(shape) / 1e3
-        for i, fn in self._all_other:
-            out[i] = fn(shape)
+        self._set_all(shape, out)  # type: ignore[misc]
         return out
 
     def _probe_all(self, shape: BatchShape | StepShape) -> None:
-        """Sort `fns` into those that read a field of `shape` (called by `all` at every step)
+        """Sort `fns` into those that read a field of `shape` (set by `all` at every step)
         and those that read none (their value, kept in the template)."""
         template: list[Any] = []
+        reads: list[tuple[int, CostFn, bool]] = []
         for i, fn in enumerate(self.fns):
             probe = Probe(shape, frozenset())
             value = fn(probe)
             if probe.varying:
                 template.append(None)
-                (self._all_ms if i < NUM_SECONDS else self._all_other).append((i, fn))
+                reads.append((i, fn, i < NUM_SECONDS))
             else:
                 template.append(value / 1e3 if i < NUM_SECONDS else value)
         self._template = template
+        self._set_all = _setter(reads)
 
     def empty(self, shape: BatchShape) -> list[Any]:
         """The costs of a schedule that found nothing to run: its scan, no pass (gpu_s None)."""
@@ -193,9 +222,15 @@ class StepCosts:
                     out.append(fn(shape) / 1e3 if i < NUM_SECONDS else fn(shape))
             self._const[key] = out
             self._varying[key] = varying
+            self._set_varying[key] = _setter(varying)
         return out
 
     def varying(self, key: Hashable) -> list[tuple[int, CostFn, bool]]:
         """(index, function, in ms) of the costs `const(shape, key)` left None: at a step,
         c[index] = function(shape) / 1e3 if in ms else function(shape), as `all` takes it."""
         return self._varying[key]
+
+    def set_varying(self, key: Hashable) -> Setter:
+        """`set(shape, c)`: c[index] = function(shape) (/ 1e3 if in ms) for every cost of
+        `varying(key)`, in one call (`_setter`)."""
+        return self._set_varying[key]

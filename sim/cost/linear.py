@@ -19,6 +19,7 @@ model (or branch) may also hold a piecewise-linear term, `"table"` or `"spline"`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
@@ -38,6 +39,7 @@ DECODE_TERMS: tuple[str, ...] = (*LINEAR_TERMS, PROGRAM_KEYS, TAIL_KEYS)
 MIXED_TERMS: tuple[str, ...] = (*LINEAR_TERMS, *MIXED_DERIVED)
 
 LinearFn = Callable[[BatchShape], float]
+EXPR_ATTR = "expr"  # compile_linear's functions without derived terms: their expression
 Derived = Mapping[str, LinearFn]
 
 
@@ -93,6 +95,8 @@ def compile_linear(model: Mapping[str, float], derived: Derived | None = None) -
     if not derived:
         frozen = dict(model)
         setattr(fn, "keyed", lambda s, fixed: keyed_linear(frozen, s, fixed))  # noqa: B010
+        # its body: an expression in `s` and float literals only (sim.stepcosts inlines it)
+        setattr(fn, EXPR_ATTR, expr)  # noqa: B010
     return fn
 
 
@@ -119,6 +123,11 @@ def keyed_linear(model: Mapping[str, float], s: Any, fixed: Collection[str]) -> 
     if "_v" in env:
         parts.insert(0, "_v")
     fn: LinearFn = eval(f"lambda s: {' + '.join(parts) or '0.0'}", env)  # noqa: S307
+    folded = [env[p] for p in parts if p in env]
+    if all(math.isfinite(x) for x in folded):  # its expression: the numbers as literals (repr
+        # gives a float back to the bit)
+        literal = " + ".join(repr(env[p]) if p in env else p for p in parts) or "0.0"
+        setattr(fn, EXPR_ATTR, literal)  # noqa: B010
     return fn
 
 

@@ -2,7 +2,9 @@
 
 A segment starts at the top of a loop iteration when (no speculative decoding, own arrivals):
 - every running request is decoding and the batches in flight (depth - 1 of them) hold only
-  running requests, each generating one token.
+  running requests, each generating one token; or all but one, a prompt in chunks whose next
+  chunk waits for KV blocks while the others, each with a batch in flight, decode (`_Stall`:
+  nothing of it changes until blocks are freed).
 Iteration k of the segment launches step s0 + k and completes the oldest pass in flight. Its
 batch is the decode of every "member": a running request r with j1_r <= k < end_r, at position
 cr_r + k (end_r: the first launch once the passes in flight surely finish it), followed by the
@@ -15,14 +17,14 @@ joins or leaves (the longest context is the largest cr + k + 1 of the members, t
 with lazy deletion when the members change): a step costs O(1) plus the block allocations it
 makes (done at once, in the per-step order: a member crosses into its next block every
 block_size launches, so the members of launch k's grow class, k % block_size, get one each)
-and what its arrivals, admissions and finishes touch. An iteration before the next drop,
-join or finish, with no arrival due, no admission to try (or only one
-`Scheduler.admission_blocked` knows fails) and no member settling in, is calm: calm
-iterations run one after another in a loop of their own (decode costs, clock step; their
-grows after them, in one call, as far as the free blocks go).
+and what its arrivals, admissions and finishes touch. An iteration before the next drop or
+finish, with no arrival due, no admission to try (or only one `Scheduler.admission_blocked`
+knows fails) and no member settling in, is calm (members admitted the iteration before join
+its sums first): calm iterations run one after another in a loop of their own (decode costs,
+clock step; their grows after them, in one call, as far as the free blocks go).
 The segment ends before a step the normal path must run: nothing to decode, more decode tokens
-than the budget, fewer free blocks than the step's decodes need (preemption), or after a step
-that admitted a partial prompt chunk.
+than the budget, fewer free blocks than the step's decodes need (preemption), a stalled prompt
+chunk that may get its blocks, or after a step that admitted a partial prompt chunk.
 Costs that read only the fields a batch size fixes are taken once per batch size
 (sim.stepcosts.StepCosts.const); the rest are called on one mutable shape at every step. Each
 step's timing is the step loop's own phase block (sim.clock.StepClock.launch / complete), so
@@ -35,11 +37,9 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import partial
 from heapq import heapify, heappop, heappush
-from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -62,8 +62,10 @@ from sim.fast.bulk import last_completed, record_steps
 from sim.fast.host import Host
 from sim.stepcosts import StepShape
 
-MAX_SEGMENT_STEPS = 1 << 16  # bounds the lists of one segment
+MAX_SEGMENT_STEPS = 1 << 16  # bounds the buffers of one segment
 _TIMES_ROW = struct.Struct(f"={len(TIMES)}d")  # StepClock.step's times, packed
+_PIECE = struct.Struct("=7q")  # a decode piece (_Run.pieces), packed
+_ROW = struct.Struct(f"={1 + len(SHAPE_FIELDS)}q")  # a launch and its shape row, packed
 # a decode step's shape row is written out positionally below
 assert SHAPE_FIELDS == (
     "num_reqs", "num_prefill_reqs", "prefill_tokens", "decode_tokens", "draft_tokens",
@@ -95,18 +97,51 @@ class _Member:
         self.grows: list[Request] | None = None  # its grow class while it has launches to grow
 
 
+class _Stall:
+    """A running request in its prompt chunks that waits for KV blocks: at each schedule
+    Scheduler.schedule plans its next chunk within the budget the decodes before it leave,
+    `BlockManager.allocate` finds too few free blocks (no change) and no victim is found to
+    preempt (every other running request has a batch in flight: FastForward._may_stall), so
+    it is skipped and nothing of it changes. A segment runs beside it while that surely holds
+    (`fails`) and ends before the first launch where it may not (a member's finish freed
+    blocks, fewer decodes leave a larger chunk): the step loop schedules that launch."""
+
+    __slots__ = ("req", "start", "known", "held", "block_size", "max_tokens")
+
+    def __init__(self, req: Request, block_size: int, max_tokens: int) -> None:
+        self.req = req
+        self.start = req.num_computed_tokens
+        self.known = req.num_tokens - self.start  # its prompt tokens left to compute
+        self.held = len(req.block_ids)
+        self.block_size = block_size
+        self.max_tokens = max_tokens
+
+    def fails(self, b: int, free: int) -> bool:
+        """Whether its chunk surely finds too few blocks at a launch of b decodes (b <= the
+        budget) with `free` blocks before their grows: the decodes before it take at most b
+        of the budget, so the chunk has at least min(known, max_tokens - b) tokens, and at
+        its turn at most `free` blocks are free."""
+        n = self.max_tokens - b
+        if self.known < n:
+            n = self.known
+        return -(-(self.start + n) // self.block_size) - self.held > free
+
+
 @dataclass
 class _Run:
     """What a segment computed: per launch k, and per iteration (the pass completed in it)."""
 
     n: int = 0
-    # decode shapes: from launch k0 on,
-    # (k0, b, sum cr, max cr, sum hr, history members, sum prompt+a)
-    pieces: list[tuple[int, int, int, int, int, int, int]] = field(default_factory=list)
-    rows: dict[int, tuple[int, ...]] = field(default_factory=dict)  # other shapes, by launch
-    # StepClock.step of iteration k, packed as doubles (_TIMES_ROW: a third of a tuple's
-    # memory, no conversion after), and its pass's GPU end (read when that pass completes)
-    times: list[bytes] = field(default_factory=list)
+    # Packed as they are added (struct: no conversion after; a long list of tuples converted
+    # at the end reads every tuple and int again, long out of the cache):
+    # decode shapes: from launch k0 on, (k0, b, sum cr, max cr, sum hr, history members,
+    # sum prompt+a) (_PIECE)
+    pieces: bytearray = field(default_factory=bytearray)
+    # other shapes: (launch, its row in SHAPE_FIELDS order) (_ROW), launches ascending, once each
+    rows: bytearray = field(default_factory=bytearray)
+    # StepClock.step of iteration k (_TIMES_ROW), and its pass's GPU end (read when that pass
+    # completes)
+    times: bytearray = field(default_factory=bytearray)
     gpu_end: list[float] = field(default_factory=list)
     # process_outputs seconds and objects of the pass completed in iteration i
     po_s: list[float] = field(default_factory=list)
@@ -122,6 +157,7 @@ class FastForward:
         self.max_seqs = cfg.max_num_seqs
         self.max_tokens = cfg.max_num_batched_tokens
         self.block_size = cfg.block_size
+        self.chunked_prefill = cfg.chunked_prefill
         self.blocks = loop.sched.blocks  # the scheduler's block manager (kept for its life)
         self.num_segments = 0
         self.num_steps = 0
@@ -133,18 +169,21 @@ class FastForward:
         nd = loop.depth - 1
         if not running or len(loop.inflight) != nd or len(running) > self.max_tokens:
             return False
+        stalled = None
         for r in reversed(running):  # the latest admitted first: a recompute in prompt chunks
-            if not r.in_decode:
-                return False  # a prompt chunk to continue (as _initial_members finds, sooner)
+            if not r.in_decode:  # a prompt chunk to continue: one stalled for blocks, or none
+                if stalled is not None or not self._may_stall(r, nd):
+                    return False
+                stalled = _Stall(r, self.block_size, self.max_tokens)
         old = list(loop.inflight)
         for p in old:
             for e in p.batch.entries:
                 if not e.generates or e.num_drafts:
                     return False
-        members = self._initial_members(old, running)
+        members = self._initial_members(old, running, stalled)
         if members is None:
             return False
-        run = self._simulate(old, members)
+        run = self._simulate(old, members, stalled)
         if run.n == 0:
             return False  # nothing changed: the first step already needs the normal path
         shapes = self._record(old, run)
@@ -153,8 +192,18 @@ class FastForward:
         self.num_steps += run.n
         return True
 
-    def _initial_members(self, old: list[Pass], running: list[Request]) -> list[_Member] | None:
-        """The running requests as members, or None when one is not plainly decoding."""
+    def _may_stall(self, r: Request, nd: int) -> bool:
+        """Whether running request `r`, in its prompt chunks, may be the segment's stalled
+        one (_Stall): with batches in flight (nd >= 1: every other running request then has
+        one at each schedule, so none is a victim the scheduler could preempt for it; checked
+        at the start by _initial_members), chunked prefill, and none of its own in flight."""
+        return nd >= 1 and self.chunked_prefill and r.num_inflight_batches == 0
+
+    def _initial_members(
+        self, old: list[Pass], running: list[Request], stalled: _Stall | None
+    ) -> list[_Member] | None:
+        """The running requests but `stalled` as members, or None when one is not plainly
+        decoding (or, with a stalled request, has no batch in flight: a victim for it)."""
         nd = len(old)
         held: dict[int, list[int]] = {}  # request index -> old passes holding it (0/1 each)
         for q, p in enumerate(old):
@@ -164,6 +213,8 @@ class FastForward:
         members = []
         for key, r in enumerate(running):
             out, ph, c = r.num_output_tokens, r.num_placeholders, r.num_computed_tokens
+            if stalled is not None and r is stalled.req:
+                continue
             if not r.in_decode:
                 return None  # a prompt chunk to continue
             flags = held.get(r.index, [0] * nd)
@@ -173,6 +224,8 @@ class FastForward:
             n_old = cum[-1]
             if not (ph == r.num_inflight_gen == r.num_inflight_batches == n_old):
                 return None
+            if stalled is not None and not n_old:
+                return None  # nothing in flight: the stalled request would preempt it
             if not c <= len(r.block_ids) * bs < c + bs:
                 return None  # not the blocks its computed tokens take: not ours to model
             # launch k needs outputs_guaranteed = out + inflight_gen + k < output_len
@@ -186,7 +239,7 @@ class FastForward:
         return members
 
     # ---- the steps ----------------------------------------------------------------------------
-    def _simulate(self, old: list[Pass], members: list[_Member]) -> _Run:
+    def _simulate(self, old: list[Pass], members: list[_Member], stalled: _Stall | None) -> _Run:
         """SimLoop.launch_step + complete_step, iteration after iteration: the policy on the
         members' lazy state, each step's timing by the loop's own StepClock.step."""
         loop = self.loop
@@ -197,7 +250,8 @@ class FastForward:
         nd = len(old)  # completed in iterations 0 .. nd - 1, before any launched pass
         s0 = rec.num_steps
         run = _Run(members=members)
-        pieces, rows = run.pieces, run.rows
+        add_piece, pack_piece = run.pieces.extend, _PIECE.pack
+        add_row, pack_row = run.rows.extend, _ROW.pack
         gpu_end = run.gpu_end
         clock_step = clock.step
 
@@ -252,7 +306,7 @@ class FastForward:
         sh, mx = StepShape(), StepShape()  # this decode step's shape; a step with prompts'
         sh.set_decode(b)
         c: list[Any] = []  # the step's costs (sim.clock.COSTS)
-        varying: list[Any] = []  # how to get those that vary: StepCosts.varying
+        set_varying: Any = None  # sets those that vary: StepCosts.set_varying
         # the passes completed in iterations 0 .. nd - 1: the old ones
         po_s, po_objs = run.po_s, run.po_objs
         po_s.extend(p.po_s for p in old)
@@ -263,31 +317,59 @@ class FastForward:
         cpu = clock.cpu_s
         stop_after = False
         reload = True
-        vary_one, vary_i = False, 0  # (set with `varying`)
-        vary_fn: Any = None
         # bound once: the loop below runs for every step of the segment
         drop_pop = drop.pop
         allocate_next = self.blocks.allocate_next
         chunk_done_pop, done_pop = chunk_done.pop, done.pop
         po_s_add, po_objs_add = po_s.append, po_objs.append
-        times_add, gpu_end_add, pack = run.times.append, gpu_end.append, _TIMES_ROW.pack
+        times_add, gpu_end_add, pack = run.times.extend, gpu_end.append, _TIMES_ROW.pack
         marks_add = partial(heappush, marks)
         k = calm_until = 0
         changed = False  # launch k decodes other members than launch k - 1
         admitted: list[Entry] | None = None  # a list only when admit runs
         while k < MAX_SEGMENT_STEPS and not stop_after:
-            if (
-                k < calm_until
-                and next_arrival_s > cpu
-                and not reload
-                and not changed
-                and k >= nd > 0
-            ):
-                # calm iterations one after another: the calm path below, without its checks.
+            full = k >= calm_until or next_arrival_s <= cpu  # else calm (below)
+            if full:
+                # ---- top of the loop: arrivals up to the CPU clock are visible
+                if next_arrival_s <= cpu:
+                    next_arrival_s = loop.take_arrivals()
+                # ---- schedule(): the decodes of this launch
+                left = drop_pop(k, None)
+                if left is not None:
+                    changed = True
+                    for m in left:
+                        r = m.req
+                        if m.grows is not None:
+                            m.grows.remove(r)
+                        b -= 1
+                        sum_cr -= m.cr
+                        sum_prompt -= r.prompt_len
+                        sum_a -= m.a
+                        if r.needs_history:
+                            nh -= 1
+                            sum_hr -= m.hr
+            if changed or not k:  # this launch's decode sums (nothing here reads the blocks)
+                if b == 0 or b > max_tokens:
+                    break  # an empty or budget-cut schedule: the normal path runs it
+                while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
+                    heappop(tops)
+                top_cr = -tops[0][0]
+                add_piece(pack_piece(k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
+                sh.set_decode(b)
+                reload = True
+                changed = False
+            if stalled is not None and not stalled.fails(b, self.blocks.num_free):
+                break  # the stalled chunk may get its blocks: the normal path schedules it
+            if not full and k >= nd > 0:
+                # calm iterations one after another: the path below, without its checks.
                 # Their grows are made after them, in launch order, in one call (nothing a calm
                 # iteration does reads the block manager): `end` stops before the first launch
                 # whose grows would find too few free blocks (`short`: the normal path
                 # preempts there)
+                if reload:
+                    c = list(costs.const(sh, b))
+                    set_varying = costs.set_varying(b)
+                    reload = False
                 k0 = k
                 end, short = self._calm_end(classes, k, min(calm_until, MAX_SEGMENT_STEPS), b)
                 # a step whose CPU clock reaches the next arrival or the progress tick ends it
@@ -304,11 +386,7 @@ class FastForward:
                     sh.max_kv_tokens = longest
                     sh.history_tokens = hist
                     sh.context_tokens = ctx
-                    if vary_one:
-                        c[vary_i] = vary_fn(sh) / 1e3
-                    else:
-                        for i, fn, ms in varying:  # StepCosts.varying
-                            c[i] = fn(sh) / 1e3 if ms else fn(sh)
+                    set_varying(sh, c)
                     step = s0 + k
                     po_s_add(c[PO_S])
                     po_objs_add(c[PO_OBJS])
@@ -334,49 +412,20 @@ class FastForward:
                 elif short and k == end and next_arrival_s > cpu:
                     break  # the normal path preempts
                 continue
-            full = k >= calm_until or next_arrival_s <= cpu  # else calm: skip to the grows
-            if full:
-                # ---- top of the loop: arrivals up to the CPU clock are visible
-                if next_arrival_s <= cpu:
-                    next_arrival_s = loop.take_arrivals()
-                # ---- schedule(): the decodes of this launch
-                left = drop_pop(k, None)
-                if left is not None:
-                    changed = True
-                    for m in left:
-                        r = m.req
-                        if m.grows is not None:
-                            m.grows.remove(r)
-                        b -= 1
-                        sum_cr -= m.cr
-                        sum_prompt -= r.prompt_len
-                        sum_a -= m.a
-                        if r.needs_history:
-                            nh -= 1
-                            sum_hr -= m.hr
-            if (changed or not k) and (b == 0 or b > max_tokens):
-                break  # an empty or budget-cut schedule: the normal path runs it
             grows = classes[k % bs]
             if grows and not allocate_next(grows):
                 break  # the normal path preempts
-            if changed or not k:
-                while tops[0][2].end <= k:  # b > 0: a member of this launch is in the heap
-                    heappop(tops)
-                top_cr = -tops[0][0]
-                pieces.append((k, b, sum_cr, top_cr, sum_hr, nh, sum_prompt + sum_a))
-                sh.set_decode(b)
-                reload = True
-                changed = False
             kv = sum_cr + b * (k + 1)
             longest = top_cr + k + 1
             ctx = sum_prompt + sum_a + b * k
             hist = sum_hr + nh * k
+            settling = False  # members settling in: this decode's row is written out
             if full:
                 if young:
                     corr = self._young_correction(young, k)
                     if corr:
                         ctx += corr
-                        rows[k] = (b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0)
+                        settling = True
                 budget = max_tokens - b
                 admitted = None
                 if waiting and budget > 0 and len(running) < max_seqs:
@@ -394,7 +443,7 @@ class FastForward:
                     kv + p_kv, kv + p_pairs, max(longest, p_longest), hist + p_hist,
                     ctx + p_ctx, p_new, p_finished,
                 )  # fmt: skip
-                rows[k] = row
+                add_row(pack_row(k, *row))
                 for e in admitted:
                     sched.launch(e)
                 run.admitted[k] = admitted
@@ -441,19 +490,17 @@ class FastForward:
                 c = costs.all(mx)
                 reload = True  # the next decode step takes the decode costs again
             else:
+                if settling:
+                    add_row(pack_row(k, b, 0, 0, b, 0, kv, kv, longest, hist, ctx, 0, 0))
                 if reload:
                     c = list(costs.const(sh, b))
-                    varying = costs.varying(b)
-                    # one varying cost in ms (the GPU pass's, as a rule): called without the loop
-                    vary_one = len(varying) == 1 and varying[0][2]
-                    vary_i, vary_fn = varying[0][:2] if vary_one else (0, None)
+                    set_varying = costs.set_varying(b)
                     reload = False
                 sh.kv_read_tokens = sh.attn_pairs = kv
                 sh.max_kv_tokens = longest
                 sh.history_tokens = hist
                 sh.context_tokens = ctx
-                for i, fn, ms in varying:  # StepCosts.varying
-                    c[i] = fn(sh) / 1e3 if ms else fn(sh)
+                set_varying(sh, c)
             step = s0 + k
             # ---- launch_step, then complete_step of the oldest pass in flight
             po_s_add(c[PO_S])
@@ -551,7 +598,7 @@ class FastForward:
         rec = loop.rec
         n, nd = run.n, len(old)
         shapes = _shape_rows(run)
-        t = np.frombuffer(b"".join(run.times), np.float64).reshape(n, len(TIMES))
+        t = np.frombuffer(run.times, np.float64).reshape(n, len(TIMES))
         s0, po1 = record_steps(rec, loop.clock, old, shapes, t)
         for k, p in enumerate(old[:n]):
             rec.tokens_each([e.req.index for e in p.batch.entries], po1[k : k + 1])
@@ -588,7 +635,7 @@ class FastForward:
             shape = BatchShape(*shapes[k].tolist())
             batch = ScheduledBatch(first + k, entries, shape)
             po = run.po_s[nd + k], run.po_objs[nd + k]
-            t = _TIMES_ROW.unpack(run.times[k])
+            t = _TIMES_ROW.unpack_from(run.times, k * _TIMES_ROW.size)
             inflight.append(launched_pass(batch, s0 + k, t, po))
         loop.inflight = inflight
         if loop.check:
@@ -603,10 +650,8 @@ def _shape_rows(run: _Run) -> np.ndarray:
     """(n, len(SHAPE_FIELDS)) int64: the decode pieces evaluated at every launch, then the
     launches whose shape was written out."""
     n = run.n
-    pieces = run.pieces
-    while pieces and pieces[-1][0] >= n:  # launches from n on did not run
-        pieces.pop()
-    p = _int_rows(pieces, 7)
+    p = np.frombuffer(run.pieces, np.int64).reshape(-1, 7)
+    p = p[p[:, 0] < n]  # launches from n on did not run
     lengths = np.diff(np.append(p[:, 0], n))
     b, sum_cr, top_cr, sum_hr, nh, sum_pa = np.repeat(p[:, 1:], lengths, axis=0).T
     k = np.arange(n, dtype=np.int64)
@@ -616,18 +661,11 @@ def _shape_rows(run: _Run) -> np.ndarray:
     out[:, 7] = top_cr + k + 1  # max_kv_tokens
     out[:, 8] = sum_hr + nh * k  # history_tokens
     out[:, 9] = sum_pa + b * k  # context_tokens
-    if run.rows:  # launch -> its row; launches from n on did not run
-        at = np.fromiter(run.rows, np.int64, len(run.rows))
-        rows = _int_rows(run.rows.values(), len(SHAPE_FIELDS))
-        ran = at < n
-        out[at[ran]] = rows[ran]
+    if run.rows:  # launches from n on did not run
+        rows = np.frombuffer(run.rows, np.int64).reshape(-1, 1 + len(SHAPE_FIELDS))
+        ran = rows[rows[:, 0] < n]
+        out[ran[:, 0]] = ran[:, 1:]
     return out
-
-
-def _int_rows(rows: Collection[tuple[int, ...]], width: int) -> np.ndarray:
-    """(len(rows), width) int64 from tuples of `width` ints (fromiter: ~2x np.array's speed)."""
-    flat = chain.from_iterable(rows)
-    return np.fromiter(flat, np.int64, len(rows) * width).reshape(-1, width)
 
 
 def _set_state(m: _Member, n: int, nd: int) -> None:

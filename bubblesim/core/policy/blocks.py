@@ -419,8 +419,8 @@ class BlockManager:
     def cache_blocks(self, req: Request, num_computed: int) -> None:
         """Register the request's full prompt blocks whose KV is written (or being written by a
         launched batch: the stream orders any later reader after it)."""
-        if not self.prefix_caching:
-            return
+        if not self.prefix_caching or (req.prompt_ids is None and req.prefix_id is None):
+            return  # (no content key: `hashes` has none, nothing to share)
         hashes = self.hashes(req)
         upto = min(len(hashes), num_computed // self.block_size, len(req.block_ids))
         if upto <= 0:

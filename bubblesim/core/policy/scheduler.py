@@ -156,11 +156,13 @@ class Scheduler:
     def plan(self, req: Request, budget: int) -> Entry | None:
         """The request's share of the next step within `budget` tokens (no blocks allocated,
         no state changed), or None when it takes none."""
-        if req.outputs_guaranteed >= req.output_len:
+        # Request.outputs_guaranteed, num_tokens and in_decode, read once (admit plans every
+        # admission with it)
+        out, ph, start = req.num_output_tokens, req.num_placeholders, req.num_computed_tokens
+        if out + req.num_inflight_gen >= req.output_len:
             return None  # batches in flight will finish it
-        known = req.num_tokens - req.num_computed_tokens
-        start = req.num_computed_tokens
-        if req.in_decode:
+        known = req.prompt_len + out + ph - start
+        if known == 1 and out + ph > 0:  # in decode
             drafts = self.num_drafts(req, budget) if self.cfg.spec_k > 0 else 0
             return Entry(req, start, 1 + drafts, drafts, True, False)
         n = known

@@ -246,13 +246,17 @@ class RunRecorder:
         self._gpu_end[cut] = _doubles(ends_s)
 
     def syncs(
-        self, steps: Sequence[int], starts_s: Sequence[float], ends_s: Sequence[float]
+        self,
+        steps: Sequence[int] | np.ndarray,
+        starts_s: Sequence[float] | np.ndarray,
+        ends_s: Sequence[float] | np.ndarray,
     ) -> None:
         """`sync(steps[i], starts_s[i], ends_s[i])` for every i, in order."""
         if not len(steps) == len(starts_s) == len(ends_s):
             raise ValueError("syncs: steps, starts_s and ends_s differ in length")
-        if len(steps) >= _VECTOR_TIMES and not isinstance(steps, array):
-            many = np.asarray(steps, np.int64)  # checked and stored through numpy
+        if len(steps) >= _VECTOR_TIMES:
+            many = np.asarray(steps, np.int64)  # checked and stored through numpy (an array's
+            # buffer as it is)
             if not (many.min() >= 0 and many.max() < self.num_steps):
                 raise IndexError("syncs: a step was not added")
             self._sync_step.frombytes(many.tobytes())
@@ -773,7 +777,7 @@ class RunRecorder:
         self._cap += more
 
 
-def _extend(col: array[Any], values: Sequence[Any]) -> None:
+def _extend(col: array[Any], values: Sequence[Any] | np.ndarray) -> None:
     """`col.extend(values)`; many values that are not an array through numpy (array converts
     each value through PyArg_Parse, ~10x numpy's conversion)."""
     if isinstance(values, array) or len(values) < _VECTOR_TIMES:
