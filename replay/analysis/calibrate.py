@@ -901,8 +901,8 @@ def _fit_gc(runs: Sequence[Run], default: Mapping[str, list[float]]) -> dict[str
 
 
 def _identity(runs: Sequence[Run], gpu_preset: str | None) -> tuple[dict[str, Any], list[str]]:
-    """gpu (preset name), model, dtype, tensor_parallel_size (above 1), date, notes for the
-    profile; all runs must agree."""
+    """gpu (preset name), model, dtype, mixed_grid, tensor_parallel_size and tp_allreduce (above
+    1), date, notes for the profile; all runs must agree."""
     cfgs = [run_config(r) for r in runs]
     for key in ("model", "dtype", TP_KEY, ALLREDUCE_KEY):
         vals = sorted({str(getattr(c, key)) for c in cfgs})

@@ -22,18 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bubblesim.core.runfmt import load_run  # noqa: E402
-from bubblesim.core.shape import SHAPE_FIELDS, BatchShape  # noqa: E402
-from replay.analysis.steps import run_config  # noqa: E402
-from sim.cost import CostModel  # noqa: E402
+from replay.analysis.steps import predicted_gpu_ms  # noqa: E402
 
 
 def ratios(profile: dict, sweep: Path, run: Path) -> tuple[list[str], np.ndarray]:
     """(label, measured / predicted) of the sweep's mixed rows."""
-    fit = {k: v for k, v in profile.items() if k not in ("gpu", "model", "dtype")}
-    cost = CostModel(run_config(load_run(run)).replace(profile=""), fit)
-    rows = [r for r in pq.read_table(sweep).to_pylist() if r["kind"] == "mixed"]
-    pred = [cost.gpu_pass_ms(BatchShape(**{f: int(r[f]) for f in SHAPE_FIELDS})) for r in rows]
-    return [r["label"] for r in rows], np.array([r["gpu_ms"] for r in rows]) / np.array(pred)
+    table = pq.read_table(sweep)
+    cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
+    rows = np.flatnonzero(cols["kind"] == "mixed")
+    pred = predicted_gpu_ms(load_run(run), profile, cols, rows)
+    return cols["label"][rows].tolist(), cols["gpu_ms"][rows] / pred
 
 
 def main() -> None:

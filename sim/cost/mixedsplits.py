@@ -24,8 +24,9 @@ token-weighted mean chunk length, sum q_i^2 / sum q_i = 2 (attn_pairs - kv_read_
 prefill_tokens + 1 for fresh chunks (a decode row adds as many pairs as keys; a verify row's
 drafts add k x its context, taken out at the decode rows' mean context), exact for equal
 chunks, clamped to [the mean chunk, the most one chunk can hold]. On llama3.2-1b's 1b-asap2
-check (3-4 chunks of 8k tokens beside up to 180 decode rows) the mean chunk gave 0.64x the
-real grid (median) and the step 5.5 % more than predicted; the estimate gives 0.98x.
+check (2-5 chunks of 8k tokens beside up to 180 decode rows) the mean chunk's grid left the
+clean mixed steps 5.5 % above the profile (1.017 with this estimate and the uneven-chunk
+sweep: reports/fidelity/README.md section E).
 Both functions read every field they use on every call (the fast-forward's probe,
 sim/stepcosts.py, sees which fields a cost reads). Pure Python, no torch.
 """
