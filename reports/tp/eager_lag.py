@@ -14,7 +14,8 @@ start after rank 0's (p50) and the correlation of its launch length's log with r
     python reports/tp/eager_lag.py PROFILE RUN_DIR [RUN_DIR ...]
 
 e.g. `reports/tp/profile-h100x4-llama3-70b-tp4.json reports/tp/runs4/70b-tp4-*
-reports/tp/runs3/70b-tp4-*` (TP4) and the TP2 profile with `runs4/8b-tp2-* runs3/8b-tp2-*`.
+reports/tp/runs3/70b-tp4-*` (TP4) and the TP2 profile with `runs4/8b-tp2-* runs3/8b-tp2-*`
+(check runs out of the tree: reports/tp/README.md says which commit restores them).
 """
 
 from __future__ import annotations
