@@ -5,6 +5,8 @@ The CPU thread mirrors `engine.Engine.step` phase for phase:
     schedule -> prepare_inputs -> launch -> sample -> draft        (while < depth in flight)
     [sync on the oldest batch] -> process_outputs                   (when depth are in flight)
 
+At the loop's top it takes the requests that arrived in, as `engine.Engine.run` does, which
+costs the host the profile's `intake` time in no phase (SimLoop.intake).
 The GPU stream runs passes in launch order: pass j starts at max(launch_end_j, gpu_end_{j-1})
 and its end is known the moment it is launched, so the stream needs no process of its own: a
 `Pass` carries its GPU times and a sync point is an explicit edge, `cpu = max(cpu, event_s)`
@@ -93,6 +95,8 @@ class SimLoop:
         self.spread: PhaseSpread | None = self.clock.spread
         self.costs = StepCosts(cost, cfg.cuda_graphs)
         self.num_arrived = 0
+        self.taken = 0  # requests submitted since the last intake (SimLoop.intake)
+        self.intake_on = cost.intake_s > 0 or cost.intake_per_request_s > 0
         # most requests running at once (running grows only by admission): a run where it
         # stays below max_num_seqs never met that limit, and is the run of any limit above it
         self.peak_running = 0
@@ -151,6 +155,7 @@ class SimLoop:
         """A request reaches this engine now (its row in `requests` is `req.index`)."""
         self.sched.add(req)
         self.num_arrived += 1
+        self.taken += 1
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -161,8 +166,11 @@ class SimLoop:
         while self.num_arrived < total or sched.has_unfinished or self.inflight:
             if self.own_arrivals:
                 self.take_arrivals()  # arrivals up to the CPU clock are visible
-            elif self.cpu_s > self.env.now:
-                yield self.env.timeout(self.cpu_s - self.env.now)
+            else:
+                if self.cpu_s > self.env.now:
+                    yield self.env.timeout(self.cpu_s - self.env.now)
+                if self.taken:
+                    self.intake()  # the router's submits since the last top
             if self.ff is not None and self.own_arrivals and self.ff.run_segment():
                 continue
             launched = False
@@ -273,11 +281,25 @@ class SimLoop:
             r = reqs[i]  # each row is indexed once here (RequestRows makes it when indexed)
             if r.arrival_s > now:
                 self.next_arrival = i
+                if self.taken:
+                    self.intake()
                 return r.arrival_s
             self.submit(r)
             i += 1
         self.next_arrival = i
+        if self.taken:
+            self.intake()
         return _INF
+
+    def intake(self) -> None:
+        """The host takes the requests submitted since the last intake in (engine.Engine.run's
+        add_request): the CPU clock moves on by the profile's intake cost, in no phase, as the
+        engine's record shows it (a gap before the next schedule). A request that arrives
+        meanwhile waits for the next loop top, as in the engine."""
+        n, self.taken = self.taken, 0
+        if self.intake_on:
+            cost = self.cost
+            self.clock.cpu_s += cost.intake_s + n * cost.intake_per_request_s
 
     def next_arrival_s(self) -> float:
         """Own arrivals: when the next request arrives (inf when none is left)."""

@@ -85,6 +85,7 @@ from replay.analysis.hostspeed import (
 from replay.analysis.hostspeed import mean_over as host_mean_over
 from replay.analysis.idle_start import fit_idle_start
 from replay.analysis.idlegap_file import IdleGapFileError, fit_idle_sweep
+from replay.analysis.intake import fit_intake
 from replay.analysis.level import TOLERANCE as LEVEL_TOLERANCE
 from replay.analysis.level import level_curve, scaled_by
 from replay.analysis.lsq import fit, numeric_rank
@@ -463,6 +464,16 @@ def calibrate(
             f"sync_wait: a waiting host resumes {wake['wake_ms']:.3f} ms after the event "
             f"(median of {wake_report['waits']} waits; p10 {wake_report['p10_ms']:.3f}, "
             f"p90 {wake_report['p90_ms']:.3f} ms)"
+        )
+        used = merge_profile(base, prof) if base else prof
+    intake, intake_report = fit_intake(runs)
+    if intake is not None:
+        prof["intake"] = intake
+        notes.append(
+            f"intake: taking requests in costs the host {intake['ms']:.3f} ms + "
+            f"{intake['ms_per_request']:.3f} ms per request (least squares over "
+            f"{intake_report['tops']} loop tops, {intake_report['mean_requests']:.2f} requests "
+            f"each; one request: median {intake_report['one_p50_ms']:.3f} ms)"
         )
         used = merge_profile(base, prof) if base else prof
     idle, idle_report = fit_idle_start(runs, used)  # needs the fitted decode pass

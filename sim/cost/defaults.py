@@ -24,6 +24,13 @@ DEFAULTS: dict[str, Any] = {
     # an H100 host (2026-11-26, llama3.2-1b, depths 1-3): median 0.47-0.53 ms between a decode
     # step's GPU end and the end of the host's wait for its tokens. 0 = resume at the event.
     "sync_wait": {"wake_ms": 0.0},
+    # Taking new requests in: the engine loop's host time between a step's last CPU phase and
+    # the next schedule when requests arrived meanwhile (engine.Engine.run: add_request, which
+    # validates each request and builds its state), in no phase: `ms` once per intake with any
+    # request, + `ms_per_request` each. Measured on H100 and H200 hosts (2026-11-27, llama3.2-1b
+    # and llama3-8b): 0.15-0.23 ms + 0.04-0.07 ms per request (reports/fidelity/README.md
+    # section G). 0 = free; `replay calibrate` fits it from the runs' gaps.
+    "intake": {"ms": 0.0, "ms_per_request": 0.0},
     # The host side of the sampling penalties under speculative decoding: every step samples
     # through the verify path, which applies them eagerly after the forward (the drafts'
     # counts, the penalised targets, the accepted tokens' counts: a few dozen small ops), all or

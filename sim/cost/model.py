@@ -193,6 +193,11 @@ class CostModel:
         )
         # a host that waits for a GPU event resumes this long after it (sim.clock.StepClock)
         self.sync_wake_s = float(prof["sync_wait"]["wake_ms"]) / 1e3
+        # taking n > 0 new requests in costs the host intake_s + n x intake_per_request_s
+        # before the next schedule (sim.loop.SimLoop.take_arrivals); both 0: free, to the bit
+        intake = prof["intake"]
+        self.intake_s = host(float(intake["ms"])) / 1e3
+        self.intake_per_request_s = host(float(intake["ms_per_request"])) / 1e3
         self._gc_a = tuple(float(x) for x in prof["gc"]["pause_ms"])
         self._gc_b = tuple(float(x) for x in prof["gc"]["pause_ms_per_object"])
 

@@ -46,10 +46,11 @@ PARAM_TABLES = (
     "launch",
     "ngram_gpu",
     "sync_wait",
+    "intake",
     "history_host",
 )
 # top-level parameter tables: checked and merged key by key
-TOP_PARAM_TABLES = ("launch", "ngram_gpu", "sync_wait", "history_host")
+TOP_PARAM_TABLES = ("launch", "ngram_gpu", "sync_wait", "intake", "history_host")
 # gpu_pass's, merged key by key
 GPU_PARAM_TABLES = (
     "roofline", "idle_start", "history", "allreduce", "allreduce_oneshot", "allreduce_fused",
@@ -92,6 +93,7 @@ TOP_KEYS = (
     "ngram_gpu",
     "sync",
     "sync_wait",
+    "intake",
     "history_host",
     "gc",
     "alloc_objects",

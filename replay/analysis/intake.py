@@ -1,0 +1,119 @@
+"""Fit `intake`: the host time the engine loop spends taking new requests in.
+
+`engine.Engine.run` checks the clock at the top of every loop iteration and calls `add_request`
+for each request due by then (validation, the request's state, its synthetic prompt) before
+the next step's schedule phase. That time lies in no CPU phase: in a measured run it is the gap
+between the end of the last CPU phase before a schedule and that schedule's start. Measured on
+H100 and H200 hosts (2026-11-27) it is ~0.01 ms with no request due and 0.15-0.23 ms + 0.04-0.07
+ms per request with some (reports/fidelity/README.md section G). The simulator charges it in
+`sim.loop.SimLoop.intake`; this fits `ms` and `ms_per_request` by least squares over the loop
+tops that took requests in.
+
+A loop top's requests are those that arrived between the previous top and this one; a top is
+taken to be where the CPU work before a schedule ends, or the last such arrival when the loop
+slept until it (an idle engine), so sleeping is never counted as intake.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from bubblesim.core.phases import CPU_PHASES
+from bubblesim.core.runfmt import Run, load_run
+
+MIN_TOPS = 30  # fewer loop tops with requests than this: keep the base values
+MAX_GAP_MS = 20.0  # a longer gap is not intake (a stall the record does not explain)
+
+
+def intake_rows(run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """(requests taken in, gap ms) for each loop top of a measured run that took some in."""
+    s = run.arrays("steps")
+    starts = np.concatenate([s[f"{p}_start_s"] for p in CPU_PHASES])
+    ends = np.concatenate([s[f"{p}_end_s"] for p in CPU_PHASES])
+    ok = np.isfinite(starts) & np.isfinite(ends)
+    order = np.argsort(starts[ok], kind="stable")
+    starts, ends = starts[ok][order], ends[ok][order]
+    busy_until = np.maximum.accumulate(ends)  # the CPU's last phase end, by phase start
+    sched = s["schedule_start_s"]
+    before = np.searchsorted(starts, sched) - 1  # phases that started before this schedule
+    prev_end = np.where(before >= 0, busy_until[np.maximum(before, 0)], -np.inf)
+    arrivals = np.sort(run.arrays("requests")["arrival_s"])
+    due_at_end = np.searchsorted(arrivals, prev_end, side="right")
+    ns, gaps = [], []
+    # requests taken in by the tops before this one (the first step's top: the run's start)
+    taken = int(np.searchsorted(arrivals, sched[0], side="right")) if len(sched) else 0
+    for k in range(1, len(sched)):
+        top, due = prev_end[k], int(due_at_end[k])
+        if due <= taken:
+            # nothing was due when the CPU work ended: an intake here means the loop slept
+            # until the next arrival (an idle engine) and took it, and those at its instant
+            if taken >= arrivals.size or arrivals[taken] >= sched[k]:
+                continue
+            top = arrivals[taken]
+            due = int(np.searchsorted(arrivals, top, side="right"))
+        n, taken = due - taken, due
+        gap_ms = (sched[k] - top) * 1e3
+        if 0 <= gap_ms < MAX_GAP_MS:
+            ns.append(n)
+            gaps.append(gap_ms)
+    return np.asarray(ns, np.float64), np.asarray(gaps, np.float64)
+
+
+def fit_intake(runs: Sequence[Run]) -> tuple[dict[str, float] | None, dict[str, Any]]:
+    """(the `intake` table, or None when too few loop tops took requests in; a report)."""
+    ns, gaps = [], []
+    for run in runs:
+        if (run.summary.get("source") or {}).get("kind") == "sim":
+            continue
+        n, g = intake_rows(run)
+        ns.append(n)
+        gaps.append(g)
+    n = np.concatenate(ns) if ns else np.zeros(0)
+    g = np.concatenate(gaps) if gaps else np.zeros(0)
+    report: dict[str, Any] = {"tops": int(n.size)}
+    if n.size < MIN_TOPS:
+        report["note"] = f"{n.size} loop tops took requests in (< {MIN_TOPS}): not fitted"
+        return None, report
+    x = np.stack([np.ones_like(n), n], axis=1)
+    if np.unique(n).size > 1:
+        (ms, per), *_ = np.linalg.lstsq(x, g, rcond=None)
+    else:  # one count only: no slope to see, all of it per intake
+        ms, per = float(np.mean(g)), 0.0
+    ms, per = max(float(ms), 0.0), max(float(per), 0.0)
+    one = g[n == 1]
+    report.update(
+        ms=ms,
+        ms_per_request=per,
+        one_p50_ms=float(np.median(one)) if one.size else float("nan"),
+        mean_requests=float(n.mean()),
+    )
+    return {"ms": ms, "ms_per_request": per}, report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Each measured run folder's own fit, then all of them pooled (as `replay calibrate`):
+    `python -m replay.analysis.intake RUN [RUN ...]`."""
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("runs", nargs="+")
+    args = ap.parse_args(argv)
+    runs = [load_run(r) for r in args.runs]
+    print("| run | loop tops taking requests in | requests each | ms | ms per request | "
+          "one request: median ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for label, group in [*((r.path.name, [r]) for r in runs), ("(pooled)", runs)]:
+        table, rep = fit_intake(group)
+        if table is None:
+            print(f"| {label} | {rep['tops']} | - | - | - | - |")
+            continue
+        print(
+            f"| {label} | {rep['tops']} | {rep['mean_requests']:.2f} | {table['ms']:.3f} "
+            f"| {table['ms_per_request']:.3f} | {rep['one_p50_ms']:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
