@@ -7,7 +7,8 @@
 # checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
 # never used in a fit), checks2 (the second, fresh set of traces/checks2/: every run, or the
 # names in $CHECKS2), checks-d3 (azure_mid and longout_hi of traces/checks2/ at depth 3, or the
-# names in $CHECKSD3), checks3 (traces/checks3/, or the names in $CHECKS3), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
+# names in $CHECKSD3), checks3 (traces/checks3/, or the names in $CHECKS3), checks4
+# (traces/checks4/: high arrival rates, or the names in $CHECKS4), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
 # sweep-spec (the verify-width sweep: ngram-gpu, k=3, decode shapes, cut at $SPEC_SWEEP_S s),
 # idlegap / idlegap-spec (decode / verify graphs timed after set GPU idle gaps: the idle-start
 # law for `replay calibrate --idle-sweep`).
@@ -68,6 +69,11 @@ case $part in
         specpen) replay "$n" traces/checks3/$n.parquet --set spec.method=ngram-gpu --set spec.k=3 ;;
         *) replay "$n" traces/checks3/$n.parquet ;;
       esac
+    done
+    ;;
+  checks4)  # the fourth set (traces/checks4/: high arrival rates, make_checks.py 4)
+    for n in ${CHECKS4:-highrate azure_x10}; do
+      replay "$n" traces/checks4/$n.parquet
     done
     ;;
   calib-spec)  # the short calibration run for speculative decoding's CPU phases (bundled

@@ -40,9 +40,19 @@ penalties on every request that no profile term was read against.
 | specpen | n-gram speculative decoding with penalties on every request (ngram-gpu) | synthetic |
 | reasoning3 | reasoning-length outputs (to 4k), 08:00 at 0.3x, penalties | ServeGen R1 |
 
+A fourth set (`traces/checks4/`, 2026-11-27) checks the loop's request intake (profile key
+`intake`, replay.analysis.intake): arrival rates well above every earlier check's, where the
+host takes requests in at a large share of the loop tops.
+
+| name | what | from |
+|---|---|---|
+| highrate | short chat (~300-token prompts, ~60 outputs), Poisson 100 req/s | synthetic |
+| azure_x10 | the Azure hour's minutes 10:00-13:20 at 10x (~50 req/s) | Azure 2023 |
+
     python reports/fidelity/make_checks.py      # writes traces/checks/, prints a table
     python reports/fidelity/make_checks.py 2    # writes traces/checks2/
     python reports/fidelity/make_checks.py 3    # writes traces/checks3/
+    python reports/fidelity/make_checks.py 4    # writes traces/checks4/
     python reports/fidelity/make_checks.py calib  # writes traces/fidelity/specdec_pen.parquet
 
 The calibration workload for the penalties' host work on spec steps (`history_host`,
@@ -74,6 +84,7 @@ from bubblesim.workloads.synth import SynthSpec, synthesize  # noqa: E402
 OUT = ROOT / "traces" / "checks"
 OUT2 = ROOT / "traces" / "checks2"
 OUT3 = ROOT / "traces" / "checks3"
+OUT4 = ROOT / "traces" / "checks4"
 
 
 def window(t: Trace, start_s: float, seconds: float, speedup: float, source: str) -> Trace:
@@ -174,6 +185,19 @@ def build3() -> dict[str, Trace]:
     return out
 
 
+def build4() -> dict[str, Trace]:
+    """The fourth set: high arrival rates (the loop's request intake)."""
+    out: dict[str, Trace] = {}
+    out["highrate"] = synth(
+        "short chat completions at a high arrival rate", arrival="poisson", rate=100.0,
+        duration_s=20.0, prompt_len="lognormal:300:0.5:2000", output_len="lognormal:60:0.5:300",
+        seed=41,
+    )  # fmt: skip
+    az = read_trace(ROOT / "traces" / "azure_conv.parquet")
+    out["azure_x10"] = window(az, 600.0, 20.0, 10.0, "traces/azure_conv.parquet")
+    return out
+
+
 def calib_specpen() -> Path:
     """traces/fidelity/specdec_pen.parquet (module docstring)."""
     t = read_trace(ROOT / "traces" / "specdec.parquet")
@@ -188,9 +212,9 @@ def calib_specpen() -> Path:
 
 def main(out: Path = OUT, which: str = "1") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    sets = {"1": build, "2": build2, "3": build3}
+    sets = {"1": build, "2": build2, "3": build3, "4": build4}
     if which not in sets:
-        raise SystemExit(f"make_checks.py: unknown set {which!r} (1, 2 or 3)")
+        raise SystemExit(f"make_checks.py: unknown set {which!r} (1, 2, 3 or 4)")
     for name, t in sets[which]().items():
         write_trace(t, out / f"{name}.parquet")
         print(
@@ -205,4 +229,4 @@ if __name__ == "__main__":
     if arg == "calib":
         print(calib_specpen())
         raise SystemExit(0)
-    main({"2": OUT2, "3": OUT3}.get(arg, OUT), arg)
+    main({"2": OUT2, "3": OUT3, "4": OUT4}.get(arg, OUT), arg)
