@@ -85,6 +85,7 @@ from replay.analysis.hostspeed import (
 from replay.analysis.hostspeed import mean_over as host_mean_over
 from replay.analysis.idle_start import fit_idle_start
 from replay.analysis.idlegap_file import IdleGapFileError, fit_idle_sweep
+from replay.analysis.intake import describe as describe_intake
 from replay.analysis.intake import fit_intake
 from replay.analysis.level import TOLERANCE as LEVEL_TOLERANCE
 from replay.analysis.level import level_curve, scaled_by
@@ -113,6 +114,7 @@ from replay.analysis.steps import (
     tail_keys,
 )
 from replay.analysis.sweepmeta import measures_steps
+from replay.analysis.syncwake import describe as describe_sync_wake
 from replay.analysis.syncwake import fit_sync_wake
 from sim.cost import merge_profile, resolve_profile, save_profile, validate_profile
 from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
@@ -456,26 +458,17 @@ def calibrate(
     if gc:
         prof["gc"] = gc
     validate_profile(prof)
+    # host timings read straight off the runs' records: a table (or None: keep the base) and
+    # the note that says what it rests on
+    for key, fitter, describe in (
+        ("sync_wait", fit_sync_wake, describe_sync_wake),
+        ("intake", fit_intake, describe_intake),
+    ):
+        table, report = fitter(runs)
+        if table is not None:
+            prof[key] = table
+            notes.append(describe(table, report))
     used = merge_profile(base, prof) if base else prof
-    wake, wake_report = fit_sync_wake(runs)
-    if wake is not None:
-        prof["sync_wait"] = wake
-        notes.append(
-            f"sync_wait: a waiting host resumes {wake['wake_ms']:.3f} ms after the event "
-            f"(median of {wake_report['waits']} waits; p10 {wake_report['p10_ms']:.3f}, "
-            f"p90 {wake_report['p90_ms']:.3f} ms)"
-        )
-        used = merge_profile(base, prof) if base else prof
-    intake, intake_report = fit_intake(runs)
-    if intake is not None:
-        prof["intake"] = intake
-        notes.append(
-            f"intake: taking requests in costs the host {intake['ms']:.3f} ms + "
-            f"{intake['ms_per_request']:.3f} ms per request (least squares over "
-            f"{intake_report['tops']} loop tops, {intake_report['mean_requests']:.2f} requests "
-            f"each; one request: median {intake_report['one_p50_ms']:.3f} ms)"
-        )
-        used = merge_profile(base, prof) if base else prof
     idle, idle_report = fit_idle_start(runs, used)  # needs the fitted decode pass
     if idle_sweeps:
         idle = idle_from_sweeps(idle_sweeps, identity["model"], idle, notes)

@@ -94,6 +94,16 @@ def fit_intake(runs: Sequence[Run]) -> tuple[dict[str, float] | None, dict[str, 
     return {"ms": ms, "ms_per_request": per}, report
 
 
+def describe(table: dict[str, float], report: dict[str, Any]) -> str:
+    """The profile note for a fitted `intake`."""
+    return (
+        f"intake: taking requests in costs the host {table['ms']:.3f} ms + "
+        f"{table['ms_per_request']:.3f} ms per request (least squares over {report['tops']} "
+        f"loop tops, {report['mean_requests']:.2f} requests each; one request: median "
+        f"{report['one_p50_ms']:.3f} ms)"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Each measured run folder's own fit, then all of them pooled (as `replay calibrate`):
     `python -m replay.analysis.intake RUN [RUN ...]`."""

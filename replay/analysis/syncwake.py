@@ -41,3 +41,12 @@ def fit_sync_wake(runs: Sequence[Run]) -> tuple[dict[str, float] | None, dict[st
         wake_ms=wake, p10_ms=float(np.percentile(x, 10)), p90_ms=float(np.percentile(x, 90))
     )
     return {"wake_ms": wake}, report
+
+
+def describe(wake: dict[str, float], report: dict[str, Any]) -> str:
+    """The profile note for a fitted `sync_wait`."""
+    return (
+        f"sync_wait: a waiting host resumes {wake['wake_ms']:.3f} ms after the event "
+        f"(median of {report['waits']} waits; p10 {report['p10_ms']:.3f}, "
+        f"p90 {report['p90_ms']:.3f} ms)"
+    )
