@@ -6,7 +6,8 @@ The CPU thread mirrors `engine.Engine.step` phase for phase:
     [sync on the oldest batch] -> process_outputs                   (when depth are in flight)
 
 At the loop's top it takes the requests that arrived in, as `engine.Engine.run` does, which
-costs the host the profile's `intake` time in no phase (SimLoop.intake).
+costs the host the profile's `intake` time in no phase (SimLoop.intake); an idle loop sleeps
+until the next arrival and wakes `intake.wake_ms` after it (SimLoop._idle).
 The GPU stream runs passes in launch order: pass j starts at max(launch_end_j, gpu_end_{j-1})
 and its end is known the moment it is launched, so the stream needs no process of its own: a
 `Pass` carries its GPU times and a sync point is an explicit edge, `cpu = max(cpu, event_s)`
@@ -97,6 +98,8 @@ class SimLoop:
         self.num_arrived = 0
         self.taken = 0  # requests submitted since the last intake (SimLoop.intake)
         self.intake_on = cost.intake_s > 0 or cost.intake_per_request_s > 0
+        # an idle loop sleeping until the next arrival resumes this long after it
+        self.idle_wake_s = cost.idle_wake_s
         # most requests running at once (running grows only by admission): a run where it
         # stays below max_num_seqs never met that limit, and is the run of any limit above it
         self.peak_running = 0
@@ -312,9 +315,9 @@ class SimLoop:
         if self.num_arrived >= len(self.requests):
             return
         if self.own_arrivals:
-            self.clock.cpu_s = max(self.cpu_s, self.next_arrival_s())
+            self.clock.cpu_s = max(self.cpu_s, self.next_arrival_s() + self.idle_wake_s)
             return
         self._wake = self.env.event()
         yield self._wake
         self._wake = None
-        self.clock.cpu_s = max(self.cpu_s, self.env.now)
+        self.clock.cpu_s = max(self.cpu_s, self.env.now + self.idle_wake_s)

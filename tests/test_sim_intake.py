@@ -27,7 +27,7 @@ from sim.loop import SimLoop
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ffcheck import assert_same_records, records_without_and_with_fast_forward  # noqa: E402
 
-INTAKE = {"ms": 0.2, "ms_per_request": 0.07}
+INTAKE = {"ms": 0.2, "ms_per_request": 0.07, "wake_ms": 0.3}
 
 
 def _trace(tmp: Path, n: int = 120, span_s: float = 3.0, seed: int = 3) -> Path:
@@ -53,8 +53,10 @@ def _run(tmp: Path, trace: Path, sets: list[str], name: str) -> Path:
     return out
 
 
-def _gaps(run_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    return intake_rows(load_run(run_dir))
+def _gaps(run_dir: Path, slept: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(requests, gap ms) of the busy loop tops (or of those after an idle sleep)."""
+    n, g, asleep = intake_rows(load_run(run_dir))
+    return n[asleep == slept], g[asleep == slept]
 
 
 @pytest.mark.parametrize(
@@ -107,6 +109,11 @@ def test_the_intake_is_a_gap_before_the_schedule_and_fits_back(tmp_path: Path) -
     assert np.all(g0 < 1e-9)  # no intake: the schedule starts where the last phase ends
     expect = INTAKE["ms"] + INTAKE["ms_per_request"] * n1
     np.testing.assert_allclose(g1, expect, rtol=1e-6, atol=1e-9)
+    # after an idle sleep: the wake, then the intake of everything due by then
+    ns, gs = _gaps(on, slept=True)
+    assert ns.size >= 3
+    wake = INTAKE["wake_ms"] + INTAKE["ms"] + INTAKE["ms_per_request"] * ns
+    np.testing.assert_allclose(gs, wake, rtol=1e-6, atol=1e-9)
     # the same time stays in no CPU phase
     s0, s1 = load_run(base).arrays("steps"), load_run(on).arrays("steps")
     for p in CPU_PHASES:
@@ -119,14 +126,15 @@ def test_the_intake_is_a_gap_before_the_schedule_and_fits_back(tmp_path: Path) -
     assert table is not None
     assert table["ms"] == pytest.approx(INTAKE["ms"], abs=1e-6)
     assert table["ms_per_request"] == pytest.approx(INTAKE["ms_per_request"], abs=1e-6)
-    assert report["tops"] == n1.size
+    assert table["wake_ms"] == pytest.approx(INTAKE["wake_ms"], abs=1e-6)
+    assert report["tops"] == n1.size and report["wakes"] == ns.size
 
 
 def test_too_few_tops_keep_the_base_and_sim_runs_are_not_fitted(tmp_path: Path) -> None:
     trace = _trace(tmp_path, n=12)
     on = _run(tmp_path, trace, [f"profile={_profile(tmp_path, INTAKE)}"], "on")
     run = load_run(on)
-    assert fit_intake([run]) == (None, {"tops": 0, "note": fit_intake([run])[1]["note"]})
+    assert fit_intake([run])[0] is None and fit_intake([run])[1]["tops"] == 0
     run.summary["source"] = {"kind": "replay"}
     table, report = fit_intake([run])
     assert table is None and "not fitted" in report["note"]
@@ -136,8 +144,28 @@ def test_host_scale_scales_the_intake(tmp_path: Path) -> None:
     trace = _trace(tmp_path)
     prof = _profile(tmp_path, INTAKE)
     sets = ["model=llama3.2-1b", "gc_freeze=false", f"profile={prof}"]
-    n, g = _gaps(_run(tmp_path, trace, [*sets, "host_scale=2"], "x2"))
+    out = _run(tmp_path, trace, [*sets, "host_scale=2"], "x2")
+    n, g = _gaps(out)
     np.testing.assert_allclose(g, 2 * (INTAKE["ms"] + INTAKE["ms_per_request"] * n), rtol=1e-6)
+    # the wake is the OS's timer, not the host's Python: not scaled
+    ns, gs = _gaps(out, slept=True)
+    wake = INTAKE["wake_ms"] + 2 * (INTAKE["ms"] + INTAKE["ms_per_request"] * ns)
+    np.testing.assert_allclose(gs, wake, rtol=1e-6)
+
+
+def test_an_idle_loop_takes_near_simultaneous_arrivals_together(tmp_path: Path) -> None:
+    """Requests 10 us apart reaching an idle engine: with a wake of 0.3 ms they share one
+    prefill step, as the engine's sleep overshoot lets them; without, the first goes alone."""
+    arrival = np.array([1.0, 1.00001, 1.00002, 2.0, 2.00001])
+    trace = write_trace(make_trace(arrival, np.full(5, 64), np.full(5, 4)), tmp_path / "b.parquet")
+    counts = {}
+    for wake in (0.0, 0.3):
+        prof = _profile(tmp_path, {"ms": 0.0, "ms_per_request": 0.0, "wake_ms": wake})
+        out = _run(tmp_path, trace, ["model=llama3.2-1b", f"profile={prof}"], f"w{wake}")
+        s = load_run(out).arrays("steps")
+        counts[wake] = s["num_prefill_reqs"][s["prefill_tokens"] > 0].tolist()
+    assert counts[0.3] == [3, 2]
+    assert counts[0.0][0] == 1 and len(counts[0.0]) > 2
 
 
 def test_a_bad_intake_value_is_named(tmp_path: Path) -> None:

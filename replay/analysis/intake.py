@@ -26,11 +26,17 @@ from bubblesim.core.phases import CPU_PHASES
 from bubblesim.core.runfmt import Run, load_run
 
 MIN_TOPS = 30  # fewer loop tops with requests than this: keep the base values
+MIN_WAKES = 3  # fewer tops after a sleep than this: no wake fitted (0)
 MAX_GAP_MS = 20.0  # a longer gap is not intake (a stall the record does not explain)
 
 
-def intake_rows(run: Run) -> tuple[np.ndarray, np.ndarray]:
-    """(requests taken in, gap ms) for each loop top of a measured run that took some in."""
+def intake_rows(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(requests taken in, gap ms, slept) for each loop top of a measured run that took some in.
+
+    A busy top's gap runs from the CPU's last phase end to the schedule: the intake alone. A
+    top after a sleep (nothing was due when the CPU work ended: the engine idled until the next
+    arrival) has its gap from that arrival, so it holds the sleep's overshoot (the wake) too;
+    its requests are those that arrived before the schedule."""
     s = run.arrays("steps")
     starts = np.concatenate([s[f"{p}_start_s"] for p in CPU_PHASES])
     ends = np.concatenate([s[f"{p}_end_s"] for p in CPU_PHASES])
@@ -43,55 +49,57 @@ def intake_rows(run: Run) -> tuple[np.ndarray, np.ndarray]:
     prev_end = np.where(before >= 0, busy_until[np.maximum(before, 0)], -np.inf)
     arrivals = np.sort(run.arrays("requests")["arrival_s"])
     due_at_end = np.searchsorted(arrivals, prev_end, side="right")
-    ns, gaps = [], []
+    ns, gaps, slept = [], [], []
     # requests taken in by the tops before this one (the first step's top: the run's start)
     taken = int(np.searchsorted(arrivals, sched[0], side="right")) if len(sched) else 0
     for k in range(1, len(sched)):
-        top, due = prev_end[k], int(due_at_end[k])
+        top, due, asleep = prev_end[k], int(due_at_end[k]), False
         if due <= taken:
-            # nothing was due when the CPU work ended: an intake here means the loop slept
-            # until the next arrival (an idle engine) and took it, and those at its instant
             if taken >= arrivals.size or arrivals[taken] >= sched[k]:
                 continue
-            top = arrivals[taken]
-            due = int(np.searchsorted(arrivals, top, side="right"))
+            top, asleep = arrivals[taken], True
+            due = int(np.searchsorted(arrivals, sched[k], side="left"))
         n, taken = due - taken, due
         gap_ms = (sched[k] - top) * 1e3
         if 0 <= gap_ms < MAX_GAP_MS:
             ns.append(n)
             gaps.append(gap_ms)
-    return np.asarray(ns, np.float64), np.asarray(gaps, np.float64)
+            slept.append(asleep)
+    return np.asarray(ns, np.float64), np.asarray(gaps, np.float64), np.asarray(slept, bool)
 
 
 def fit_intake(runs: Sequence[Run]) -> tuple[dict[str, float] | None, dict[str, Any]]:
-    """(the `intake` table, or None when too few loop tops took requests in; a report)."""
-    ns, gaps = [], []
-    for run in runs:
-        if (run.summary.get("source") or {}).get("kind") == "sim":
-            continue
-        n, g = intake_rows(run)
-        ns.append(n)
-        gaps.append(g)
-    n = np.concatenate(ns) if ns else np.zeros(0)
-    g = np.concatenate(gaps) if gaps else np.zeros(0)
-    report: dict[str, Any] = {"tops": int(n.size)}
-    if n.size < MIN_TOPS:
-        report["note"] = f"{n.size} loop tops took requests in (< {MIN_TOPS}): not fitted"
+    """(the `intake` table, or None when too few busy loop tops took requests in; a report).
+    `ms` and `ms_per_request`: least squares over the busy tops; `wake_ms`: the median of the
+    slept tops' gaps less their intake (0 with fewer than MIN_WAKES of them)."""
+    parts = [intake_rows(r) for r in runs if (r.summary.get("source") or {}).get("kind") != "sim"]
+    n = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
+    g = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
+    slept = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, bool)
+    busy = ~slept
+    report: dict[str, Any] = {"tops": int(busy.sum()), "wakes": int(slept.sum())}
+    if busy.sum() < MIN_TOPS:
+        report["note"] = f"{busy.sum()} loop tops took requests in (< {MIN_TOPS}): not fitted"
         return None, report
-    x = np.stack([np.ones_like(n), n], axis=1)
-    if np.unique(n).size > 1:
-        (ms, per), *_ = np.linalg.lstsq(x, g, rcond=None)
+    nb, gb = n[busy], g[busy]
+    if np.unique(nb).size > 1:
+        x = np.stack([np.ones_like(nb), nb], axis=1)
+        (ms, per), *_ = np.linalg.lstsq(x, gb, rcond=None)
     else:  # one count only: no slope to see, all of it per intake
-        ms, per = float(np.mean(g)), 0.0
+        ms, per = float(np.mean(gb)), 0.0
     ms, per = max(float(ms), 0.0), max(float(per), 0.0)
-    one = g[n == 1]
+    wake = 0.0
+    if slept.sum() >= MIN_WAKES:
+        wake = max(float(np.median(g[slept] - ms - per * n[slept])), 0.0)
+    one = gb[nb == 1]
     report.update(
         ms=ms,
         ms_per_request=per,
+        wake_ms=wake,
         one_p50_ms=float(np.median(one)) if one.size else float("nan"),
-        mean_requests=float(n.mean()),
+        mean_requests=float(nb.mean()),
     )
-    return {"ms": ms, "ms_per_request": per}, report
+    return {"ms": ms, "ms_per_request": per, "wake_ms": wake}, report
 
 
 def describe(table: dict[str, float], report: dict[str, Any]) -> str:
@@ -100,7 +108,8 @@ def describe(table: dict[str, float], report: dict[str, Any]) -> str:
         f"intake: taking requests in costs the host {table['ms']:.3f} ms + "
         f"{table['ms_per_request']:.3f} ms per request (least squares over {report['tops']} "
         f"loop tops, {report['mean_requests']:.2f} requests each; one request: median "
-        f"{report['one_p50_ms']:.3f} ms)"
+        f"{report['one_p50_ms']:.3f} ms); an idle loop wakes {table['wake_ms']:.3f} ms after "
+        f"the next arrival (median of {report['wakes']} wakes)"
     )
 
 
@@ -111,17 +120,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("runs", nargs="+")
     args = ap.parse_args(argv)
     runs = [load_run(r) for r in args.runs]
-    print("| run | loop tops taking requests in | requests each | ms | ms per request | "
-          "one request: median ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("| run | busy loop tops taking requests in | requests each | ms | ms per request | "
+          "one request: median ms | wakes from idle | wake ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for label, group in [*((r.path.name, [r]) for r in runs), ("(pooled)", runs)]:
         table, rep = fit_intake(group)
         if table is None:
-            print(f"| {label} | {rep['tops']} | - | - | - | - |")
+            print(f"| {label} | {rep['tops']} | - | - | - | - | {rep['wakes']} | - |")
             continue
         print(
             f"| {label} | {rep['tops']} | {rep['mean_requests']:.2f} | {table['ms']:.3f} "
-            f"| {table['ms_per_request']:.3f} | {rep['one_p50_ms']:.3f} |"
+            f"| {table['ms_per_request']:.3f} | {rep['one_p50_ms']:.3f} | {rep['wakes']} "
+            f"| {table['wake_ms']:.3f} |"
         )
 
 

@@ -198,6 +198,9 @@ class CostModel:
         intake = prof["intake"]
         self.intake_s = host(float(intake["ms"])) / 1e3
         self.intake_per_request_s = host(float(intake["ms_per_request"])) / 1e3
+        # an idle loop's sleep until the next arrival overshoots it by this much (not x
+        # host_scale: the OS's timer, not the host's Python)
+        self.idle_wake_s = float(intake["wake_ms"]) / 1e3
         self._gc_a = tuple(float(x) for x in prof["gc"]["pause_ms"])
         self._gc_b = tuple(float(x) for x in prof["gc"]["pause_ms_per_object"])
 
