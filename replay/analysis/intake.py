@@ -1,17 +1,21 @@
-"""Fit `intake`: the host time the engine loop spends taking new requests in.
+"""Fit `intake`: the host time the engine loop spends taking new requests in, and how long after
+an arrival an idle loop wakes.
 
 `engine.Engine.run` checks the clock at the top of every loop iteration and calls `add_request`
 for each request due by then (validation, the request's state, its synthetic prompt) before
 the next step's schedule phase. That time lies in no CPU phase: in a measured run it is the gap
 between the end of the last CPU phase before a schedule and that schedule's start. Measured on
-H100 and H200 hosts (2026-11-27) it is ~0.01 ms with no request due and 0.15-0.23 ms + 0.04-0.07
-ms per request with some (reports/fidelity/README.md section G). The simulator charges it in
-`sim.loop.SimLoop.intake`; this fits `ms` and `ms_per_request` by least squares over the loop
-tops that took requests in.
+H100 and H200 hosts (2026-11-27) it is ~0.01 ms with no request due and 0.14-0.29 ms + 0.03-0.10
+ms per request with some (reports/fidelity/README.md section G). An engine with nothing to do
+sleeps until the next arrival and wakes after it (the sleep's overshoot, 0.13-0.28 ms on the 1b
+runs), taking in everything that arrived meanwhile. The simulator charges both
+(`sim.loop.SimLoop.intake`, `SimLoop._idle`); this fits `ms` and `ms_per_request` by least
+squares over the busy loop tops that took requests in, and `wake_ms` as the median of the tops
+after a sleep, less their intake.
 
-A loop top's requests are those that arrived between the previous top and this one; a top is
-taken to be where the CPU work before a schedule ends, or the last such arrival when the loop
-slept until it (an idle engine), so sleeping is never counted as intake.
+A busy top's requests are those that arrived between the previous top and the end of the CPU
+work before its schedule; a top after a sleep (nothing was due when that work ended) starts at
+the arrival it slept until and takes those that arrived before its schedule.
 """
 
 from __future__ import annotations
