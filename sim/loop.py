@@ -98,8 +98,6 @@ class SimLoop:
         self.num_arrived = 0
         self.taken = 0  # requests submitted since the last intake (SimLoop.intake)
         self.intake_on = cost.intake_s > 0 or cost.intake_per_request_s > 0
-        # an idle loop sleeping until the next arrival resumes this long after it
-        self.idle_wake_s = cost.idle_wake_s
         # most requests running at once (running grows only by admission): a run where it
         # stays below max_num_seqs never met that limit, and is the run of any limit above it
         self.peak_running = 0
@@ -280,19 +278,18 @@ class SimLoop:
         """Submit the requests that arrived up to the CPU clock; returns when the next one
         arrives (inf when none is left), as `next_arrival_s`."""
         reqs, i, n, now = self.requests, self.next_arrival, self.num_requests, self.clock.cpu_s
+        next_s = _INF
         while i < n:
             r = reqs[i]  # each row is indexed once here (RequestRows makes it when indexed)
             if r.arrival_s > now:
-                self.next_arrival = i
-                if self.taken:
-                    self.intake()
-                return r.arrival_s
+                next_s = r.arrival_s
+                break
             self.submit(r)
             i += 1
         self.next_arrival = i
         if self.taken:
             self.intake()
-        return _INF
+        return next_s
 
     def intake(self) -> None:
         """The host takes the requests submitted since the last intake in (engine.Engine.run's
@@ -315,9 +312,9 @@ class SimLoop:
         if self.num_arrived >= len(self.requests):
             return
         if self.own_arrivals:
-            self.clock.cpu_s = max(self.cpu_s, self.next_arrival_s() + self.idle_wake_s)
+            self.clock.cpu_s = max(self.cpu_s, self.next_arrival_s() + self.cost.idle_wake_s)
             return
         self._wake = self.env.event()
         yield self._wake
         self._wake = None
-        self.clock.cpu_s = max(self.cpu_s, self.env.now + self.idle_wake_s)
+        self.clock.cpu_s = max(self.cpu_s, self.env.now + self.cost.idle_wake_s)

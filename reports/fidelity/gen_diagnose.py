@@ -26,7 +26,11 @@ H100, llama3.2-1b), from the committed measured runs and profile:
 10. the GPU clock against the host's: the token wait's p10 (item 2) per sixth of the run, and
    its slope in us per s of run (a slope far from 0 is the GPU timer drifting against the
    host's clock: runs measured before the hooks' two-anchor mapping were mapped with one
-   anchor; a run made since records the fitted rate, summary `replay.gpu_clock`).
+   anchor; a run made since records the fitted rate, summary `replay.gpu_clock`);
+11. arrivals that come together: how many of the run's inter-arrival gaps are under 10 us, and
+   the steps with a prefill by how many requests they prefill (1, 2, 3, ...), which is where
+   an idle loop's wake (profile key `intake.wake_ms`) shows: a predicted run folder reads the
+   same, so a prediction's counts stand beside the measured run's.
 
 The check runs' folders are not in the tree (their step records are 21 MB); restore them first:
 `git restore --source=ca31aaf -- reports/fidelity/gen/runs reports/fidelity/gen/runs2
@@ -235,6 +239,18 @@ def verify_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  
     return out
 
 
+def arrivals_together(run, s: dict[str, np.ndarray]) -> str:  # noqa: ANN001
+    """Item 11: inter-arrival gaps under 10 us, and prefill steps by prefill requests."""
+    gaps = np.diff(np.sort(run.arrays("requests")["arrival_s"]))
+    pre = s["num_prefill_reqs"][s["prefill_tokens"] > 0]
+    counts = np.bincount(pre)[1:] if pre.size else np.zeros(0, np.int64)
+    by = " ".join(f"{k + 1}:{c}" for k, c in enumerate(counts.tolist()) if c)
+    return (
+        f"{int((gaps < 1e-5).sum())} of {gaps.size} gaps under 10 us; "
+        f"{pre.size} prefill steps by prefill requests {by}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=Path, default=ROOT / "reports/fidelity/gen/runs")
@@ -270,6 +286,7 @@ def main() -> None:
         if run_config(run).spec.enabled:
             print("  9. verify interval:", "; ".join(verify_by_band(run, s, profile)))
         print(" 10. token wait p10 over the run:", clock_drift(run, s))
+        print(" 11. arrivals together:", arrivals_together(run, s))
 
 
 if __name__ == "__main__":

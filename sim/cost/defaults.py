@@ -28,9 +28,9 @@ DEFAULTS: dict[str, Any] = {
     # the next schedule when requests arrived meanwhile (engine.Engine.run: add_request, which
     # validates each request and builds its state), in no phase: `ms` once per intake with any
     # request, + `ms_per_request` each. Measured on H100 and H200 hosts (2026-11-27, llama3.2-1b
-    # and llama3-8b): 0.15-0.23 ms + 0.04-0.07 ms per request (reports/fidelity/README.md
+    # and llama3-8b): 0.14-0.29 ms + 0.03-0.10 ms per request (reports/fidelity/README.md
     # section G). `wake_ms`: an idle loop, sleeping until the next arrival, resumes this long
-    # after it (0.17-0.28 ms measured) and takes in all that arrived meanwhile. 0 = free;
+    # after it (0.13-0.28 ms on the 1b runs) and takes in all that arrived meanwhile. 0 = free;
     # `replay calibrate` fits all three from the runs' gaps.
     "intake": {"ms": 0.0, "ms_per_request": 0.0, "wake_ms": 0.0},
     # The host side of the sampling penalties under speculative decoding: every step samples

@@ -194,12 +194,12 @@ class CostModel:
         # a host that waits for a GPU event resumes this long after it (sim.clock.StepClock)
         self.sync_wake_s = float(prof["sync_wait"]["wake_ms"]) / 1e3
         # taking n > 0 new requests in costs the host intake_s + n x intake_per_request_s
-        # before the next schedule (sim.loop.SimLoop.take_arrivals); both 0: free, to the bit
+        # before the next schedule (sim.loop.SimLoop.intake); both 0: free, to the bit
         intake = prof["intake"]
         self.intake_s = host(float(intake["ms"])) / 1e3
         self.intake_per_request_s = host(float(intake["ms_per_request"])) / 1e3
-        # an idle loop's sleep until the next arrival overshoots it by this much (not x
-        # host_scale: the OS's timer, not the host's Python)
+        # an idle loop's sleep until the next arrival overshoots it by this much
+        # (sim.loop.SimLoop._idle; not x host_scale: the OS's timer, not the host's Python)
         self.idle_wake_s = float(intake["wake_ms"]) / 1e3
         self._gc_a = tuple(float(x) for x in prof["gc"]["pause_ms"])
         self._gc_b = tuple(float(x) for x in prof["gc"]["pause_ms_per_object"])
