@@ -172,6 +172,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             host_speed=not args.no_host_speed,
             host_copula=args.host_copula,
             idle_sweeps=args.idle_sweep,
+            sampling_sweep=args.sampling_sweep,
         )
         checks = {}
         if args.check:
@@ -308,6 +309,35 @@ def cmd_idlegap(args: argparse.Namespace) -> int:
         for lo, hi, n, saved, frac in r["saved_ms_by_gap"]:
             print(f"    idle {lo:g}-{hi:g} ms: {n} samples, saved {saved:.3f} ms ({frac:.1%})")
     print(f"idle gaps -> {res.path}")
+    return 0
+
+
+# ---- sampling -----------------------------------------------------------------------------------
+def cmd_sampling(args: argparse.Namespace) -> int:
+    # lazy: the sweep runs the engine's sampler (torch)
+    from replay.analysis.outdir import SAMPLING_FILE
+    from replay.analysis.sampling_file import describe, fit_sampling
+    from replay.gpu.sampling import sweep_sampling
+
+    cfg = config_from_args(args)
+    if args.repeats < 1 or args.max_rows < 1:
+        raise UsageError("--repeats and --max-rows must be >= 1")
+    out = Path(args.output or Path("runs") / f"sampling-{Path(cfg.model).name}.parquet")
+    bar = _Progress(not args.quiet)
+    try:
+        try:
+            with output_place(out, SAMPLING_FILE, args.force):
+                res = sweep_sampling(cfg, out, args.max_rows, args.repeats, bar)
+        finally:
+            bar.close()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    print(
+        f"sampling modes of {res.meta['model']} on '{res.meta['gpu']}': {len(res.rows)} "
+        f"timings in {res.wall_s:.1f} s"
+    )
+    print("\n".join(describe(fit_sampling(res.path))))
+    print(f"sampling sweep -> {res.path}")
     return 0
 
 
@@ -595,6 +625,12 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         "(repeatable; a spec-decoding sweep gives the verify law)",
     )
     p.add_argument(
+        "--sampling-sweep",
+        metavar="FILE",
+        help="a `replay sampling` sweep: random sampling's cost over greedy (profile key "
+        "sampling; without it the profile takes the built-in table)",
+    )
+    p.add_argument(
         "--no-host-speed",
         action="store_true",
         help="leave out the host's slowly varying speed (profile key host_speed): the CPU "
@@ -650,6 +686,17 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", type=float, help="stop adding shapes after this long")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=cmd_idlegap)
+
+    p = sub.add_parser(
+        "sampling",
+        help="each random sampling mode timed against greedy, per sampled row (calibrate "
+        "--sampling-sweep)",
+    )
+    add_config_args(p)
+    p.add_argument("--max-rows", type=int, default=1024, help="most rows sampled at once")
+    p.add_argument("--repeats", type=int, default=15, help="timings per point (median)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=cmd_sampling)
 
     p = sub.add_parser("ablate", help="each seed switch off/on: measured beside predicted")
     p.add_argument("trace", help="trace parquet file")

@@ -127,6 +127,13 @@ CASES = [
     ("rate", ["model=llama3.2-1b", "spec.method=ngram-gpu", "spec.k=4", "seed=3"]),
     ("ids", ["model=llama3.2-1b", "spec.method=ngram-cpu", "spec.k=3"]),
     ("ids", ["model=llama3.2-1b", "spec.method=ngram-gpu", "spec.k=4", "batches_in_flight=3"]),
+    # random sampling (sim.cost.sampling: GPU and host terms read only the cache key's fields)
+    ("burst", ["model=llama3.2-1b", "sampling.temperature=0.8", "sampling.top_p=0.9",
+               "num_kv_blocks=300"]),
+    ("light", ["model=llama3-8b", "sampling.temperature=1", "sampling.top_k=20",
+               "cuda_graphs=false"]),
+    ("light", ["model=llama3.2-1b", "spec.method=ngram-gpu", "sampling.temperature=0.7",
+               "sampling.top_k=40", "sampling.top_p=0.95"]),
 ]  # fmt: skip
 
 

@@ -100,6 +100,7 @@ from replay.analysis.quality import (
     print_quality,
     stats,
 )
+from replay.analysis.sampling_file import SamplingFileError, fit_sampling
 from replay.analysis.shapes_file import SweepRows, read_sweeps
 from replay.analysis.spread import fit_spread
 from replay.analysis.steps import (
@@ -324,6 +325,7 @@ def calibrate(
     host_speed: bool = True,
     host_copula: bool = False,
     idle_sweeps: Sequence[str | Path] = (),
+    sampling_sweep: str | Path | None = None,
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
     (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
@@ -336,7 +338,9 @@ def calibrate(
     (with `host_speed`): also fit `host_speed.rho`, the simulator's copula of the phases'
     top-level tables and the host's state (replay.analysis.hostspeed.fit_copula). `idle_sweeps`:
     `replay idlegap` files; the idle-start laws they give replace the ones the runs give
-    (replay.analysis.idlegap_file), which are still reported."""
+    (replay.analysis.idlegap_file), which are still reported. `sampling_sweep`: a `replay
+    sampling` file: the profile's `sampling` table (random sampling's cost over greedy,
+    sim.cost.sampling) from it; without it the profile takes the defaults'."""
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise CalibrationError("calibrate needs at least one run folder")
@@ -548,6 +552,13 @@ def calibrate(
         prof[PROBE_KEY] = probe
         notes.append(f"host_probe: level {probe['level']:.3f} (measured / predicted CPU time "
                      f"over the probes of {probe['runs']} run(s))")  # fmt: skip
+    if sampling_sweep is not None:  # the runs sample greedily: nothing above reads it
+        try:
+            prof.update(fit_sampling(sampling_sweep, identity["model"]))
+        except SamplingFileError as e:
+            raise CalibrationError(str(e)) from None
+        notes.append(f"sampling: random sampling's cost over greedy from {sampling_sweep}")
+        used = merge_profile(base, prof) if base else prof
     quality = evaluate(used, runs, steps)
     quality.update(_gpu_fit_quality(used, joined, joined_y, fit_rows, len(steps)))
     if straggler:

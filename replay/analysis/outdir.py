@@ -15,6 +15,7 @@ from bubblesim.core import outplace
 from bubblesim.core.atomic import atomic_file
 from bubblesim.core.outplace import OutKind
 from replay.analysis.idlegap_file import META_KEY as IDLEGAP_META_KEY
+from replay.analysis.sampling_file import META_KEY as SAMPLING_META_KEY
 from replay.analysis.shapes_file import META_KEY
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "FIDELITY_FOLDER",
     "IDLEGAP_FILE",
     "PROFILE_FILE",
+    "SAMPLING_FILE",
     "SHAPES_FILE",
     "atomic_dir",
     "atomic_file",
@@ -75,3 +77,4 @@ SHAPES_FILE = OutKind("shape sweep", folder=False, recognise=_parquet_with(META_
 IDLEGAP_FILE = OutKind(
     "sweep of idle gaps", folder=False, recognise=_parquet_with(IDLEGAP_META_KEY)
 )
+SAMPLING_FILE = OutKind("sampling sweep", folder=False, recognise=_parquet_with(SAMPLING_META_KEY))

@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 
 from bubblesim.core.models import get_model
-from bubblesim.core.phases import CPU_PHASES, LAUNCH
+from bubblesim.core.phases import CPU_PHASES, LAUNCH, SAMPLE
 from bubblesim.core.runfmt import Run
 from replay.analysis.steps import Steps, draft_gpu_ms, eval_linear, load_steps, run_config
 from sim.cost import resolve_profile
+from sim.cost.defaults import DEFAULTS
+from sim.cost.sampling import SAMPLING_KEY, mode_of, mode_tables
 from sim.cost.terms import TERM_NAMES, term_target
 
 
@@ -64,6 +66,8 @@ def phase_predicted_ms(
     + active terms (+ the launch table for the launch phase)."""
     pred = eval_linear(prof["cpu_phases"].get(phase, {}), steps.cols, rows)
     pred += active_terms_ms(prof, steps, phase)[rows]
+    if phase == SAMPLE:
+        pred += sampling_host_ms(prof, runs, steps)[rows]
     if phase == LAUNCH:
         la = prof["launch"]
         nodes = _nodes(runs, steps, la)
@@ -71,6 +75,30 @@ def phase_predicted_ms(
         eager_ms = la["eager_ms"] + la["eager_ms_per_kernel"] * nodes
         pred += np.where(steps.graph, graph_ms, eager_ms)[rows]
     return pred
+
+
+def sampling_host_ms(prof: Mapping[str, Any], runs: Sequence[Run], steps: Steps) -> np.ndarray:
+    """Per step, the sample phase's random-sampling term the sim adds (sim.cost.model,
+    sim.cost.sampling: a run's sampling mode at the step's sampled rows, on the steps whose
+    sampling is outside a graph; not x host_scale); 0 on runs that sample greedily."""
+    out = np.zeros(len(steps))
+    table = prof.get(SAMPLING_KEY) or DEFAULTS[SAMPLING_KEY]
+    for i, run in enumerate(runs):
+        cfg = run_config(run)
+        sp = cfg.sampling
+        vocab = get_model(cfg.model).vocab_size
+        tables = mode_tables(table, mode_of(sp.temperature, sp.top_k, sp.top_p, vocab), vocab)
+        if tables is None:
+            continue
+        mine = steps.run == i
+        reqs = steps.cols["num_reqs"]
+        if cfg.spec.enabled:  # verification samples k + 1 rows a request after every graph
+            fn, rows, charged = tables["spec_host_ms"], reqs * (1 + cfg.spec.k), mine
+        else:
+            fn, rows, charged = tables["host_ms"], reqs, mine & ~steps.graph
+        charged &= reqs > 0
+        out[charged] = [fn(float(r)) for r in rows[charged]]
+    return out
 
 
 def active_terms_ms(prof: Mapping[str, Any], steps: Steps, target: str) -> np.ndarray:

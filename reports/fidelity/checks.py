@@ -51,6 +51,7 @@ def sh(*args: str) -> None:
 def sim_sets(cfg: dict, profile: Path, gpu: str, seed: int = 0) -> list[str]:
     sets = [f"{k}={cfg[k]}" for k in CONFIG_KEYS if k in cfg]
     sets += [f"spec.{k}={v}" for k, v in cfg["spec"].items()]
+    sets += [f"sampling.{k}={v}" for k, v in cfg["sampling"].items()]
     sets += [f"gpu={gpu}", f"profile={profile}", f"seed={seed}"]
     return [x for s in sets for x in ("--set", s)]
 

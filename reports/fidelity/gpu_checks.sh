@@ -8,7 +8,9 @@
 # never used in a fit), checks2 (the second, fresh set of traces/checks2/: every run, or the
 # names in $CHECKS2), checks-d3 (azure_mid and longout_hi of traces/checks2/ at depth 3, or the
 # names in $CHECKSD3), checks3 (traces/checks3/, or the names in $CHECKS3), checks4
-# (traces/checks4/: high arrival rates, or the names in $CHECKS4), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
+# (traces/checks4/: high arrival rates, or the names in $CHECKS4), checks5 (the second set's
+# workloads sampled at random, or the names in $CHECKS5), sampling (each random sampling mode
+# against greedy per sampled row, `python -m replay sampling`), sweep (the clean-GPU envelope sweep, `python -m replay shapes`),
 # sweep-spec (the verify-width sweep: ngram-gpu, k=3, decode shapes, cut at $SPEC_SWEEP_S s),
 # idlegap / idlegap-spec (decode / verify graphs timed after set GPU idle gaps: the idle-start
 # law for `replay calibrate --idle-sweep`).
@@ -76,6 +78,21 @@ case $part in
       replay "$n" traces/checks4/$n.parquet
     done
     ;;
+  checks5)  # the fifth set: the second set's workloads sampled at random (sim.cost.sampling),
+    # and one of them greedy on the same host (the measured effect of sampling at random)
+    S=(--set sampling.temperature=0.8)
+    for n in ${CHECKS5:-longout_hi-topp azure_mid-topk specdec2-topp burst2-random longout_hi-greedy}; do
+      case $n in
+        longout_hi-topp) replay "$n" $C2/longout_hi.parquet "${S[@]}" --set sampling.top_p=0.95 ;;
+        azure_mid-topk) replay "$n" $C2/azure_mid.parquet "${S[@]}" --set sampling.top_k=40 ;;
+        specdec2-topp) replay "$n" $C2/specdec2.parquet --set spec.method=ngram-gpu --set spec.k=3 \
+          "${S[@]}" --set sampling.top_p=0.95 ;;
+        burst2-random) replay "$n" $C2/burst2.parquet --set sampling.temperature=1.0 ;;
+        longout_hi-greedy) replay "$n" $C2/longout_hi.parquet ;;
+        *) echo "unknown check $n"; exit 2 ;;
+      esac
+    done
+    ;;
   calib-spec)  # the short calibration run for speculative decoding's CPU phases (bundled
     # traces/specdec.parquet; the check traces/checks/specdec.parquet is another workload)
     replay calib-spec traces/specdec.parquet --set spec.method=ngram-gpu --set spec.k=3
@@ -100,6 +117,11 @@ case $part in
       --set spec.method=ngram-gpu --set spec.k=3 --kinds decode \
       --max-seconds "${SPEC_SWEEP_S:-70}" -o "$out/shapes-$tag-spec.parquet" 2>&1 | tail -8
     cp "$out/shapes-$tag-spec.parquet" "$pack/"
+    ;;
+  sampling)  # each random sampling mode against greedy per sampled row (replay sampling)
+    log "sampling $tag"
+    python3 -m replay sampling --set model="$model" -q -o "$out/sampling-$tag.parquet" 2>&1 | tail -22
+    cp "$out/sampling-$tag.parquet" "$pack/"
     ;;
   idlegap|idlegap-spec)
     extra=(); sfx=""

@@ -55,6 +55,7 @@ from .profile import (
     validate_profile,
 )
 from .roofline import Roofline
+from .sampling import SAMPLING_KEY, mode_of, mode_tables
 from .splits import num_sms, program_keys_fn, tail_keys_fn
 from .table import SPLINE_KEY
 from .terms import BROADCAST_TERM, GPU_TARGET, active_terms, term_target
@@ -139,6 +140,16 @@ class CostModel:
         self._mixed_ms_per_token_oneshot = self._per_token_ms(mixed, oneshot=True)
         self._mixed_ms_per_row = self.roofline.lm_ms_per_row + self.roofline.logits_ms_per_row
         self._max_rows = config.max_num_seqs
+        # random sampling (sim.cost.sampling): its mode's measured cost over greedy at the
+        # step's sampled rows, on the GPU pass and (a sampling outside a graph) in the sample
+        # phase; greedy (temperature 0) wraps nothing, to the bit
+        sp = config.sampling
+        vocab = self.model.vocab_size
+        self.sampling_mode = mode_of(sp.temperature, sp.top_k, sp.top_p, vocab)
+        self._sampling = mode_tables(prof[SAMPLING_KEY], self.sampling_mode, vocab)
+        if self._sampling is not None:
+            self._gpu_decode = PlusRows(self._gpu_decode, self._sampling_gpu_ms)
+            self._gpu_mixed = PlusRows(self._gpu_mixed, self._sampling_gpu_ms)
         self._draft_gpu = compile_linear(self._ngram_gpu_model(prof["ngram_gpu"]))
         # a graphed pass that starts on an idle GPU runs shorter (sim.stream.gpu_pass; the
         # defaults change nothing)
@@ -182,6 +193,8 @@ class CostModel:
             )
             if phase == SAMPLE:
                 fn = self._with_history_host(fn, prof["history_host"], host)
+                if self._sampling is not None:  # an eager sampling's launches
+                    fn = PlusRows(fn, self._sampling_host_fn(host))
             self._phase_fn[phase] = fn
             allocs = [prof["alloc_terms"][t] for t in mine if t in prof["alloc_terms"]]
             self._alloc_fn[phase] = compile_linear(
@@ -397,6 +410,45 @@ class CostModel:
 
         return with_host
 
+    def _sampled_rows(self, s: BatchShape) -> int:
+        """The rows the engine samples in a step: speculative decoding's verification k + 1 a
+        generating request (Sampler.choose); a decode graph its bucket's rows, a mixed graph
+        its captured rows; an eager step its generating rows (every request: the shape does
+        not say which prompt chunk is a prompt's last)."""
+        c = self.config
+        if c.spec.enabled:
+            return s.num_reqs * (1 + c.spec.k)
+        if s.num_prefill_reqs:
+            if self._mixed_graphs and c.cuda_graphs:
+                bucket = mixed_graph_tokens(s.num_tokens)
+                return mixed_graph_rows(s.num_reqs, bucket, self._max_rows)
+            return s.num_reqs
+        if self.graphed(s, c.cuda_graphs):
+            cap = max(c.max_num_batched_tokens, c.max_num_seqs)  # engine.graphs: its input rows
+            return decode_graph_rows(s.num_reqs, c.max_num_seqs, cap)
+        return s.num_reqs
+
+    def _sampling_gpu_ms(self, s: BatchShape) -> float:
+        """The sampling mode's GPU ms over greedy in a step (sim.cost.sampling)."""
+        assert self._sampling is not None
+        key = "spec_gpu_ms" if self.config.spec.enabled else "gpu_ms"
+        return self._sampling[key](self._sampled_rows(s))
+
+    def _sampling_host_fn(self, host: Callable[[float], float]) -> Callable[[BatchShape], float]:
+        """The sampling mode's host ms over greedy in a step's sample phase: a step whose
+        sampling runs in no graph (every speculative step: verification samples after the
+        graph), x host_scale; a graphed step's sampling is inside its graph (0)."""
+        assert self._sampling is not None
+        c = self.config
+        table = self._sampling["spec_host_ms" if c.spec.enabled else "host_ms"]
+
+        def extra(s: BatchShape) -> float:
+            if s.num_reqs == 0 or (not c.spec.enabled and self.graphed(s, c.cuda_graphs)):
+                return 0.0
+            return host(table(self._sampled_rows(s)))
+
+        return extra
+
     def _sms(self, kind: str, term: str, where: str | None) -> int:
         """The GPU's SM count, which derived split terms need: one ProfileError if unknown."""
         sms = num_sms(self.gpu.name)
@@ -533,3 +585,31 @@ def _sum(roof: Callable[[Any], float], add: Callable[[Any], float]) -> LinearFn:
 
     setattr(fn, "keyed", keyed)  # noqa: B010
     return fn
+
+
+class PlusRows:
+    """`base(s) + extra(s)`, where `extra` reads only fields a fast-path cache key fixes (the
+    batch size, query and draft tokens: sim.stepcosts.KEY_FIELDS): `keyed` folds `extra`'s
+    value in once, beside `base`'s own specialisation, with the same floats in the same order."""
+
+    __slots__ = ("base", "extra")
+
+    def __init__(self, base: Callable[[Any], float], extra: Callable[[Any], float]) -> None:
+        self.base = base
+        self.extra = extra
+
+    def __call__(self, s: Any) -> float:
+        return self.base(s) + self.extra(s)
+
+    def keyed(self, shape: Any, fields: Collection[str]) -> Callable[[Any], float]:
+        assert set(fields) >= _EXTRA_READS, "PlusRows.extra reads more than the key fixes"
+        keyed = getattr(self.base, "keyed", None)
+        base = self.base if keyed is None else keyed(shape, fields)
+        add = self.extra(shape)
+        return lambda s: base(s) + add
+
+
+# the fields `PlusRows.extra` (CostModel._sampled_rows, graphed) reads
+_EXTRA_READS = frozenset(
+    ("num_reqs", "num_prefill_reqs", "num_tokens", "decode_tokens", "draft_tokens")
+)

@@ -26,6 +26,7 @@ from .envelope import EnvelopeError, check_envelope
 from .hostspeed import HOST_KEY, HostSpeedError, check_host_speed
 from .linear import DECODE_TERMS, LINEAR_TERMS, MAX_KEY, MIXED_TERMS
 from .mixedsplits import GRID_RULES
+from .sampling import SAMPLING_KEY, SamplingTableError, check_sampling
 from .spread import RANKS_KEY, SPREAD_KEY, SpreadError, check_spread
 from .table import NONLINEAR_KEYS, TABLE_KEY, TableError, check_spline, check_table
 from .terms import TERM_NAMES
@@ -95,6 +96,7 @@ TOP_KEYS = (
     "sync_wait",
     "intake",
     "history_host",
+    SAMPLING_KEY,
     "gc",
     "alloc_objects",
     "alloc_terms",
@@ -301,6 +303,11 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
             raise _fail(where, f"{PROBE_KEY}.level", "must be > 0")
     if RANKS_KEY in prof:
         _check_ranks(where, prof[RANKS_KEY])
+    if SAMPLING_KEY in prof:
+        try:
+            check_sampling(prof[SAMPLING_KEY])
+        except SamplingTableError as e:
+            raise _fail(where, SAMPLING_KEY + (f".{e.key}" if e.key else ""), e.why) from None
     if "sync" in prof:
         _check_linear(where, "sync", prof["sync"])
     if "gc" in prof:

@@ -1,0 +1,119 @@
+"""The sampling sweep's file (`replay sampling`, replay.gpu.sampling) and the profile's
+`sampling` table fitted from it (`replay calibrate --sampling-sweep FILE`, sim.cost.sampling).
+
+One row per (mode, path, what, rows): `path` is `sample` (plain decoding's sampler) or `choose`
+(speculative verification's), `what` is `gpu_ms` (captured in a graph) or `host_ms` (the eager
+call), `ms` the median over the sweep's repeats. The table holds, per random mode and row
+count, that mode's ms less greedy's on the same path: `gpu_ms` (sample) and `spec_gpu_ms`
+(choose) per row count as measured; `host_ms` and `spec_host_ms` the median over the row counts
+at every row count: a call issues the same launches at every size, and one point is noisy (two
+H200 sweeps of the same kernels, 2026-11-27: GPU differences within 0.003 ms at every point,
+host differences 0.40-0.89 ms scattered over the sizes).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bubblesim.core.atomic import replacing
+from sim.cost.sampling import GREEDY, MODES, SAMPLING_KEY
+
+META_KEY = b"replay.sampling"
+COLUMNS = {
+    "mode": pa.string(),
+    "path": pa.string(),  # "sample" | "choose"
+    "what": pa.string(),  # "gpu_ms" | "host_ms"
+    "rows": pa.int64(),
+    "ms": pa.float64(),
+}
+# (path, what) -> the table's key
+KEYS = {
+    ("sample", "gpu_ms"): "gpu_ms",
+    ("sample", "host_ms"): "host_ms",
+    ("choose", "gpu_ms"): "spec_gpu_ms",
+    ("choose", "host_ms"): "spec_host_ms",
+}
+
+
+class SamplingFileError(ValueError):
+    """A sampling sweep that cannot be read or fitted (the message names the file)."""
+
+
+def write_sampling(path: str | Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> Path:
+    """The rows as parquet with `meta`, whole or not at all (temp + rename)."""
+    p = Path(path)
+    arrays = {c: pa.array([r[c] for r in rows], type=t) for c, t in COLUMNS.items()}
+    table = pa.table(arrays).replace_schema_metadata(
+        {META_KEY: json.dumps(meta, allow_nan=False).encode()}
+    )
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(p) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    return p
+
+
+def read_sampling(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(rows, metadata) of a sampling sweep; SamplingFileError names what is wrong."""
+    p = Path(path)
+    try:
+        table = pq.read_table(p)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise SamplingFileError(f"{p}: not a readable parquet file ({e})") from None
+    raw = (table.schema.metadata or {}).get(META_KEY)
+    if raw is None:
+        raise SamplingFileError(f"{p}: not a sampling sweep (no '{META_KEY.decode()}' metadata)")
+    missing = [c for c in COLUMNS if c not in table.column_names]
+    if missing:
+        raise SamplingFileError(f"{p}: sampling sweep without column(s) {', '.join(missing)}")
+    return table.select(list(COLUMNS)).to_pylist(), json.loads(raw)
+
+
+def fit_sampling(path: str | Path, model: str | None = None) -> dict[str, Any]:
+    """The profile's `sampling` table from one sweep. `model`: the profile's model, which the
+    sweep must match (its vocabulary is the table's)."""
+    rows, meta = read_sampling(path)
+    if model is not None and meta.get("model") != model:
+        raise SamplingFileError(f"{path}: a sampling sweep of '{meta.get('model')}', the runs are "
+                                f"'{model}'")  # fmt: skip
+    ms: dict[tuple[str, str, str, int], float] = {
+        (r["mode"], r["path"], r["what"], int(r["rows"])): float(r["ms"]) for r in rows
+    }
+    counts = sorted({k[3] for k in ms})
+    if not counts:
+        raise SamplingFileError(f"{path}: a sampling sweep with no rows")
+    table: dict[str, Any] = {"vocab": int(meta["vocab"]), "rows": counts}
+    for mode in MODES:
+        tables: dict[str, list[float]] = {}
+        for (p, what), key in KEYS.items():
+            try:
+                diff = [ms[(mode, p, what, g)] - ms[(GREEDY, p, what, g)] for g in counts]
+            except KeyError as e:
+                miss = e.args[0]
+                raise SamplingFileError(f"{path}: no {miss[0]} {p} {what} at {miss[3]} rows: a "
+                                        "partial sweep") from None  # fmt: skip
+            if what == "host_ms":  # the same launches at every size (module docstring)
+                diff = [statistics.median(diff)] * len(counts)
+            tables[key] = diff
+        table[mode] = tables
+    return {SAMPLING_KEY: table}
+
+
+def describe(table: dict[str, Any]) -> list[str]:
+    """Lines of a `sampling` table: per mode, what it adds at a few row counts."""
+    t = table[SAMPLING_KEY]
+    shown = [g for g in t["rows"] if g in (1, 16, 64, 256, 1024)] or t["rows"][-1:]
+    at = [t["rows"].index(g) for g in shown]
+    head = "  mode           what          " + "".join(f"{g:>9}" for g in shown)
+    lines = [f"sampling over greedy (ms at that many rows; vocab {t['vocab']}):", head]
+    for mode in MODES:
+        for key in ("gpu_ms", "host_ms", "spec_gpu_ms", "spec_host_ms"):
+            vals = "".join(f"{t[mode][key][i]:>9.3f}" for i in at)
+            lines.append(f"  {mode:<14} {key:<13} {vals}")
+    return lines
