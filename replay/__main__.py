@@ -316,7 +316,7 @@ def cmd_idlegap(args: argparse.Namespace) -> int:
 def cmd_sampling(args: argparse.Namespace) -> int:
     # lazy: the sweep runs the engine's sampler (torch)
     from replay.analysis.outdir import SAMPLING_FILE
-    from replay.analysis.sampling_file import describe, fit_sampling
+    from replay.analysis.sampling_file import describe, fit_sampling, hot_and_cold
     from replay.gpu.sampling import sweep_sampling
 
     cfg = config_from_args(args)
@@ -337,6 +337,7 @@ def cmd_sampling(args: argparse.Namespace) -> int:
         f"timings in {res.wall_s:.1f} s"
     )
     print("\n".join(describe(fit_sampling(res.path))))
+    print("\n".join(hot_and_cold(res.path)))
     print(f"sampling sweep -> {res.path}")
     return 0
 

@@ -69,6 +69,7 @@ from typing import Any
 import numpy as np
 
 from bubblesim.core.config import Config
+from bubblesim.core.models import get_model
 from bubblesim.core.phases import BROADCAST, CPU_PHASES, LAUNCH, PREPARE_INPUTS, SAMPLE
 from bubblesim.core.runfmt import Run, load_run
 from replay.analysis.decodetail import MIN_TAIL_KEYS, fit_tail, with_tail
@@ -554,7 +555,8 @@ def calibrate(
                      f"over the probes of {probe['runs']} run(s))")  # fmt: skip
     if sampling_sweep is not None:  # the runs sample greedily: nothing above reads it
         try:
-            prof.update(fit_sampling(sampling_sweep, identity["model"]))
+            vocab = get_model(identity["model"]).vocab_size
+            prof.update(fit_sampling(sampling_sweep, vocab))
         except SamplingFileError as e:
             raise CalibrationError(str(e)) from None
         notes.append(f"sampling: random sampling's cost over greedy from {sampling_sweep}")

@@ -29,7 +29,7 @@ META_KEY = b"replay.sampling"
 COLUMNS = {
     "mode": pa.string(),
     "path": pa.string(),  # "sample" | "choose"
-    "what": pa.string(),  # "gpu_ms" | "host_ms"
+    "what": pa.string(),  # "gpu_ms" | "host_ms" | "host_hot_ms" (reported, not fitted)
     "rows": pa.int64(),
     "ms": pa.float64(),
 }
@@ -75,13 +75,16 @@ def read_sampling(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any
     return table.select(list(COLUMNS)).to_pylist(), json.loads(raw)
 
 
-def fit_sampling(path: str | Path, model: str | None = None) -> dict[str, Any]:
-    """The profile's `sampling` table from one sweep. `model`: the profile's model, which the
-    sweep must match (its vocabulary is the table's)."""
+def fit_sampling(path: str | Path, vocab: int | None = None) -> dict[str, Any]:
+    """The profile's `sampling` table from one sweep. `vocab`: the profile's model's vocabulary,
+    which the sweep's must be (the sweep times the sampler alone: a model of the same
+    vocabulary samples the same, so one sweep serves llama3.2-1b and llama3-8b)."""
     rows, meta = read_sampling(path)
-    if model is not None and meta.get("model") != model:
-        raise SamplingFileError(f"{path}: a sampling sweep of '{meta.get('model')}', the runs are "
-                                f"'{model}'")  # fmt: skip
+    if vocab is not None and meta.get("vocab") != vocab:
+        got = f"{meta.get('vocab')} ('{meta.get('model')}')"
+        raise SamplingFileError(
+            f"{path}: a sampling sweep at a vocabulary of {got}, the runs' model has {vocab}"
+        )
     ms: dict[tuple[str, str, str, int], float] = {
         (r["mode"], r["path"], r["what"], int(r["rows"])): float(r["ms"]) for r in rows
     }
@@ -103,6 +106,22 @@ def fit_sampling(path: str | Path, model: str | None = None) -> dict[str, Any]:
             tables[key] = diff
         table[mode] = tables
     return {SAMPLING_KEY: table}
+
+
+def hot_and_cold(path: str | Path) -> list[str]:
+    """Lines of a sweep's host differences over greedy measured after engine-like work (the
+    table's) and back to back (hot), the median over the row counts, per mode and path."""
+    rows, _ = read_sampling(path)
+    ms: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        ms.setdefault((r["mode"], r["path"], r["what"]), []).append(float(r["ms"]))
+    lines = []
+    for mode in MODES:
+        for p in ("sample", "choose"):
+            got = [statistics.median(ms.get((mode, p, w), [0.0])) - statistics.median(
+                ms.get((GREEDY, p, w), [0.0])) for w in ("host_ms", "host_hot_ms")]  # fmt: skip
+            lines.append(f"  {mode:<14} {p:<7} host over greedy {got[0]:.3f} ms (hot {got[1]:.3f})")
+    return lines
 
 
 def describe(table: dict[str, Any]) -> list[str]:
