@@ -118,9 +118,10 @@ def hot_and_cold(path: str | Path) -> list[str]:
     lines = []
     for mode in MODES:
         for p in ("sample", "choose"):
-            got = [statistics.median(ms.get((mode, p, w), [0.0])) - statistics.median(
-                ms.get((GREEDY, p, w), [0.0])) for w in ("host_ms", "host_hot_ms")]  # fmt: skip
-            lines.append(f"  {mode:<14} {p:<7} host over greedy {got[0]:.3f} ms (hot {got[1]:.3f})")
+            got = [statistics.median(ms[(mode, p, w)]) - statistics.median(ms[(GREEDY, p, w)])
+                   if (mode, p, w) in ms else None for w in ("host_ms", "host_hot_ms")]  # fmt: skip
+            hot = "hot: not measured" if got[1] is None else f"hot {got[1]:.3f}"
+            lines.append(f"  {mode:<14} {p:<7} host over greedy {got[0]:.3f} ms ({hot})")
     return lines
 
 

@@ -1,6 +1,7 @@
 """Random sampling's measured effect beside the predicted one, and its host cost in a run.
 
     python reports/fidelity/sampling_pairs.py DIR GPU TAG RUNS GREEDY:SAMPLED [...]
+    python reports/fidelity/sampling_pairs.py --sweep FILE [--sweep FILE ...]
 
 DIR holds checks.py's comparisons (`<gpu>-<run>-<tag>.json`) of RUNS's measured run folders;
 each pair names a greedy run and a run of the same workload sampled at random, measured on one
@@ -9,6 +10,8 @@ change (sampled / greedy - 1) beside the simulator's (the same ratio of its two 
 then each run's median sample phase on its eager steps and on its graphed steps
 (replay.analysis.steps: the phase less GC pauses and sync waits): what the eager sampling of
 the mode costs the host in a run, to set beside the sweep's `host_ms` (replay sampling).
+`--sweep FILE`: a `replay sampling` file's table (what each mode adds over greedy at 1-1024
+rows) and its host differences after engine-like work and back to back (hot).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bubblesim.core.phases import SAMPLE  # noqa: E402
 from bubblesim.core.runfmt import load_run  # noqa: E402
+from replay.analysis.sampling_file import describe, fit_sampling, hot_and_cold  # noqa: E402
 from replay.analysis.steps import load_steps  # noqa: E402
 
 METRICS = [
@@ -52,12 +56,20 @@ def sample_phase(run_dir: Path) -> tuple[float, float, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("dir", type=Path)
-    ap.add_argument("gpu")
-    ap.add_argument("tag")
-    ap.add_argument("runs", type=Path)
-    ap.add_argument("pairs", nargs="+", help="GREEDY:SAMPLED run names")
+    ap.add_argument("--sweep", action="append", default=[], type=Path, help="a sampling sweep")
+    ap.add_argument("dir", type=Path, nargs="?")
+    ap.add_argument("gpu", nargs="?")
+    ap.add_argument("tag", nargs="?")
+    ap.add_argument("runs", type=Path, nargs="?")
+    ap.add_argument("pairs", nargs="*", help="GREEDY:SAMPLED run names")
     args = ap.parse_args()
+    for sweep in args.sweep:
+        print(f"{sweep}:")
+        print("\n".join([*describe(fit_sampling(sweep)), *hot_and_cold(sweep)]))
+    if not args.pairs:
+        if not args.sweep:
+            ap.error("give GREEDY:SAMPLED pairs (with DIR GPU TAG RUNS) or --sweep FILE")
+        return
     print("| greedy -> sampled | metric | measured | predicted |")
     print("|---|---|---|---|")
     for pair in args.pairs:
