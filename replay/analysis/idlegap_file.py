@@ -11,18 +11,15 @@ speculative decoding (`spec.k` > 0 in its metadata) times verify graphs and give
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-
-from bubblesim.core.atomic import replacing
 
 from .idle_start import MIN_IDLE_MS, fit_shrink_law
+from .rowfile import read_rows, write_rows
 
 FORMAT = "replay.idlegap"
 META_KEY = b"replay.idlegap"
@@ -48,31 +45,12 @@ class IdleGapFileError(ValueError):
 
 def write_idlegap(path: str | Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> Path:
     """The rows as parquet with `meta`, whole or not at all (temp + rename)."""
-    p = Path(path)
-    arrays = {c: pa.array([r[c] for r in rows], type=t) for c, t in COLUMNS.items()}
-    table = pa.table(arrays).replace_schema_metadata(
-        {META_KEY: json.dumps(meta, allow_nan=False).encode()}
-    )
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(p) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
-    return p
+    return write_rows(path, rows, COLUMNS, META_KEY, meta)
 
 
 def read_idlegap(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(columns, metadata) of an idle-gap file; IdleGapFileError names what is wrong."""
-    p = Path(path)
-    try:
-        table = pq.read_table(p)
-    except (OSError, pa.ArrowInvalid) as e:
-        raise IdleGapFileError(f"{p}: not a readable parquet file ({e})") from None
-    raw = (table.schema.metadata or {}).get(META_KEY)
-    if raw is None:
-        raise IdleGapFileError(f"{p}: not an idle-gap sweep (no '{META_KEY.decode()}' metadata)")
-    meta = json.loads(raw)
-    missing = [c for c in COLUMNS if c not in table.column_names]
-    if missing:
-        raise IdleGapFileError(f"{p}: idle-gap sweep without column(s) {', '.join(missing)}")
+    table, meta = read_rows(path, COLUMNS, META_KEY, "an idle-gap sweep", IdleGapFileError)
     cols = {c: table.column(c).to_numpy() for c in COLUMNS if c != "label"}
     return cols, meta
 

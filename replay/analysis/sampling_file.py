@@ -13,16 +13,14 @@ host differences 0.40-0.89 ms scattered over the sizes).
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from bubblesim.core.atomic import replacing
+from replay.analysis.rowfile import read_rows, write_rows
 from sim.cost.sampling import GREEDY, MODES, SAMPLING_KEY
 
 META_KEY = b"replay.sampling"
@@ -48,31 +46,13 @@ class SamplingFileError(ValueError):
 
 def write_sampling(path: str | Path, rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> Path:
     """The rows as parquet with `meta`, whole or not at all (temp + rename)."""
-    p = Path(path)
-    arrays = {c: pa.array([r[c] for r in rows], type=t) for c, t in COLUMNS.items()}
-    table = pa.table(arrays).replace_schema_metadata(
-        {META_KEY: json.dumps(meta, allow_nan=False).encode()}
-    )
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(p) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
-    return p
+    return write_rows(path, rows, COLUMNS, META_KEY, meta)
 
 
 def read_sampling(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(rows, metadata) of a sampling sweep; SamplingFileError names what is wrong."""
-    p = Path(path)
-    try:
-        table = pq.read_table(p)
-    except (OSError, pa.ArrowInvalid) as e:
-        raise SamplingFileError(f"{p}: not a readable parquet file ({e})") from None
-    raw = (table.schema.metadata or {}).get(META_KEY)
-    if raw is None:
-        raise SamplingFileError(f"{p}: not a sampling sweep (no '{META_KEY.decode()}' metadata)")
-    missing = [c for c in COLUMNS if c not in table.column_names]
-    if missing:
-        raise SamplingFileError(f"{p}: sampling sweep without column(s) {', '.join(missing)}")
-    return table.select(list(COLUMNS)).to_pylist(), json.loads(raw)
+    table, meta = read_rows(path, COLUMNS, META_KEY, "a sampling sweep", SamplingFileError)
+    return table.select(list(COLUMNS)).to_pylist(), meta
 
 
 def fit_sampling(path: str | Path, vocab: int | None = None) -> dict[str, Any]:
