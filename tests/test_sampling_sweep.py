@@ -99,42 +99,58 @@ def test_the_sweep_runs_the_sampler_on_cpu(tmp_path: Path) -> None:
     assert table["rows"] == [1, 2, 4]
 
 
-@pytest.fixture(scope="module")
-def sampled_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny CPU replay sampling at top_p (eager: no graphs on CPU)."""
+def _tiny_run(out: Path, *sets: str) -> Path:
     from replay.gpu.run import replay
 
-    d = tmp_path_factory.mktemp("sampled")
-    trace = write_trace(make_trace([0.0, 0.004, 0.01], [30, 12, 40], [6, 9, 5]), d / "t.parquet")
-    cfg = load_config(
-        sets=["model=tiny", "device=cpu", "max_model_len=512", "sampling.temperature=0.8",
-              "sampling.top_p=0.9"]
-    )  # fmt: skip
-    return replay(cfg, trace, d / "run", probe=False).out
+    trace = write_trace(make_trace([0.0, 0.004, 0.01], [30, 12, 40], [6, 9, 5]), out / "t.parquet")
+    cfg = load_config(sets=["model=tiny", "device=cpu", "max_model_len=512", *sets])
+    return replay(cfg, trace, out / "run", probe=False).out
 
 
-def test_calibrate_takes_the_sweep_and_the_level_counts_the_host_term(
-    sampled_run: Path, tmp_path: Path
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny CPU replays, greedy and at top_p (eager: no graphs on CPU)."""
+    return {
+        "greedy": _tiny_run(tmp_path_factory.mktemp("greedy")),
+        "top_p": _tiny_run(
+            tmp_path_factory.mktemp("top_p"), "sampling.temperature=0.8", "sampling.top_p=0.9"
+        ),
+    }
+
+
+def test_calibrate_takes_the_sweep_and_refuses_sampled_runs(
+    runs: dict[str, Path], tmp_path: Path
 ) -> None:
     f = write_sampling(tmp_path / "s.parquet", _rows(), {**META, "model": "tiny", "vocab": 512})
-    cal = calibrate([sampled_run], sampling_sweep=f)
+    cal = calibrate([runs["greedy"]], sampling_sweep=f)
     prof = validate_profile(cal.profile)
     assert prof["sampling"]["top_p"]["host_ms"] == pytest.approx([0.4] * 3)
     assert any("sampling" in n for n in cal.notes)
-    # the attribution's sample-phase prediction holds the term the sim adds: every step of
-    # this eager run, at its rows (the table x 512 / 1000, tiny's vocabulary)
-    run = load_run(sampled_run)
+    with pytest.raises(CalibrationError, match="at a vocabulary of 1000"):
+        other = write_sampling(tmp_path / "o.parquet", _rows(), META)
+        calibrate([runs["greedy"]], sampling_sweep=other)
+    # a sampled run's sample phase holds the term the simulator adds: the fit would count it
+    # twice
+    with pytest.raises(CalibrationError, match="samples at random .top_p.: calibrate from greedy"):
+        calibrate([runs["greedy"], runs["top_p"]], sampling_sweep=f)
+
+
+def test_the_attribution_counts_the_host_term(runs: dict[str, Path], tmp_path: Path) -> None:
+    """replay.analysis.quality.sampling_host_ms: the sample-phase term the simulator adds, on
+    every step of this eager run at its rows (the table x 512 / 1000, tiny's vocabulary); 0 on
+    a greedy run."""
+    f = write_sampling(tmp_path / "s.parquet", _rows(), {**META, "model": "tiny", "vocab": 512})
+    prof = resolve_profile(calibrate([runs["greedy"]], sampling_sweep=f).profile)
+    run = load_run(runs["top_p"])
     steps = load_steps([run])
-    extra = sampling_host_ms(resolve_profile(prof), [run], steps)
+    extra = sampling_host_ms(prof, [run], steps)
     tables = mode_tables(prof["sampling"], "top_p", 512)
     assert tables is not None
     reqs = steps.cols["num_reqs"]
     want = np.array([tables["host_ms"](float(r)) if r else 0.0 for r in reqs])
     assert np.allclose(extra, want) and (extra > 0).any()
-    with pytest.raises(CalibrationError, match="at a vocabulary of 1000"):
-        calibrate(
-            [sampled_run], sampling_sweep=write_sampling(tmp_path / "o.parquet", _rows(), META)
-        )
+    greedy = load_run(runs["greedy"])
+    assert not sampling_host_ms(prof, [greedy], load_steps([greedy])).any()
 
 
 @pytest.mark.gpu

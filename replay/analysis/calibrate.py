@@ -122,6 +122,7 @@ from sim.cost import merge_profile, resolve_profile, save_profile, validate_prof
 from sim.cost.envelope import ENVELOPE_FIELDS, ranges_of
 from sim.cost.hostspeed import HOST_KEY, RHO_KEY
 from sim.cost.profile import ALLREDUCE_KEY, MIXED_GRID_KEY, PROBE_KEY, TP_KEY
+from sim.cost.sampling import GREEDY, mode_of
 from sim.cost.spread import RANKS_KEY, SPREAD_KEY
 from sim.cost.terms import BROADCAST_TERM, TERM_NAMES, term_target
 
@@ -925,6 +926,15 @@ def _identity(runs: Sequence[Run], gpu_preset: str | None) -> tuple[dict[str, An
         vals = sorted({str(getattr(c, key)) for c in cfgs})
         if len(vals) > 1:
             raise CalibrationError(f"the runs mix {key}s {vals}: calibrate one {key} at a time")
+    for r, c in zip(runs, cfgs):  # the fits below take every step's sampling as greedy's
+        sp = c.sampling
+        mode = mode_of(sp.temperature, sp.top_k, sp.top_p, get_model(c.model).vocab_size)
+        if mode != GREEDY:
+            raise CalibrationError(
+                f"{r.path}: a run that samples at random ({mode}): calibrate from greedy runs "
+                "(temperature 0); random sampling's cost comes from a sampling sweep "
+                "(`replay sampling`, calibrate --sampling-sweep)"
+            )
     names = sorted({_gpu_name(r, c) for r, c in zip(runs, cfgs)})
     if len(names) > 1:
         raise CalibrationError(f"the runs come from different GPUs {names}: one at a time")
