@@ -39,6 +39,7 @@ from bubblesim.core.runfmt import CAUSES, trace_info
 from bubblesim.core.scenario import Scenario
 from bubblesim.core.switches import SWITCHES, Switch, cannot_act, value_of
 from sim.cli import add_scenario_arg, trace_config
+from sim.cost.sampling import GREEDY, MODES
 
 BASELINE = "baseline"
 
@@ -86,6 +87,23 @@ def _needs_gc(c: Config, history: bool) -> str | None:
     return None if c.gc.model else "the GC model is off (gc.model=false)"
 
 
+def _sampling_variant(mode: str) -> Variant:
+    """Requests sampled in `mode` (greedy or one of sim.cost.sampling.MODES, at the parameters
+    the sampling sweep times it with); the penalties stay the baseline's."""
+    params: dict[str, Any] = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, **MODES.get(mode, {})}
+    shown = ", ".join(f"{k} {v:g}" for k, v in params.items() if k != "top_k" or v)
+    what = "greedy sampling (temperature 0)" if mode == GREEDY else f"sampling {mode}: {shown}"
+
+    def inert(c: Config, history: bool) -> str | None:
+        now = c.sampling
+        same = (now.temperature, now.top_k, now.top_p) == tuple(params.values())
+        return "the baseline samples so already" if same else None
+
+    return Variant(
+        f"sampling={mode}", what, lambda c: {f"sampling.{k}": v for k, v in params.items()}, inert
+    )
+
+
 # seeds first, the other switches after the depth and spec-method variants (whatif.json order)
 VARIANTS: tuple[Variant, ...] = (
     *(_switch_variant(sw) for sw in SWITCHES if sw.seed is not None),
@@ -97,6 +115,8 @@ VARIANTS: tuple[Variant, ...] = (
         Variant(f"spec.method={m}", f"speculative decoding: {m}", _set("spec.method", m), _always)
         for m in SPEC_METHODS
     ),
+    # how requests are sampled: greedy, or at random (sim.cost.sampling's measured cost)
+    *(_sampling_variant(m) for m in (GREEDY, "random", "top_k", "top_p")),
     *(_switch_variant(sw) for sw in SWITCHES if sw.seed is None),
     Variant("gc_freeze", "gc.freeze() after start-up flipped", _flip("gc_freeze"), _needs_gc),
     Variant("gc.model", "GC pauses modelled at all, flipped", _flip("gc.model"), _always),

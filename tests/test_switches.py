@@ -81,9 +81,10 @@ def test_a_switch_that_cannot_act_selects_no_other_term():
         assert (active_terms(before) != active_terms(after)) == acts, (sw.name, c.flat())
 
 
-def test_whatif_variants_are_the_registry_switches_plus_depth_spec_gc_and_host():
+def test_whatif_variants_are_the_registry_switches_plus_depth_spec_sampling_gc_and_host():
     names = set(whatif.VARIANT_NAMES)
     own = {f"batches_in_flight={n}" for n in (1, 2, 3)} | {f"spec.method={m}" for m in SPEC_METHODS}
+    own |= {f"sampling={m}" for m in ("greedy", "random", "top_k", "top_p")}
     own |= {"gc_freeze", "gc.model", "host_scale=0.5", "host_scale=1.5"}
     assert names - own == set(BY_NAME)
     for c in GRID[::5]:

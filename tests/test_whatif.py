@@ -163,3 +163,21 @@ def test_plan_reuses_runs_and_names_inert_switches():
         "preallocated_backup_tokens",
         "gc.model",
     ]
+
+
+def test_sampling_variants_set_every_sampling_key_and_know_when_they_cannot_act() -> None:
+    """sampling=<mode> sets temperature, top_k and top_p together (the sweep's parameters), and
+    is inert where the baseline samples so already; the penalties stay the baseline's."""
+    from bubblesim.core.config import load_config
+    from sim.whatif import VARIANTS
+
+    by_name = {v.name: v for v in VARIANTS}
+    greedy = load_config(None, [])
+    top_p = load_config(None, ["sampling.temperature=1", "sampling.top_p=0.9"])
+    over = by_name["sampling=top_p"].overrides(greedy)
+    assert over == {"sampling.temperature": 1.0, "sampling.top_k": 0, "sampling.top_p": 0.9}
+    assert by_name["sampling=greedy"].overrides(top_p)["sampling.temperature"] == 0.0
+    assert by_name["sampling=greedy"].inert(greedy, False) is not None
+    assert by_name["sampling=top_p"].inert(top_p, False) is not None
+    assert by_name["sampling=top_p"].inert(greedy, False) is None
+    assert by_name["sampling=top_k"].inert(top_p, True) is None
