@@ -30,7 +30,11 @@ H100, llama3.2-1b), from the committed measured runs and profile:
 11. arrivals that come together: how many of the run's inter-arrival gaps are under 10 us, and
    the steps with a prefill by how many requests they prefill (1, 2, 3, ...), which is where
    an idle loop's wake (profile key `intake.wake_ms`) shows: a predicted run folder reads the
-   same, so a prediction's counts stand beside the measured run's.
+   same, so a prediction's counts stand beside the measured run's;
+12. item 4's steps by band: the decode model's tail term (`tail_keys`, sim.cost.splits: the
+   keys the longest attention program walks past a mean-context row's, x the fitted ms a key)
+   median ms, and measured / (profile - the tail term): how much of item 4's ratio the term
+   holds.
 
 The check runs' folders are not in the tree (their step records are 21 MB); restore them first:
 `git restore --source=ca31aaf -- reports/fidelity/gen/runs reports/fidelity/gen/runs2
@@ -168,6 +172,45 @@ def level_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  #
     return out
 
 
+def tail_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  # noqa: ANN001
+    """Item 4's steps by band: the decode model's tail term (`tail_keys` x its coefficient,
+    sim.cost.splits) median ms, and measured / (profile - the tail term)."""
+    from bubblesim.core.models import get_model  # why lazy: only this item reads the model
+    from sim.cost.splits import num_sms, tail_keys_fn
+
+    cfg = run_config(run)
+    branches = (profile.get("gpu_pass") or {}).get("decode", {})
+    branches = branches.get("max", [branches])
+    coef = next((float(b["tail_keys"]) for b in branches if b.get("tail_keys")), 0.0)
+    sms = num_sms(cfg.gpu)
+    if not coef or sms is None:
+        return ["no tail term in the profile's decode model"]
+    heads = get_model(cfg.model).kv_heads_per_rank(cfg.tensor_parallel_size)
+    tail = tail_keys_fn(heads, sms)
+    ends = np.fmax(s["sample_end_s"], s["launch_end_s"])
+    ok = (
+        _decode(s)
+        & (s["history_tokens"] == 0)
+        & (s["gpu_start_s"] >= ends - CLEAN_TOL_S)
+        & (s["gpu_idle_before_s"] < CLEAN_TOL_S)
+    )
+    out = []
+    for lo, hi in BANDS:
+        rows = np.flatnonzero(ok & (s["num_reqs"] >= lo) & (s["num_reqs"] < hi))
+        if rows.size < 20:
+            continue
+        rows = rows[:: max(1, rows.size // 2000)]
+        meas = (s["gpu_end_s"][rows] - s["gpu_start_s"][rows]) * 1e3
+        pred = predicted_gpu_ms(run, profile, s, rows)
+        cols = (s["num_reqs"][rows], s["kv_read_tokens"][rows], s["max_kv_tokens"][rows])
+        ms = coef * np.array([tail(int(n), int(kv), int(mx)) for n, kv, mx in zip(*cols)])
+        out.append(
+            f"b{lo}-{hi - 1}: tail {np.median(ms):.3f} ms, without it "
+            f"{np.median(meas / (pred - ms)):.3f} ({rows.size})"
+        )
+    return out
+
+
 def host_level(s: dict[str, np.ndarray], phase: str) -> str:
     """Median ms of `phase` on steps without a prefill, whole run | each eighth of it."""
     ms = (s[f"{phase}_end_s"] - s[f"{phase}_start_s"]) * 1e3
@@ -287,6 +330,9 @@ def main() -> None:
             print("  9. verify interval:", "; ".join(verify_by_band(run, s, profile)))
         print(" 10. token wait p10 over the run:", clock_drift(run, s))
         print(" 11. arrivals together:", arrivals_together(run, s))
+        print(
+            " 12. decode tail term, clean queued decode:", "; ".join(tail_by_band(run, s, profile))
+        )
 
 
 if __name__ == "__main__":
