@@ -99,6 +99,7 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
+_GEN = Path(__file__).resolve().parents[1] / "reports/fidelity/gen"
 CASES = [
     ("light", ["model=llama3-8b"]),
     ("light", ["model=llama3-8b", "batches_in_flight=1"]),
@@ -134,6 +135,14 @@ CASES = [
                "cuda_graphs=false"]),
     ("light", ["model=llama3.2-1b", "spec.method=ngram-gpu", "sampling.temperature=0.7",
                "sampling.top_k=40", "sampling.top_p=0.95"]),
+    # committed profiles: the decode pass keyed for the batch size (tables, splines, the tail
+    # and program keys, the history term: sim.cost.linear._keyed_model, sim.cost.table)
+    ("burst", ["model=llama3-8b", f"profile={_GEN}/profile-h100-llama3-8b.json",
+               "num_kv_blocks=300"]),
+    ("hist", ["model=llama3.2-1b", "gpu=h200", f"profile={_GEN}/profile-h200-llama3.2-1b.json",
+              "sampling.temperature=0.8", "sampling.top_p=0.9"]),
+    ("light", ["model=llama3.2-1b", f"profile={_GEN}/profile-h100-llama3.2-1b.json",
+               "spec.method=ngram-gpu", "spec.k=3"]),
 ]  # fmt: skip
 
 

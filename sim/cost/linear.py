@@ -26,7 +26,7 @@ from typing import Any
 from bubblesim.core.shape import SHAPE_FIELDS, BatchShape
 
 from .mixedsplits import MIXED_DERIVED
-from .table import NONLINEAR_KEYS, TABLE_KEY, compile_spline, compile_table
+from .table import NONLINEAR_KEYS, TABLE_KEY, Const, compile_spline, compile_table
 
 INTERCEPT = "intercept"
 LINEAR_TERMS: tuple[str, ...] = (INTERCEPT, *SHAPE_FIELDS, "num_tokens")
@@ -172,13 +172,34 @@ def _branch_source(model: Mapping[str, Any], derived: dict[str, LinearFn]) -> st
 
 def compile_model(model: Mapping[str, Any], derived: Derived | None = None) -> LinearFn:
     """`compile_linear`, or for `{"max": [m1, m2, ...]}` one function `max(m1(s), m2(s), ...)`;
-    a table or spline term compiles to one call inside the expression."""
+    a table or spline term compiles to one call inside the expression. With derived or
+    nonlinear terms it has `keyed(shape, fixed)` (`_keyed_model`)."""
     terms = dict(derived or {})
     if not is_max_model(model):
         expr = _branch_source(model, terms)
-        return zero if expr == "0.0" else _compile(expr, terms)
-    exprs = [_branch_source(b, terms) for b in model[MAX_KEY]]
-    return _compile(f"max({', '.join(exprs)})", terms)
+        if expr == "0.0":
+            return zero
+    else:
+        expr = f"max({', '.join(_branch_source(b, terms) for b in model[MAX_KEY])})"
+    fn = _compile(expr, terms)
+    if terms:
+        setattr(fn, "keyed", lambda s, fixed: _keyed_model(expr, terms, s, fixed))  # noqa: B010
+    return fn
+
+
+def _keyed_model(expr: str, terms: Derived, s: Any, fixed: Collection[str]) -> LinearFn:
+    """`compile_model`'s function for the shapes whose `fixed` fields are `s`'s: each derived
+    term with a `keyed` form takes it (sim.cost.table: a lookup along a fixed axis done once),
+    and one that is a single number there (table.Const) is inlined as a literal (repr gives the
+    float back to the bit); the expression is otherwise the same, so is every value."""
+    env: dict[str, LinearFn] = {}
+    for i, (name, fn) in enumerate(terms.items()):
+        keyed = getattr(fn, "keyed", None)
+        got = fn if keyed is None else keyed(s, fixed)
+        if isinstance(got, Const) and math.isfinite(got.value):
+            expr = expr.replace(f"_d{i}(s)", f"({got.value!r})")
+        env[name] = got
+    return _compile(expr, env)
 
 
 def has_nonlinear(model: Mapping[str, Any]) -> bool:

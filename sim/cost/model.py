@@ -114,7 +114,7 @@ class CostModel:
         if verify is not None:
             plain, derived_v = self._gpu_decode, self._decode_derived(verify, where)
             checked = self._gpu_fn(verify, gpu_extra, derived_v)
-            self._gpu_decode = lambda s: checked(s) if s.draft_tokens else plain(s)
+            self._gpu_decode = _ByDrafts(checked, plain)
         self._gpu_decode = self._with_history(self._gpu_decode, prof["gpu_pass"]["history"])
         # `cuda_graphs_mixed` (engine.mixed_graphs): steps with a prefill replay a graph
         # captured for a bucket of tokens (`mixed_graph_tokens`); padded tokens cost the fitted
@@ -380,15 +380,12 @@ class CostModel:
                 return decode_graph_rows(s.num_reqs, c.max_num_seqs, cap, q)
             return s.num_reqs
 
-        def with_history(s: BatchShape) -> float:
-            base = decode(s)
-            if s.history_tokens <= 0:
-                return base
+        def term(s: Any) -> tuple[float, float]:  # (ms, the rows' ms): what a step adds
             if own_verify and s.draft_tokens:
-                return base + v_ms + v_per_row * s.num_reqs  # every row taken to need it
-            return base + fixed_ms + per_row_ms * rows(s)
+                return v_ms, v_per_row * s.num_reqs  # every row taken to need it
+            return fixed_ms, per_row_ms * rows(s)
 
-        return with_history
+        return _WithHistory(decode, term)
 
     def _with_history_host(
         self, sample: LinearFn, params: Mapping[str, Any], host: Callable[[float], float]
@@ -613,3 +610,58 @@ class PlusRows:
 _EXTRA_READS = frozenset(
     ("num_reqs", "num_prefill_reqs", "num_tokens", "decode_tokens", "draft_tokens")
 )
+
+
+class _ByDrafts:
+    """A decode pass: `verify(s)` for a step with drafts, else `plain(s)`. `keyed`: the one
+    the key's draft tokens pick, in its own keyed form."""
+
+    __slots__ = ("verify", "plain")
+
+    def __init__(self, verify: LinearFn, plain: LinearFn) -> None:
+        self.verify = verify
+        self.plain = plain
+
+    def __call__(self, s: Any) -> float:
+        return self.verify(s) if s.draft_tokens else self.plain(s)
+
+    def keyed(self, shape: Any, fields: Collection[str]) -> Callable[[Any], float]:
+        assert "draft_tokens" in fields, "_ByDrafts picks by draft_tokens"
+        fn = self.verify if shape.draft_tokens else self.plain
+        keyed = getattr(fn, "keyed", None)
+        return fn if keyed is None else keyed(shape, fields)
+
+
+class _WithHistory:
+    """`decode(s)`, plus on a step with history rows (history_tokens > 0) `term(s)`'s two
+    parts, added in this order (CostModel._with_history). `term` reads only fields a fast-path
+    key fixes (sim.stepcosts.KEY_FIELDS): `keyed` takes it once."""
+
+    __slots__ = ("decode", "term")
+
+    def __init__(
+        self, decode: Callable[[Any], float], term: Callable[[Any], tuple[float, float]]
+    ) -> None:
+        self.decode = decode
+        self.term = term
+
+    def __call__(self, s: Any) -> float:
+        base = self.decode(s)
+        if s.history_tokens <= 0:
+            return base
+        ms, rows_ms = self.term(s)
+        return base + ms + rows_ms
+
+    def keyed(self, shape: Any, fields: Collection[str]) -> Callable[[Any], float]:
+        assert set(fields) >= _EXTRA_READS, "_WithHistory.term reads more than the key fixes"
+        keyed = getattr(self.decode, "keyed", None)
+        decode = self.decode if keyed is None else keyed(shape, fields)
+        ms, rows_ms = self.term(shape)
+
+        def fn(s: Any) -> float:
+            base = decode(s)
+            if s.history_tokens <= 0:
+                return base
+            return base + ms + rows_ms
+
+        return fn

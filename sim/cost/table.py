@@ -153,6 +153,63 @@ _SPLINE = """def spline(s):{x}
 """
 
 
+def _axis_fields(name: str) -> frozenset[str]:
+    """The shape fields an axis reads (`_axis_expr`)."""
+    if name == "kv_per_token":
+        return frozenset(("kv_read_tokens", "num_tokens"))
+    if name == "kv_per_req":
+        return frozenset(("kv_read_tokens", "num_reqs"))
+    return frozenset((name,))
+
+
+class Const:
+    """A cost that is one number for every shape of a fast-path key (`keyed`'s answer for a
+    term whose every input the key fixes): `value`, which a compiled model inlines as a
+    literal (repr gives the float back to the bit)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __call__(self, s: Any) -> float:
+        return self.value
+
+
+def _segment_at(
+    segment: str, names: tuple[str, str], s: Any, env: dict[str, Any]
+) -> tuple[int, float]:
+    """(segment index, weight) of one `_SEGMENT` lookup at shape `s`: the same source over the
+    same axis values (`env`), so the same float operations, as the table's own."""
+    src = f"def seg(s):{segment}\n    return {names[0]}, {names[1]}"
+    return _build(src, "seg", env)(s)  # type: ignore[return-value]
+
+
+def _keyed_table(t: Mapping[str, Any], full: ShapeFn, env: dict[str, Any], segs: tuple[str, str]):
+    """`compile_table(t).keyed`: for the shapes whose `fixed` fields are `shape`'s, a table
+    whose lookup along an axis the key fixes is done once (its index and weight as literals),
+    or a Const when it fixes both: the same value to the bit."""
+    x_seg, y_seg = segs
+
+    def keyed(shape: Any, fixed: Any) -> ShapeFn:
+        fx = _axis_fields(t["x"]) <= set(fixed)
+        fy = _axis_fields(t["y"]) <= set(fixed)
+        if fx and fy:
+            return Const(full(shape))
+        if not (fx or fy):
+            return full
+        x, y = x_seg, y_seg
+        if fx:
+            i, tx = _segment_at(x_seg, ("i", "tx"), shape, env)
+            x = f"\n    i = {i}\n    tx = {tx!r}"
+        else:
+            j, ty = _segment_at(y_seg, ("j", "ty"), shape, env)
+            y = f"\n    j = {j}\n    ty = {ty!r}"
+        return _build(_TABLE.format(x=x, y=y), "table", env)
+
+    return keyed
+
+
 def _build(src: str, name: str, env: dict[str, Any]) -> ShapeFn:
     scope: dict[str, Any] = {"__builtins__": {}, "bisect_right": bisect_right, **env}
     exec(src, scope)  # noqa: S102 - source built from fixed templates and validated names
@@ -167,7 +224,10 @@ def compile_table(t: Mapping[str, Any]) -> ShapeFn:
     ms = tuple(tuple(float(v) for v in row) for row in t["ms"])
     x = _SEGMENT.format(v="x", expr=_axis_expr(t["x"]), i="i", vs="xs", last=len(xs) - 2, t="tx")
     y = _SEGMENT.format(v="y", expr=_axis_expr(t["y"]), i="j", vs="ys", last=len(ys) - 2, t="ty")
-    return _build(_TABLE.format(x=x, y=y), "table", {"xs": xs, "ys": ys, "ms": ms})
+    env = {"xs": xs, "ys": ys, "ms": ms}
+    fn = _build(_TABLE.format(x=x, y=y), "table", env)
+    fn.keyed = _keyed_table(t, fn, env, (x, y))  # type: ignore[attr-defined]
+    return fn
 
 
 def compile_spline(t: Mapping[str, Any]) -> ShapeFn:
@@ -175,7 +235,14 @@ def compile_spline(t: Mapping[str, Any]) -> ShapeFn:
     ks = tuple(float(v) for v in t["knots"])
     ms = tuple(float(v) for v in t["ms"])
     x = _SEGMENT.format(v="x", expr=_axis_expr(t["x"]), i="i", vs="ks", last=len(ks) - 2, t="u")
-    return _build(_SPLINE.format(x=x), "spline", {"ks": ks, "ms": ms})
+    fn = _build(_SPLINE.format(x=x), "spline", {"ks": ks, "ms": ms})
+    fields = _axis_fields(t["x"])
+
+    def keyed(shape: Any, fixed: Any) -> ShapeFn:  # its one axis fixed: one number
+        return Const(fn(shape)) if fields <= set(fixed) else fn
+
+    fn.keyed = keyed  # type: ignore[attr-defined]
+    return fn
 
 
 # ---- the same rule on numpy columns --------------------------------------------------------------
