@@ -9,8 +9,10 @@ other than KEY_FIELDS (the fields the cache key fixes: set by `StepShape.set_dec
 is called again at every step; nothing is cached on a field the key does not fix. The probe
 is sound because a cost is a function of the shape alone: what it reads on the way to its
 value decides the value. A varying cost with a `keyed(shape, KEY_FIELDS)` method (the
-roofline, compiled linear models) is called through its specialisation for the key, which
-folds the fixed fields' terms in once and gives the same value to the bit. `all` (any shape)
+roofline, compiled linear models, a profile's compiled decode model with its tables and
+splines, and the wrappers around it: the verify dispatch, the penalties' history term, random
+sampling's term) is called through its specialisation for the key, which folds the fixed
+fields' terms in once and gives the same value to the bit. `all` (any shape)
 takes the same probe with no field fixed: a cost that reads no field has one value.
 """
 
