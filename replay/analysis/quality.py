@@ -15,7 +15,7 @@ from bubblesim.core.runfmt import Run
 from replay.analysis.steps import Steps, draft_gpu_ms, eval_linear, load_steps, run_config
 from sim.cost import resolve_profile
 from sim.cost.defaults import DEFAULTS
-from sim.cost.sampling import SAMPLING_KEY, mode_of, mode_tables
+from sim.cost.sampling import SAMPLING_KEY, eager_host_ms, mode_of, mode_tables
 from sim.cost.terms import TERM_NAMES, term_target
 
 
@@ -90,14 +90,13 @@ def sampling_host_ms(prof: Mapping[str, Any], runs: Sequence[Run], steps: Steps)
         tables = mode_tables(table, mode_of(sp.temperature, sp.top_k, sp.top_p, vocab), vocab)
         if tables is None:
             continue
-        mine = steps.run == i
         reqs = steps.cols["num_reqs"]
-        if cfg.spec.enabled:  # verification samples k + 1 rows a request after every graph
-            fn, rows, charged = tables["spec_host_ms"], reqs * (1 + cfg.spec.k), mine
-        else:
-            fn, rows, charged = tables["host_ms"], reqs, mine & ~steps.graph
-        charged &= reqs > 0
-        out[charged] = [fn(float(r)) for r in rows[charged]]
+        spec_k = cfg.spec.k if cfg.spec.enabled else None
+        # verification samples after every graph; plain decoding only on eager steps
+        charged = (steps.run == i) & (reqs > 0)
+        if spec_k is None:
+            charged &= ~steps.graph
+        out[charged] = [eager_host_ms(tables, int(r), spec_k) for r in reqs[charged]]
     return out
 
 

@@ -152,7 +152,9 @@ def depth1_period(s: dict[str, np.ndarray]) -> str:
     )
 
 
-def level_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  # noqa: ANN001
+def clean_decode_bands(run, s: dict[str, np.ndarray], profile: dict):  # noqa: ANN001, ANN201
+    """Per band of item 4 (at least 20 steps): (lo, hi, rows, measured ms, the profile's ms) of
+    the clean queued decode steps without history rows (at most ~2000 a band, evenly taken)."""
     ends = np.fmax(s["sample_end_s"], s["launch_end_s"])
     ok = (
         _decode(s)
@@ -160,16 +162,20 @@ def level_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  #
         & (s["gpu_start_s"] >= ends - CLEAN_TOL_S)
         & (s["gpu_idle_before_s"] < CLEAN_TOL_S)
     )
-    out = []
     for lo, hi in BANDS:
         rows = np.flatnonzero(ok & (s["num_reqs"] >= lo) & (s["num_reqs"] < hi))
         if rows.size < 20:
             continue
         rows = rows[:: max(1, rows.size // 2000)]
         meas = (s["gpu_end_s"][rows] - s["gpu_start_s"][rows]) * 1e3
-        pred = predicted_gpu_ms(run, profile, s, rows)
-        out.append(f"b{lo}-{hi - 1}: {np.median(meas / pred):.3f} ({rows.size})")
-    return out
+        yield lo, hi, rows, meas, predicted_gpu_ms(run, profile, s, rows)
+
+
+def level_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  # noqa: ANN001
+    return [
+        f"b{lo}-{hi - 1}: {np.median(meas / pred):.3f} ({rows.size})"
+        for lo, hi, rows, meas, pred in clean_decode_bands(run, s, profile)
+    ]
 
 
 def tail_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  # noqa: ANN001
@@ -187,21 +193,8 @@ def tail_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  # 
         return ["no tail term in the profile's decode model"]
     heads = get_model(cfg.model).kv_heads_per_rank(cfg.tensor_parallel_size)
     tail = tail_keys_fn(heads, sms)
-    ends = np.fmax(s["sample_end_s"], s["launch_end_s"])
-    ok = (
-        _decode(s)
-        & (s["history_tokens"] == 0)
-        & (s["gpu_start_s"] >= ends - CLEAN_TOL_S)
-        & (s["gpu_idle_before_s"] < CLEAN_TOL_S)
-    )
     out = []
-    for lo, hi in BANDS:
-        rows = np.flatnonzero(ok & (s["num_reqs"] >= lo) & (s["num_reqs"] < hi))
-        if rows.size < 20:
-            continue
-        rows = rows[:: max(1, rows.size // 2000)]
-        meas = (s["gpu_end_s"][rows] - s["gpu_start_s"][rows]) * 1e3
-        pred = predicted_gpu_ms(run, profile, s, rows)
+    for lo, hi, rows, meas, pred in clean_decode_bands(run, s, profile):
         cols = (s["num_reqs"][rows], s["kv_read_tokens"][rows], s["max_kv_tokens"][rows])
         ms = coef * np.array([tail(int(n), int(kv), int(mx)) for n, kv, mx in zip(*cols)])
         out.append(

@@ -55,7 +55,7 @@ from .profile import (
     validate_profile,
 )
 from .roofline import Roofline
-from .sampling import SAMPLING_KEY, mode_of, mode_tables
+from .sampling import SAMPLING_KEY, eager_host_ms, mode_of, mode_tables
 from .splits import num_sms, program_keys_fn, tail_keys_fn
 from .table import SPLINE_KEY
 from .terms import BROADCAST_TERM, GPU_TARGET, active_terms, term_target
@@ -416,7 +416,7 @@ class CostModel:
         if c.spec.enabled:
             return s.num_reqs * (1 + c.spec.k)
         if s.num_prefill_reqs:
-            if self._mixed_graphs and c.cuda_graphs:
+            if self._mixed_graphs:  # (cuda_graphs and cuda_graphs_mixed, no spec)
                 bucket = mixed_graph_tokens(s.num_tokens)
                 return mixed_graph_rows(s.num_reqs, bucket, self._max_rows)
             return s.num_reqs
@@ -435,14 +435,15 @@ class CostModel:
         """The sampling mode's host ms over greedy in a step's sample phase: a step whose
         sampling runs in no graph (every speculative step: verification samples after the
         graph), x host_scale; a graphed step's sampling is inside its graph (0)."""
-        assert self._sampling is not None
+        tables = self._sampling
+        assert tables is not None
         c = self.config
-        table = self._sampling["spec_host_ms" if c.spec.enabled else "host_ms"]
+        spec_k = c.spec.k if c.spec.enabled else None
 
         def extra(s: BatchShape) -> float:
-            if s.num_reqs == 0 or (not c.spec.enabled and self.graphed(s, c.cuda_graphs)):
+            if s.num_reqs == 0 or (spec_k is None and self.graphed(s, c.cuda_graphs)):
                 return 0.0
-            return host(table(self._sampled_rows(s)))
+            return host(eager_host_ms(tables, s.num_reqs, spec_k))
 
         return extra
 

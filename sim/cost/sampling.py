@@ -152,3 +152,13 @@ def mode_tables(table: Mapping[str, Any], mode: str, vocab: int) -> dict[str, Ro
     scale = vocab / table["vocab"]
     rows = table["rows"]
     return {k: RowTable(rows, [m * scale for m in table[mode][k]]) for k in TABLES}
+
+
+def eager_host_ms(tables: Mapping[str, RowTable], num_reqs: int, spec_k: int | None) -> float:
+    """What a step's sample phase adds when its sampling runs outside a graph (`mode_tables`'
+    tables): plain decoding's call at the step's generating rows (every request: the shape does
+    not say which prompt chunk ends its prompt), or with speculative decoding (`spec_k`: the
+    drafts a request) verification's call at k + 1 rows a request. Not x host_scale."""
+    if spec_k is None:
+        return tables["host_ms"](num_reqs)
+    return tables["spec_host_ms"](num_reqs * (1 + spec_k))
