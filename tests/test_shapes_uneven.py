@@ -34,7 +34,7 @@ def test_uneven_chunks_differ_and_the_other_families_keep_their_points(monkeypat
     rest = [b for b in batches if b.label != "chunks(uneven)"]
     monkeypatch.setattr("replay.analysis.shapes_grid._uneven_chunks", lambda g: None)
     assert rest == grid(LIM)  # the family adds points, moves none
-    assert FAMILIES[-1] == "chunks(uneven)"
+    assert FAMILIES[-3:] == ("chunks(uneven)", "decode(mix)", "decode(mix desc)")
 
 
 def test_a_plan_of_some_families():

@@ -23,7 +23,14 @@ the cache:
 - decode(history): decode cells (B at the graph buckets, c in HISTORY_CONTEXTS) whose every
   row needs its output history (sampling with penalties: the decode graph's penalties variant,
   engine.graphs); decode(history mix): every other row, or one row, with history. Each is a
-  decode-family cell with history added, so the pair gives the penalties' cost at one shape.
+  decode-family cell with history added, so the pair gives the penalties' cost at one shape;
+- decode(mix) (no drafts): B rows whose contexts spread evenly over [m (1 - s), m (1 + s)] around
+  a mean m, in a fixed shuffled order, s = 0 included: each spread point has its uniform control
+  at the same B and KV in the same sweep, so their difference is the cost of the spread alone
+  (how much of the decode tail term, replay.analysis.decodetail, each graph bucket's kernel
+  hides); decode(mix desc): its spread points with the longest rows first (an engine's running
+  list puts its oldest requests, which have decoded longest, first: their programs are
+  dispatched first). Opt-in (MIX_FAMILIES): a full grid leaves both out.
 
 Order: every point has a `level` from its axis indices (0: the first and last value of each
 axis; 1: every 4th; 2: every 2nd; 3: the rest; a point's level is its axes' largest: level 0
@@ -61,6 +68,15 @@ UNEVEN_ROW_CONTEXT = 2048
 UNEVEN_PRIOR = 4096  # the later chunk's cached context
 HISTORY_CONTEXTS = (256, 2048, 16384)  # decode(history) cells: contexts of the decode lattice
 HISTORY_MIX = ((32, 2048), (128, 2048), (256, 2048))  # decode(history mix): (rows, context)
+MIX_MIN_ROWS = 8  # decode(mix): every decode graph bucket from this many rows (the kernel's grid
+# is the bucket's: a batch's share of its tail hidden changes from one bucket to the next)
+MIX_MEANS = (512, 1024, 2048, 4096)  # decode(mix): mean context
+MIX_SPREADS = (0, 50, 95)  # decode(mix): half-width of the contexts, % of the mean
+MIX_SEED = 7  # decode(mix)'s row order (its own stream: the grid's seeded draws do not move)
+# opt-in families (a full grid leaves them out; `replay shapes --families` names them): their
+# uniform controls repeat decode lattice cells, and no fit reads them (reports/fidelity/README.md
+# section I: the decode tail term's share per graph bucket, measured)
+MIX_FAMILIES = ("decode(mix)", "decode(mix desc)")
 FAMILIES = (  # the order within a level
     "decode",
     "prefill",
@@ -78,6 +94,8 @@ FAMILIES = (  # the order within a level
     "decode(history)",  # last: the families before keep their turns within a level
     "decode(history mix)",
     "chunks(uneven)",  # added after the others: their points and order are unchanged
+    "decode(mix)",  # likewise
+    "decode(mix desc)",
 )
 NO_CACHE_LIMIT = 1 << 62
 
@@ -253,7 +271,7 @@ class _Grid:
         self.lim = lim
         self.rng = np.random.default_rng(seed)
         self.batches: list[Batch] = []
-        self._seen: set[tuple[Entry, ...]] = set()  # only tested, never iterated
+        self._seen: set[tuple] = set()  # batches (or (label, batch)): only tested, never iterated
 
     def fits(self, entries: Sequence[Entry]) -> bool:
         """A batch the engine could schedule (token budget, batch size, model length)."""
@@ -284,13 +302,19 @@ class _Grid:
     def add_wrapped(self, label: str, entries: Sequence[Entry], axes) -> bool:
         return self._add(label, entries, axes, wrap=True)
 
-    def _add(self, label: str, entries: Sequence[Entry], axes, wrap: bool) -> bool:
+    def add_own(self, label: str, entries: Sequence[Entry], axes) -> bool:
+        """`add`, its batch unique within `label` only (a family that holds its own controls:
+        another family may time the same batch)."""
+        return self._add(label, entries, axes, wrap=False, own=True)
+
+    def _add(self, label: str, entries: Sequence[Entry], axes, wrap: bool, own=False) -> bool:
         entries = tuple(entries)
         if not self.fits(entries) or (not wrap and not self.in_cache(entries)):
             return False
-        if entries in self._seen:
+        key = (label, entries) if own else entries
+        if key in self._seen:
             return False
-        self._seen.add(entries)
+        self._seen.add(key)
         level = max((axis_level(i, n) for _, _, i, n in axes), default=0)
         point = tuple((name, v) for name, v, _, _ in axes)
         self.batches.append(Batch(label, entries, level, point))
@@ -320,15 +344,19 @@ def _ax(name: str, values: Sequence[int], v: int) -> tuple[str, int, int, int]:
     return (name, v, list(values).index(v), len(values))
 
 
-def grid(lim: Limits, kinds: Sequence[str] = ("decode", "mixed"), seed: int = 0) -> list[Batch]:
+def grid(
+    lim: Limits, kinds: Sequence[str] = ("decode", "mixed"), seed: int = 0, mix: bool = False
+) -> list[Batch]:
     """The synthetic batches of a sweep, in level order (module docstring); a pure function of
-    its arguments."""
+    its arguments. `mix`: with the opt-in decode(mix) families (MIX_FAMILIES)."""
     g = _Grid(lim, seed)
     if "decode" in kinds:
         _decode(g)
     if "mixed" in kinds:
         _mixed(g)
         _uneven_chunks(g)
+    if "decode" in kinds and mix:
+        _decode_mix(g)
     rank = {f: i for i, f in enumerate(FAMILIES)}
     turn: dict[tuple[int, str], int] = {}  # within a level the families take turns
     keys = []
@@ -436,6 +464,35 @@ def _mixed(g: _Grid) -> None:
             pf = min(p, t_max - d * q)
             rows = [_dec(c, k) for c in g.contexts(d, *SPREAD_CONTEXTS)]
             g.add("prefill+decode(spread)", [*rows, Entry(0, pf, True)])
+
+
+def mix_contexts(rows: int, mean: int, spread_pct: int) -> list[int]:
+    """decode(mix)'s contexts: `rows` values evenly over [mean (1 - s), mean (1 + s)] (s =
+    spread_pct / 100; their mean is `mean`), at least 2, in a fixed shuffled order (the engine's
+    batch order is the requests', not their contexts')."""
+    half = mean * spread_pct / 100
+    ctx = np.linspace(mean - half, mean + half, rows) if rows > 1 else np.array([mean])
+    order = np.random.default_rng((MIX_SEED, rows, mean, spread_pct)).permutation(rows)
+    return [max(2, int(round(c))) for c in ctx[order]]
+
+
+def _decode_mix(g: _Grid) -> None:
+    """decode(mix) (module docstring): without drafts only (the verify width is its own axis)."""
+    lim = g.lim
+    if lim.spec_k:
+        return
+    batches = [b for b in lim.decode_buckets() if MIX_MIN_ROWS <= b <= lim.max_seqs]
+    for b in batches:
+        for m in MIX_MEANS:
+            for s in MIX_SPREADS:
+                ctx = mix_contexts(b, m, s)
+                if max(ctx) > lim.decode_cap(0):
+                    continue
+                axes = [_ax("batch", batches, b), _ax("mean", MIX_MEANS, m)]
+                axes.append(_ax("spread", MIX_SPREADS, s))
+                g.add_own("decode(mix)", [_dec(c) for c in ctx], axes)
+                if s:
+                    g.add_own("decode(mix desc)", [_dec(c) for c in sorted(ctx)[::-1]], axes)
 
 
 def _uneven_chunks(g: _Grid) -> None:

@@ -17,7 +17,7 @@ from bubblesim.core.gpus import get_gpu
 from bubblesim.core.models import get_model
 from bubblesim.core.shape import attn_pairs
 from replay.analysis.shapes_file import KINDS
-from replay.analysis.shapes_grid import Batch, Limits, grid, quick_grid
+from replay.analysis.shapes_grid import MIX_FAMILIES, Batch, Limits, grid, quick_grid
 
 DEFAULT_BUDGET_S = 240.0  # estimated GPU seconds (CostGuess)
 
@@ -139,7 +139,7 @@ def plan(
     grid families (their `label`; none: all)."""
     graphs = bool(buckets)
     lim = Limits.of(cfg, num_kv_blocks, max_context, buckets)
-    full = grid(lim, kinds, cfg.seed)
+    full = grid(lim, kinds, cfg.seed, mix=any(f in MIX_FAMILIES for f in families))
     if families:
         full = [b for b in full if b.label in families]
     guess = CostGuess.of(cfg)
