@@ -656,8 +656,9 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         "--families",
         default="",
         help="only these grid families, comma-separated (their sweep `label`, e.g. "
-        "'chunks(uneven),chunks@ctx'; default: all): a sweep to add to another with "
-        "calibrate --shapes A --shapes B",
+        "'chunks(uneven),chunks@ctx'; default: all but the opt-in ones): a sweep to add to "
+        "another with calibrate --shapes A --shapes B; the opt-in 'decode(mix),decode(mix "
+        "desc)' measure the decode tail term per graph bucket (reports/fidelity/tail_share.py)",
     )
     p.add_argument(
         "--budget-s",

@@ -307,7 +307,9 @@ class _Grid:
         another family may time the same batch)."""
         return self._add(label, entries, axes, wrap=False, own=True)
 
-    def _add(self, label: str, entries: Sequence[Entry], axes, wrap: bool, own=False) -> bool:
+    def _add(
+        self, label: str, entries: Sequence[Entry], axes, wrap: bool, own: bool = False
+    ) -> bool:
         entries = tuple(entries)
         if not self.fits(entries) or (not wrap and not self.in_cache(entries)):
             return False
