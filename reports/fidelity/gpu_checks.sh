@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Measured runs of the generalization protocol (reports/fidelity/README.md), on a GPU host:
 #   bash reports/fidelity/gpu_checks.sh PART MODEL OUTDIR PACKDIR
-# PART: calib (the one short calibration run: traces/fidelity/azure45x4, depth 2),
+# PART: calib (the one short calibration run: traces/fidelity/azure45x4, depth 2, then a
+# `replay sampling` sweep on the same host, sampling-calib-<tag>.parquet: random sampling's host
+# term from the lease the CPU phases come from; reports/fidelity/README.md section I),
 # calib-spec (a short ngram-gpu run for the spec CPU phases), calib-specpen (the same with
 # penalties on every other request), mixed-ab (cuda_graphs_mixed off/on),
 # checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
@@ -36,8 +38,16 @@ replay() {  # name trace [extra --set ...]
   find "$out/$name" -name timeline.json -delete
   tar czf "$pack/$name.tgz" -C "$out" "$name" && log "packed $name"
 }
+sampling_sweep() {  # file stem: each random sampling mode against greedy per sampled row
+  log "sampling $1"
+  python3 -m replay sampling --set model="$model" -q -o "$out/$1.parquet" 2>&1 | tail -22
+  cp "$out/$1.parquet" "$pack/"
+}
 case $part in
-  calib) replay calib traces/fidelity/azure45x4.parquet ;;
+  calib)
+    replay calib traces/fidelity/azure45x4.parquet
+    sampling_sweep "sampling-calib-$tag"
+    ;;
   checks-a)
     replay longout $C/longout.parquet
     replay longprompt $C/longprompt.parquet
@@ -119,9 +129,7 @@ case $part in
     cp "$out/shapes-$tag-spec.parquet" "$pack/"
     ;;
   sampling)  # each random sampling mode against greedy per sampled row (replay sampling)
-    log "sampling $tag"
-    python3 -m replay sampling --set model="$model" -q -o "$out/sampling-$tag.parquet" 2>&1 | tail -22
-    cp "$out/sampling-$tag.parquet" "$pack/"
+    sampling_sweep "sampling-$tag"
     ;;
   idlegap|idlegap-spec)
     extra=(); sfx=""

@@ -68,6 +68,10 @@ def main() -> None:
         "--eager-own", action="store_true",
         help="also take the eager launch at the run's own measured level (an attribution)",
     )  # fmt: skip
+    ap.add_argument(
+        "--with-calib", action="store_true",
+        help="also the runs named *-calib* (left out by default: a profile's own runs)",
+    )  # fmt: skip
     args = ap.parse_args()
     sfx = f"-{args.tag}" if args.tag else ""
     args.work.mkdir(parents=True, exist_ok=True)
@@ -75,7 +79,7 @@ def main() -> None:
     head = f"| run | host level |{eager_col} " + " | ".join(c for _, c, _ in TARGETS) + " |"
     rows = [head, "|---" * (len(TARGETS) + 2 + args.eager_own) + "|"]
     for meas, summary in measured_runs(args.runs, args.prefix):
-        if "-calib" in meas.name:
+        if "-calib" in meas.name and not args.with_calib:
             continue
         level = host_level(meas, args.profile)
         name = f"{meas.name}{sfx}-host"
