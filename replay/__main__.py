@@ -658,7 +658,8 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         help="only these grid families, comma-separated (their sweep `label`, e.g. "
         "'chunks(uneven),chunks@ctx'; default: all but the opt-in ones): a sweep to add to "
         "another with calibrate --shapes A --shapes B; the opt-in 'decode(mix),decode(mix "
-        "desc)' measure the decode tail term per graph bucket (reports/fidelity/tail_share.py)",
+        "desc)': decode batches of spread contexts beside uniform ones, shuffled and longest "
+        "first (how much of the decode tail term each graph bucket hides)",
     )
     p.add_argument(
         "--budget-s",
