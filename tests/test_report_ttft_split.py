@@ -10,6 +10,7 @@ import numpy as np
 
 import sim.run as simrun
 from bubblesim.core.config import load_config
+from bubblesim.core.runfmt import load_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports" / "fidelity"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,5 +27,12 @@ def test_the_parts_add_up_to_the_ttft(tmp_path: Path) -> None:
     total = parts["queue"] + parts["launch"] + parts["sample"] + parts["after"]
     np.testing.assert_allclose(total, parts["ttft"], rtol=0, atol=1e-9)
     assert (parts["queue"] >= 0).all() and (parts["launch"] > 0).all()
+    # the step found is the request's prefill: its sample ends before the first token, and the
+    # split's TTFT is the one the run recorded
+    assert (parts["after"] >= 0).all()
+    run = load_run(tmp_path / "run")
+    recorded = np.asarray(run.requests.column("ttft_s"), dtype=float) * 1e3
+    np.testing.assert_allclose(np.sort(parts["ttft"]), np.sort(recorded), rtol=1e-9)
+    assert np.isfinite(parts["pass_tail"]).all()
     assert set(np.unique(parts["next_eager"])) <= {0.0, 1.0}
     assert line("run", parts).startswith("run: queue ")

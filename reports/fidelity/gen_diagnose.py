@@ -178,6 +178,13 @@ def level_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  #
     ]
 
 
+def tail_coefficient(profile: dict) -> float:
+    """The decode model's ms per `tail_keys` key (its branch that has one), else 0."""
+    decode = (profile.get("gpu_pass") or {}).get("decode", {})
+    branches = decode.get("max", [decode])
+    return next((float(b["tail_keys"]) for b in branches if b.get("tail_keys")), 0.0)
+
+
 def tail_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  # noqa: ANN001
     """Item 4's steps by band: the decode model's tail term (`tail_keys` x its coefficient,
     sim.cost.splits) median ms, and measured / (profile - the tail term)."""
@@ -185,9 +192,7 @@ def tail_by_band(run, s: dict[str, np.ndarray], profile: dict) -> list[str]:  # 
     from sim.cost.splits import num_sms, tail_keys_fn
 
     cfg = run_config(run)
-    branches = (profile.get("gpu_pass") or {}).get("decode", {})
-    branches = branches.get("max", [branches])
-    coef = next((float(b["tail_keys"]) for b in branches if b.get("tail_keys")), 0.0)
+    coef = tail_coefficient(profile)
     sms = num_sms(cfg.gpu)
     if not coef or sms is None:
         return ["no tail term in the profile's decode model"]

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gen_diagnose import clean_decode_bands  # noqa: E402
+from gen_diagnose import clean_decode_bands, tail_coefficient  # noqa: E402
 
 from bubblesim.core.models import get_model  # noqa: E402
 from bubblesim.core.runfmt import load_run  # noqa: E402
@@ -36,7 +36,6 @@ from replay.analysis.decodetail import MIN_TAIL_KEYS  # noqa: E402
 from replay.analysis.shapes_file import read_sweep  # noqa: E402
 from replay.analysis.shapes_grid import MIX_FAMILIES  # noqa: E402
 from replay.analysis.steps import tail_keys  # noqa: E402
-from sim.cost.linear import MAX_KEY, TAIL_KEYS  # noqa: E402
 from sim.cost.splits import num_sms, tail_keys_fn  # noqa: E402
 
 ORDERS = {"shuffled": MIX_FAMILIES[0], "longest first": MIX_FAMILIES[1]}
@@ -68,12 +67,6 @@ def per_bucket(sweep: Path) -> dict[str, dict[int, float]]:
     return out
 
 
-def coefficient(profile: dict) -> float:
-    decode = profile["gpu_pass"]["decode"]
-    branches = decode.get(MAX_KEY, [decode])
-    return next((float(b[TAIL_KEYS]) for b in branches if b.get(TAIL_KEYS)), 0.0)
-
-
 def at_bucket(table: dict[int, float], rows: np.ndarray) -> np.ndarray:
     """The value of the first swept bucket >= each row count (the last beyond them)."""
     buckets = np.array(sorted(table))
@@ -88,7 +81,7 @@ def main() -> None:
     ap.add_argument("runs", nargs="*", type=Path)
     a = ap.parse_args()
     profile = json.loads(a.profile.read_text())
-    coef = coefficient(profile)
+    coef = tail_coefficient(profile)
     tables = per_bucket(a.sweep)
     print(f"1. us per tail key by decode graph bucket ({a.sweep.name}; the profile's "
           f"coefficient: {coef * 1e3:.3f})")  # fmt: skip

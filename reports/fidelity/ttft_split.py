@@ -5,8 +5,9 @@
 For each run folder (measured or simulated), each request's prefill step is taken as the first
 eager (prefill or mixed) step scheduled at or after its arrival. Prints the medians of the queue
 before that step (its schedule start - arrival), its launch (schedule start -> launch end), its
-sample phase, and the quantiles (25, 50, 75, 90 %) of the time from its sample's end to the
-first token and of the TTFT itself; and how often the next step is eager too. A measured run and
+sample phase and how long its GPU pass ran past its launch's end, and the quantiles (25, 50, 75,
+90 %) of the time from its sample's end to the first token and of the TTFT itself; and how often
+the next step is eager too. A measured run and
 its prediction (a sim run folder, e.g. host_level.py's `--work` folder) side by side show which
 part of the first token's path the prediction misses.
 """
@@ -43,6 +44,7 @@ def split(path: Path) -> dict[str, np.ndarray]:
         "queue": (begin - arrival[ok]) * 1e3,
         "launch": (s["launch_end_s"][step] - begin) * 1e3,
         "sample": (s["sample_end_s"][step] - s["launch_end_s"][step]) * 1e3,
+        "pass_tail": (s["gpu_end_s"][step] - s["launch_end_s"][step]) * 1e3,
         "after": (first[ok] - s["sample_end_s"][step]) * 1e3,
         "ttft": (first[ok] - arrival[ok]) * 1e3,
         "next_eager": np.isin(step + 1, eager).astype(float),
@@ -56,7 +58,8 @@ def line(name: str, parts: dict[str, np.ndarray]) -> str:
     med = {k: float(np.median(v)) for k, v in parts.items()}
     return (
         f"{name}: queue {med['queue']:.2f}, launch {med['launch']:.2f}, sample "
-        f"{med['sample']:.2f} ms (medians); sample end -> first token q{QUANTILES} "
+        f"{med['sample']:.2f}, pass past the launch {med['pass_tail']:.2f} ms (medians); "
+        f"sample end -> first token q{QUANTILES} "
         f"{qs(parts['after'])}; TTFT {qs(parts['ttft'])}; next step eager "
         f"{parts['next_eager'].mean():.2f}"
     )
