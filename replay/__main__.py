@@ -222,6 +222,16 @@ def cmd_shapes(args: argparse.Namespace) -> int:
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         raise UsageError(f"--families: unknown {unknown}; the grid's families are {FAMILIES}")
+    batches = None
+    if args.batches:
+        from replay.analysis.batches_file import BatchesError, read_batches
+
+        if families:
+            raise UsageError("--batches times its own batches: leave --families out")
+        try:
+            batches = read_batches(args.batches, cfg.max_num_seqs)
+        except BatchesError as e:
+            raise UsageError(str(e)) from None
     out = Path(args.output or Path("runs") / f"shapes-{Path(cfg.model).name}.parquet")
     bar = _Progress(not args.quiet)
     try:
@@ -231,6 +241,7 @@ def cmd_shapes(args: argparse.Namespace) -> int:
                     cfg, out, args.repeats, kinds, args.quick, args.max_seconds, bar,
                     budget_s=args.budget_s or None, points=args.points,
                     max_context=args.max_context, announce=print, families=families,
+                    batches=batches,
                 )  # fmt: skip
         finally:
             bar.close()
@@ -660,6 +671,14 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         "another with calibrate --shapes A --shapes B; the opt-in 'decode(mix),decode(mix "
         "desc)': decode batches of spread contexts beside uniform ones, shuffled and longest "
         "first (how much of the decode tail term each graph bucket hides)",
+    )
+    p.add_argument(
+        "--batches",
+        default="",
+        help='time these decode batches instead of the grid: a JSON file {"format": '
+        '"replay.batches", "version": 1, "batches": [{"label": L, "contexts": '
+        "[keys each row reads, in row order]}, ...]}; each row of the sweep file carries its "
+        "batch's label",
     )
     p.add_argument(
         "--budget-s",

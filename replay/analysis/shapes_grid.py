@@ -332,9 +332,12 @@ class _Grid:
         return [int(v) for v in np.clip(np.round(x), 2, hi)]
 
 
-def _dec(ctx: int, drafts: int = 0, hist: bool = False) -> Entry:
+def decode_row(ctx: int, drafts: int = 0, hist: bool = False) -> Entry:
     """A decode row whose step reads `ctx` tokens of KV (its verified drafts included)."""
     return Entry(ctx - 1 - drafts, 1 + drafts, False, drafts, hist=hist)
+
+
+_dec = decode_row  # (the grid's short name)
 
 
 def history_rows(entries: Sequence[Entry]) -> int:

@@ -132,11 +132,14 @@ def sweep(
     max_context: int = 0,
     announce: Callable[[str], None] | None = None,
     families: Sequence[str] = (),
+    batches: Sequence[Batch] | None = None,
 ) -> SweepResult:
     """Time the grid's steps for `cfg` (module docstring); write the parquet file `out`.
     `quick` > 0: about that many shapes per kind (no budget). `max_seconds`: stop adding shapes
     after that long. `announce` gets the plan (shapes, estimated GPU time) before timing.
-    `families`: only these grid families (replay.analysis.shapes_grid.FAMILIES; none: all)."""
+    `families`: only these grid families (replay.analysis.shapes_grid.FAMILIES; none: all).
+    `batches`: these batches instead of the grid, in order (replay.analysis.batches_file; the
+    grid's limits are still recorded), each under its own label."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     t_start = time.monotonic()
@@ -154,6 +157,8 @@ def sweep(
             _as_run(cfg), engine.num_kv_blocks, kinds, quick, repeats, budget_s, points,
             max_context, buckets, families,
         )  # fmt: skip
+        if batches is not None:  # given batches instead of the grid (no estimate)
+            pl = Plan(list(batches), len(batches), 0.0, pl.limits, ("batches",))
         if announce is not None:
             announce(
                 f"grid: {len(pl.batches)} of {pl.grid_shapes} shapes, estimated GPU time "

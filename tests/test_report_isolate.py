@@ -1,0 +1,59 @@
+"""reports/fidelity/isolate.py: a run's decode batches and their uniform twins written as a
+batches file, and the report's ratios read back from a sweep that timed them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import sim.run as simrun
+from bubblesim.core.config import load_config
+from replay.analysis.batches_file import read_batches
+from replay.gpu.shapes import FORMAT_VERSION, Sample, shape_row, write_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "reports" / "fidelity"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from isolate import prep, report, uniform  # noqa: E402
+from test_replay_shapes import H100  # noqa: E402
+from test_sim_max_kv import _mixed_trace  # noqa: E402
+
+PROFILE = ROOT / "reports" / "fidelity" / "gen" / "profile-h100-llama3-8b.json"
+
+
+def test_uniform_twin() -> None:
+    assert uniform([10, 1, 4]) == [5, 5, 5]
+    assert uniform([10, 2, 4, 1]) == [5, 4, 4, 4]
+    assert sum(uniform([1821, 977, 33])) == 1821 + 977 + 33
+
+
+def test_prep_then_report(tmp_path: Path) -> None:
+    trace = _mixed_trace(tmp_path, 5)
+    simrun.simulate(load_config(None, ["model=llama3-8b", "gpu=h100"]), trace, tmp_path / "run")
+    out = tmp_path / "batches.json"
+    n = prep(PROFILE, [tmp_path / "run"], out, per_run=12, min_rows=8)
+    assert 0 < n <= 12 * 5  # at most 12 a band of rows from 8 (gen_diagnose.BANDS)
+    batches = read_batches(out)
+    doc = json.loads(out.read_text())
+    assert len(batches) == 2 * n == 2 * len(doc["steps"])
+    for b, twin in zip(batches[::2], batches[1::2], strict=True):
+        assert b.label.endswith(":mixed") and twin.label == b.label.replace(":mixed", ":uniform")
+        assert len(b.entries) == len(twin.entries) >= 8
+        assert sum(e.seq_len for e in b.entries) == sum(e.seq_len for e in twin.entries)
+    # a sweep that timed each batch alone: the mixed ones at the step's measured time, the twins
+    # 2 % over the profile's pass for them
+    rows = []
+    for b in batches:
+        st = doc["steps"][b.label.rsplit(":", 1)[0]]
+        ms = st["measured_ms"] if b.label.endswith(":mixed") else 1.02 * st["predicted_uniform_ms"]
+        k = len(b.entries)
+        rows.append(shape_row(b, [Sample(ms, 0.1, 0.2)], 0, k, b.max_seq_len, 1, False))
+    meta = {"format": "replay.shapes", "version": FORMAT_VERSION, "model": "llama3-8b", "gpu": H100,
+            "dtype": "bfloat16"}  # fmt: skip
+    sweep = write_sweep(tmp_path / "alone.parquet", rows, meta)
+    lines = report(out, sweep, None)
+    assert len(lines) == 6 and lines[3].startswith("refitted")
+    assert "in-run / alone 1.000" in lines[1]
+    assert "twin alone / the profile's pass for it 1.020" in lines[1]
+    assert lines[2].lstrip().startswith("excess alone (mixed - twin)")
