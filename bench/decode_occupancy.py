@@ -18,22 +18,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bubblesim.core.models import get_model  # noqa: E402
+from engine.kernels.decode_attention import compiled_kernels, decode_attention  # noqa: E402
 
 MODELS = ("llama3-8b", "llama3.2-1b")
 REG_UNIT = 256  # registers are allocated to a warp in units of this many
 MAX_BLOCKS_PER_SM = 32
-
-
-def _entries(kernel: Any) -> dict[Any, Any]:
-    """The compiled kernels of a Triton JIT function, by key (Triton 3.x keeps them per device,
-    under `device_caches` (a tuple whose first item is the dict) or `cache`)."""
-    caches = getattr(kernel, "device_caches", None) or getattr(kernel, "cache", {})
-    out: dict[Any, Any] = {}
-    for c in caches.values():
-        out.update(c[0] if isinstance(c, tuple) else c)
-    return out
 
 
 def blocks_per_sm(regs: int, shared: int, warps: int, props: Any) -> dict[str, int]:
@@ -50,11 +45,6 @@ def blocks_per_sm(regs: int, shared: int, warps: int, props: Any) -> dict[str, i
 
 
 def measure(model_name: str) -> list[dict[str, Any]]:
-    import torch
-
-    from bubblesim.core.models import get_model
-    from engine.kernels.decode_attention import _decode_attention_kernel, decode_attention
-
     m = get_model(model_name)
     hq, hkv, d = m.num_heads, m.num_kv_heads, m.head_dim
     dev = torch.device("cuda")
@@ -73,11 +63,11 @@ def measure(model_name: str) -> list[dict[str, Any]]:
     kw_graph = {"cos": cos, "sin": cos.clone(), "slot_mapping": slots}
     rows = []
     for variant, kw in (("graphs (ROPE, WRITE_KV)", kw_graph), ("plain", {})):
-        before = set(_entries(_decode_attention_kernel))
+        before = set(compiled_kernels())
         decode_attention(q, knew, knew.clone(), kc, vc, qsl, seq, tables, m.max_context,
                          d**-0.5, **kw)  # fmt: skip
         torch.cuda.synchronize()
-        for key, k in _entries(_decode_attention_kernel).items():
+        for key, k in compiled_kernels().items():
             if key in before:
                 continue
             md = k.metadata
@@ -95,8 +85,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    import torch
-
     if not torch.cuda.is_available():
         raise SystemExit("decode_occupancy needs a CUDA GPU")
     rows = [r for name in MODELS for r in measure(name)]

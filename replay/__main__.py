@@ -224,6 +224,7 @@ def cmd_shapes(args: argparse.Namespace) -> int:
         raise UsageError(f"--families: unknown {unknown}; the grid's families are {FAMILIES}")
     batches = None
     if args.batches:
+        # lazy, as the sweep: only this command reads a batches file
         from replay.analysis.batches_file import BatchesError, read_batches
 
         if families:

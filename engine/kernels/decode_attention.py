@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import torch
 import triton
@@ -261,6 +262,19 @@ def _decode_attention_kernel(
                 mask=(g1[:, None] < GROUP) & dim_ok[None, :],
             )
             tl.atomic_xchg(counter, 0)  # ready for the next launch
+
+
+def compiled_kernels() -> dict[Any, Any]:
+    """The decode attention kernel's compiled variants so far, by Triton's specialisation key
+    (each a CompiledKernel: `n_regs`, `n_spills`, `metadata.shared`, `metadata.num_warps`), for
+    occupancy reports (bench/decode_occupancy.py). Triton 3.x keeps them per device, under
+    `device_caches` (a tuple whose first item is the dict) or `cache`."""
+    jit = _decode_attention_kernel
+    caches = getattr(jit, "device_caches", None) or getattr(jit, "cache", {})
+    out: dict[Any, Any] = {}
+    for c in caches.values():
+        out.update(c[0] if isinstance(c, tuple) else c)
+    return out
 
 
 @functools.cache

@@ -111,6 +111,13 @@ def prep(
     return len(info)
 
 
+def _r(a: np.ndarray, b: np.ndarray) -> str:
+    """Pearson's r, or '-' where either side does not vary."""
+    if a.std() == 0 or b.std() == 0:
+        return "-"
+    return f"{np.corrcoef(a, b)[0, 1]:.2f}"
+
+
 def report(batches_path: Path, sweep_path: Path, mix_sweep: Path | None) -> list[str]:
     """The report's lines (module docstring)."""
     doc = json.loads(batches_path.read_text())
@@ -139,13 +146,11 @@ def report(batches_path: Path, sweep_path: Path, mix_sweep: Path | None) -> list
         tail = a["tail_term_ms"]
         parts = [
             f"excess alone (mixed - twin) {np.median(ex):.3f} ms; the profile's tail term "
-            f"{np.median(tail):.3f} ms (r {np.corrcoef(ex, tail)[0, 1]:.2f})"
+            f"{np.median(tail):.3f} ms (r {_r(ex, tail)})"
         ]
         if per_key is not None:
             ls = per_key * a["excess_keys"]
-            parts.append(
-                f"the list schedule {np.median(ls):.3f} ms (r {np.corrcoef(ex, ls)[0, 1]:.2f})"
-            )
+            parts.append(f"the list schedule {np.median(ls):.3f} ms (r {_r(ex, ls)})")
         lines.append("   " + "; ".join(parts))
     lines += _refit(by_run)
     return lines
