@@ -53,7 +53,27 @@ def test_prep_then_report(tmp_path: Path) -> None:
             "dtype": "bfloat16"}  # fmt: skip
     sweep = write_sweep(tmp_path / "alone.parquet", rows, meta)
     lines = report(out, sweep, None)
-    assert len(lines) == 6 and lines[3].startswith("refitted")
+    assert len(lines) == 6 and lines[3].startswith("refitted")  # one run: no pass lines
     assert "in-run / alone 1.000" in lines[1]
     assert "twin alone / the profile's pass for it 1.020" in lines[1]
     assert lines[2].lstrip().startswith("excess alone (mixed - twin)")
+
+
+def test_the_pass_with_a_term_scaled_on_the_other_runs() -> None:
+    """Two runs whose excess is exactly 2 ms a unit of the term: the refit gives 2, and each run's
+    pass (the twin's + the term scaled on the other run) is what it measured."""
+    from isolate import _refit
+
+    def step(run: str, x: float, twin_ms: float) -> dict[str, float | str]:
+        return {"run": run, "alone": twin_ms + 2 * x, "twin": twin_ms, "excess_keys": x,
+                "tail_term_ms": 2 * x, "measured_ms": twin_ms + 2 * x,
+                "predicted_uniform_ms": twin_ms, "predicted_ms": twin_ms + 1.5 * x}  # fmt: skip
+
+    by_run = {"a": [step("a", 1, 10), step("a", 2, 11)], "b": [step("b", 1, 9), step("b", 3, 12)]}
+    lines = _refit(by_run)  # type: ignore[arg-type]
+    assert lines[1].startswith("   the tail term: x 1, R^2 1.000")
+    assert lines[2].startswith("   the excess keys: x 2, R^2 1.000; a 1.000, b 1.000")
+    assert lines[3].startswith("the pass")
+    assert lines[5] == "   the tail term: a 1.000, b 1.000"
+    assert lines[6] == "   the excess keys: a 1.000, b 1.000"
+    assert lines[4].startswith("   the profile: a 1.") and "b 1." in lines[4]

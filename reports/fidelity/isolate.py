@@ -21,7 +21,9 @@ uniform twin alone / the profile's pass for it (the table at these shapes), and 
 excess (mixed - twin, both alone) against the profile's tail term and against the list
 schedule's excess x the ms per key a decode(mix) sweep fits (`--mix-sweep`), with the
 correlation of each over the steps; then each refitted to the measured excess over all the
-steps (one scale, no intercept), with per run the median fitted / measured.
+steps (one scale, no intercept), with per run the median fitted / measured, and the pass a
+model with that term would predict per run (its scale fitted without the run), measured /
+predicted, beside the profile's.
 """
 
 from __future__ import annotations
@@ -158,23 +160,45 @@ def report(batches_path: Path, sweep_path: Path, mix_sweep: Path | None) -> list
 
 def _refit(by_run: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Each candidate refitted to the measured excess over every run's steps (least squares,
-    no intercept): its scale, R^2, and per run the median fitted / measured excess."""
+    no intercept): its scale, R^2, and per run the median fitted / measured excess; then the
+    pass a model with that term would predict (the profile's pass for the twin + the term,
+    scaled without the run's own steps: leave one run out), measured in the run / predicted,
+    beside the profile's."""
     sts = [st for v in by_run.values() for st in v]
     if not sts:
         return []
     y = np.array([st["alone"] - st["twin"] for st in sts])
     runs = np.array([st["run"] for st in sts])
+    meas = np.array([st["measured_ms"] for st in sts])
+    base = np.array([st["predicted_uniform_ms"] for st in sts])
+    prof = np.array([st["predicted_ms"] for st in sts])
     out = ["refitted on every step above (no intercept): scale, R^2, per run fitted / measured"]
+    passes = {"the profile": {r: np.median((meas / prof)[runs == r]) for r in by_run}}
     for name, key in (("the tail term", "tail_term_ms"), ("the excess keys", "excess_keys")):
         x = np.array([st[key] for st in sts], dtype=float)
-        c = float(x @ y / (x @ x)) if x @ x > 0 else 0.0
+        c = _scale(x, y)
         r = y - c * x
         per = ", ".join(
             f"{run} {np.median(c * x[runs == run]) / np.median(y[runs == run]):.3f}"
             for run in by_run
         )
         out.append(f"   {name}: x {c:.6g}, R^2 {1 - float(r @ r) / float(y @ y):.3f}; {per}")
+        if len(by_run) > 1:
+            passes[name] = {}
+            for run in by_run:
+                own = runs == run
+                c_out = _scale(x[~own], y[~own])
+                passes[name][run] = np.median(meas[own] / (base[own] + c_out * x[own]))
+    if len(passes) > 1:
+        out.append("the pass, measured in the run / predicted (the twin's pass + the term, its "
+                   "scale fitted on the other runs):")  # fmt: skip
+        for name, per_run in passes.items():
+            out.append(f"   {name}: " + ", ".join(f"{r} {v:.3f}" for r, v in per_run.items()))
     return out
+
+
+def _scale(x: np.ndarray, y: np.ndarray) -> float:
+    return float(x @ y / (x @ x)) if x @ x > 0 else 0.0
 
 
 def main() -> None:
