@@ -13,6 +13,7 @@ from pathlib import Path
 from bubblesim.core.cli import Terminated, UsageError, add_config_args, config_from_args, run_main
 from bubblesim.core.cli_timeline import add_timeline_args, timeline_line
 from bubblesim.core.config import ConfigError
+from bubblesim.core.models import get_model
 from bubblesim.core.outplace import RUN_FOLDER, OutKind, atomic_dir, check_place, output_place
 
 
@@ -230,7 +231,8 @@ def cmd_shapes(args: argparse.Namespace) -> int:
         if families:
             raise UsageError("--batches times its own batches: leave --families out")
         try:
-            batches = read_batches(args.batches, cfg.max_num_seqs)
+            max_len = cfg.max_model_len or get_model(cfg.model).max_context
+            batches = read_batches(args.batches, cfg.max_num_seqs, max_len)
         except BatchesError as e:
             raise UsageError(str(e)) from None
     out = Path(args.output or Path("runs") / f"shapes-{Path(cfg.model).name}.parquet")

@@ -66,12 +66,13 @@ def test_the_batches_are_timed_in_order_under_their_labels(tmp_path: Path, capsy
             "integers",
         ),
         (batches_doc([("x", [5] * 9)]), "more than max_num_seqs = 8"),
+        (batches_doc([("x", [5, 769])]), "769 keys, more than max_model_len = 768"),
     ],
 )
 def test_a_bad_batches_file_names_its_problem(tmp_path: Path, doc: object, why: str) -> None:
     f = _write(tmp_path / "b.json", doc)
     with pytest.raises(BatchesError, match=why) as e:
-        read_batches(f, max_rows=8)
+        read_batches(f, max_rows=8, max_context=768)
     assert str(f) in str(e.value)
 
 

@@ -37,9 +37,11 @@ def batches_doc(batches: Sequence[tuple[str, Sequence[int]]]) -> dict[str, Any]:
     }
 
 
-def read_batches(path: str | Path, max_rows: int | None = None) -> list[Batch]:
+def read_batches(
+    path: str | Path, max_rows: int | None = None, max_context: int | None = None
+) -> list[Batch]:
     """The file's batches, checked (module docstring): `max_rows` bounds a batch's rows (the
-    engine's max_num_seqs)."""
+    engine's max_num_seqs), `max_context` a row's keys (its max_model_len)."""
     p = Path(path)
     try:
         doc = json.loads(p.read_text())
@@ -69,6 +71,11 @@ def read_batches(path: str | Path, max_rows: int | None = None) -> list[Batch]:
             raise BatchesError(f"{where} ({label}): 'contexts' must hold integers")
         if min(ctx) < MIN_CONTEXT:
             raise BatchesError(f"{where} ({label}): a context below {MIN_CONTEXT} keys")
+        if max_context is not None and max(ctx) > max_context:
+            raise BatchesError(
+                f"{where} ({label}): a context of {max(ctx)} keys, more than max_model_len = "
+                f"{max_context}"
+            )
         if max_rows is not None and len(ctx) > max_rows:
             raise BatchesError(
                 f"{where} ({label}): {len(ctx)} rows, more than max_num_seqs = {max_rows}"
