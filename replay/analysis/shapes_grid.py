@@ -337,9 +337,6 @@ def decode_row(ctx: int, drafts: int = 0, hist: bool = False) -> Entry:
     return Entry(ctx - 1 - drafts, 1 + drafts, False, drafts, hist=hist)
 
 
-_dec = decode_row  # (the grid's short name)
-
-
 def history_rows(entries: Sequence[Entry]) -> int:
     """Rows whose sampling needs the output history (the file's `history_rows`)."""
     return sum(e.hist for e in entries)
@@ -380,7 +377,7 @@ def _decode(g: _Grid) -> None:
     for b in bs_axis:
         for c in ctx_axis:
             axes = [_ax("batch", bs_axis, b), _ax("context", ctx_axis, c)]
-            rows = [_dec(c, k)] * b
+            rows = [decode_row(c, k)] * b
             if not g.add("decode", rows, axes):
                 g.add_wrapped("decode", rows, axes)  # the first cell past the cache
                 break
@@ -392,15 +389,15 @@ def _decode(g: _Grid) -> None:
                 for c in coarse_c:
                     axes = [_ax("drafts", widths, d), _ax("batch", coarse_b, b)]
                     axes.append(_ax("context", coarse_c, c))
-                    g.add("verify", [_dec(c, d)] * b, axes)
+                    g.add("verify", [decode_row(c, d)] * b, axes)
         for b in (4, 16, 64, lim.max_seqs):
             for c in (SHORT_CONTEXT, 4096):
-                g.add("verify(widths)", [_dec(c, i % (k + 1)) for i in range(b)])
+                g.add("verify(widths)", [decode_row(c, i % (k + 1)) for i in range(b)])
     for b in (8, 32, 96, 128):
         for long in sorted({min(LONG_CONTEXT, lim.decode_cap(k)), lim.decode_cap(k)}):
-            g.add("decode+long", [_dec(SHORT_CONTEXT, k)] * (b - 1) + [_dec(long, k)])
+            g.add("decode+long", [decode_row(SHORT_CONTEXT, k)] * (b - 1) + [decode_row(long, k)])
     for b in (16, 64, 128, 256):
-        g.add("decode(spread)", [_dec(c, k) for c in g.contexts(b, *SPREAD_CONTEXTS)])
+        g.add("decode(spread)", [decode_row(c, k) for c in g.contexts(b, *SPREAD_CONTEXTS)])
     _history(g, bs_axis, ctx_axis)
 
 
@@ -413,13 +410,13 @@ def _history(g: _Grid, bs_axis: Sequence[int], ctx_axis: Sequence[int]) -> None:
     for b in buckets:
         for c in contexts:
             axes = [_ax("batch", buckets, b), _ax("context", contexts, c)]
-            if g.in_cache([_dec(c, k)] * b) and b in bs_axis:
-                g.add("decode(history)", [_dec(c, k, hist=True)] * b, axes)
+            if g.in_cache([decode_row(c, k)] * b) and b in bs_axis:
+                g.add("decode(history)", [decode_row(c, k, hist=True)] * b, axes)
     for b, c in HISTORY_MIX:
-        if b > g.lim.max_seqs or c not in ctx_axis or not g.in_cache([_dec(c, k)] * b):
+        if b > g.lim.max_seqs or c not in ctx_axis or not g.in_cache([decode_row(c, k)] * b):
             continue
-        g.add("decode(history mix)", [_dec(c, k, hist=i % 2 == 0) for i in range(b)])
-        g.add("decode(history mix)", [_dec(c, k, hist=i == 0) for i in range(b)])
+        g.add("decode(history mix)", [decode_row(c, k, hist=i % 2 == 0) for i in range(b)])
+        g.add("decode(history mix)", [decode_row(c, k, hist=i == 0) for i in range(b)])
 
 
 def _mixed(g: _Grid) -> None:
@@ -457,17 +454,17 @@ def _mixed(g: _Grid) -> None:
                 pf = min(p, t_max - d * q)
                 axes = [_ax("tokens", p_mix, p), _ax("rows", d_axis, d)]
                 axes.append(_ax("context", c_axis, c))
-                g.add("prefill+decode", [*[_dec(c, k)] * d, Entry(0, pf, True)], axes)
+                g.add("prefill+decode", [*[decode_row(c, k)] * d, Entry(0, pf, True)], axes)
     for p in (256, 2048):
         for d in (16, 64):
             for long in sorted({min(LONG_CONTEXT, lim.decode_cap(k)), lim.decode_cap(k)}):
                 pf = min(p, t_max - d * q)
-                rows = [_dec(SHORT_CONTEXT, k)] * (d - 1) + [_dec(long, k)]
+                rows = [decode_row(SHORT_CONTEXT, k)] * (d - 1) + [decode_row(long, k)]
                 g.add("prefill+decode+long", [*rows, Entry(0, pf, True)])
     for p in (512, 2048):
         for d in (32, 128):
             pf = min(p, t_max - d * q)
-            rows = [_dec(c, k) for c in g.contexts(d, *SPREAD_CONTEXTS)]
+            rows = [decode_row(c, k) for c in g.contexts(d, *SPREAD_CONTEXTS)]
             g.add("prefill+decode(spread)", [*rows, Entry(0, pf, True)])
 
 
@@ -495,9 +492,9 @@ def _decode_mix(g: _Grid) -> None:
                     continue
                 axes = [_ax("batch", batches, b), _ax("mean", MIX_MEANS, m)]
                 axes.append(_ax("spread", MIX_SPREADS, s))
-                g.add_own("decode(mix)", [_dec(c) for c in ctx], axes)
+                g.add_own("decode(mix)", [decode_row(c) for c in ctx], axes)
                 if s:
-                    g.add_own("decode(mix desc)", [_dec(c) for c in sorted(ctx)[::-1]], axes)
+                    g.add_own("decode(mix desc)", [decode_row(c) for c in sorted(ctx)[::-1]], axes)
 
 
 def _uneven_chunks(g: _Grid) -> None:
@@ -513,7 +510,7 @@ def _uneven_chunks(g: _Grid) -> None:
             t = min(total, lim.max_tokens - d * q)
             if t < 8 * MIN_PREFILL_TOKENS:
                 continue
-            rows = [_dec(min(UNEVEN_ROW_CONTEXT, lim.decode_cap(k)), k)] * d
+            rows = [decode_row(min(UNEVEN_ROW_CONTEXT, lim.decode_cap(k)), k)] * d
             a, b, c = t * 3 // 4, t // 4, t // 6
             splits = [
                 [Entry(0, a, True), Entry(0, t - a, True)],

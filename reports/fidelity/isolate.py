@@ -41,14 +41,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gen_diagnose import clean_decode_bands, tail_coefficient  # noqa: E402
-from wave_tail import BLOCKS_PER_SM, contexts, excess, row_contexts, sweep_fit  # noqa: E402
+from wave_tail import BLOCKS_PER_SM, RunKernel, fit, rebuilt, row_contexts, sweep_fit  # noqa: E402
 
-from bubblesim.core.graph_buckets import decode_buckets  # noqa: E402
-from bubblesim.core.models import get_model  # noqa: E402
 from replay.analysis.batches_file import batches_doc, read_batches  # noqa: E402
 from replay.analysis.shapes_file import read_sweep  # noqa: E402
 from replay.analysis.steps import predicted_gpu_ms, run_config, tail_keys  # noqa: E402
-from sim.cost.splits import num_sms  # noqa: E402
 
 MIN_ROWS = 64
 
@@ -70,22 +67,15 @@ def prep(
     info: dict[str, dict[str, Any]] = {}
     for path in runs:
         run, s, rows = row_contexts(path)
-        cfg = run_config(run)
-        model = get_model(cfg.model)
-        heads, max_len = model.kv_heads_per_rank(1), cfg.max_model_len or model.max_context
-        sms = num_sms(cfg.gpu) or num_sms(str(profile.get("gpu", "")))
-        assert sms is not None, cfg.gpu
-        slots = BLOCKS_PER_SM[model.name] * sms
-        buckets = decode_buckets(cfg.max_num_seqs)
+        kernel = RunKernel.of(run, profile)
+        slots = BLOCKS_PER_SM[run_config(run).model] * kernel.sms
         for _, hi, steps, meas, pred in clean_decode_bands(run, s, profile):
             if hi <= min_rows:
                 continue
             ok = [
                 (i, j, ctx)
                 for i, j in enumerate(steps.tolist())
-                if s["num_reqs"][j] >= min_rows
-                and len(ctx := contexts(rows, j)) == s["num_reqs"][j]
-                and sum(ctx) == s["kv_read_tokens"][j]
+                if s["num_reqs"][j] >= min_rows and (ctx := rebuilt(rows, s, j)) is not None
             ]
             take = np.unique(np.linspace(0, len(ok) - 1, min(per_run, len(ok))).round().astype(int))
             chosen = [ok[t] for t in take.tolist()] if ok else []
@@ -100,12 +90,11 @@ def prep(
             for n, (i, j, ctx) in enumerate(chosen):
                 name = f"{path.name}:{j}"
                 pairs += [(f"{name}:mixed", ctx), (f"{name}:uniform", uniform(ctx))]
-                bucket = next(b for b in buckets if b >= len(ctx))
                 info[name] = {
                     "run": path.name, "step": j, "rows": len(ctx), "measured_ms": float(meas[i]),
                     "predicted_ms": float(pred[i]), "predicted_uniform_ms": float(pred_twin[n]),
                     "tail_term_ms": float(coef * keys[n]),
-                    "excess_keys": excess(ctx, bucket, heads, max_len, sms, slots),
+                    "excess_keys": kernel.excess(ctx, slots),
                 }  # fmt: skip
     doc = batches_doc(pairs)
     doc["steps"] = info
@@ -176,18 +165,17 @@ def _refit(by_run: dict[str, list[dict[str, Any]]]) -> list[str]:
     passes = {"the profile": {r: np.median((meas / prof)[runs == r]) for r in by_run}}
     for name, key in (("the tail term", "tail_term_ms"), ("the excess keys", "excess_keys")):
         x = np.array([st[key] for st in sts], dtype=float)
-        c = _scale(x, y)
-        r = y - c * x
+        c, r2 = fit(x, y)
         per = ", ".join(
             f"{run} {np.median(c * x[runs == run]) / np.median(y[runs == run]):.3f}"
             for run in by_run
         )
-        out.append(f"   {name}: x {c:.6g}, R^2 {1 - float(r @ r) / float(y @ y):.3f}; {per}")
+        out.append(f"   {name}: x {c:.6g}, R^2 {r2:.3f}; {per}")
         if len(by_run) > 1:
             passes[name] = {}
             for run in by_run:
                 own = runs == run
-                c_out = _scale(x[~own], y[~own])
+                c_out = fit(x[~own], y[~own])[0]
                 passes[name][run] = np.median(meas[own] / (base[own] + c_out * x[own]))
     if len(passes) > 1:
         out.append("the pass, measured in the run / predicted (the twin's pass + the term, its "
@@ -195,10 +183,6 @@ def _refit(by_run: dict[str, list[dict[str, Any]]]) -> list[str]:
         for name, per_run in passes.items():
             out.append(f"   {name}: " + ", ".join(f"{r} {v:.3f}" for r, v in per_run.items()))
     return out
-
-
-def _scale(x: np.ndarray, y: np.ndarray) -> float:
-    return float(x @ y / (x @ x)) if x @ x > 0 else 0.0
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ import json
 import math
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,7 @@ from sim.cost.splits import (  # noqa: E402
     TARGET_PROGRAMS_PER_SM,
     TILE_KEYS,
     num_sms,
+    tail_keys_fn,
 )
 
 BLOCKS_PER_SM = {"llama3-8b": 4, "llama3.2-1b": 7}  # measured: the module docstring
@@ -179,8 +181,6 @@ def fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 def sweep_fit(path: Path, blocks_per_sm: int | None) -> dict[str, Any]:
     """Section 1 of the output, as numbers."""
-    from sim.cost.splits import tail_keys_fn
-
     meta, pts = sweep_points(path)
     model = get_model(str(meta["model"]))
     sms = num_sms(str(meta.get("gpu", "")))
@@ -214,7 +214,7 @@ def row_contexts(run_dir: Path) -> tuple[Any, dict[str, np.ndarray], list[tuple[
     decodes one token a step until its last, at position prompt + (step - prefill step) - 1
     (keys read: prompt + step - prefill step), in the running list's order: admission order.
     A request preempted or otherwise off this pattern makes the steps it is in disagree with the
-    recorded sums, which `contexts` callers check."""
+    recorded sums, which `rebuilt` checks."""
     run = load_run(run_dir)
     s, req = run.arrays("steps"), run.arrays("requests")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -240,6 +240,41 @@ def contexts(rows: list[tuple[int, int, int]], step: int) -> list[int]:
     return [p + step - at for at, p, n in rows if at < step <= at + n - 1]
 
 
+def rebuilt(
+    rows: list[tuple[int, int, int]], s: dict[str, np.ndarray], step: int
+) -> list[int] | None:
+    """`contexts(rows, step)` where they reproduce the step's recorded rows and keys, else None."""
+    ctx = contexts(rows, step)
+    if len(ctx) == s["num_reqs"][step] and sum(ctx) == s["kv_read_tokens"][step]:
+        return ctx
+    return None
+
+
+@dataclass(frozen=True)
+class RunKernel:
+    """A run's decode attention kernel: what `excess` takes besides a step's contexts."""
+
+    heads: int
+    max_len: int  # the key bound the decode graphs were captured with
+    sms: int
+    buckets: list[int]  # the decode graph buckets
+
+    @classmethod
+    def of(cls, run: Any, profile: dict[str, Any]) -> RunKernel:
+        cfg = run_config(run)
+        model = get_model(cfg.model)
+        sms = num_sms(cfg.gpu) or num_sms(str(profile.get("gpu", "")))
+        if sms is None:
+            raise SystemExit(f"no SM count for GPU {cfg.gpu!r}")
+        max_len = cfg.max_model_len or model.max_context
+        return cls(model.kv_heads_per_rank(1), max_len, sms, decode_buckets(cfg.max_num_seqs))
+
+    def excess(self, ctx: Sequence[int], slots: int) -> float:
+        """`excess` of a step of these contexts, in the graph bucket that runs it."""
+        bucket = next(b for b in self.buckets if b >= len(ctx))
+        return excess(ctx, bucket, self.heads, self.max_len, self.sms, slots)
+
+
 def _branch(profile: dict[str, Any], i: int) -> dict[str, Any]:
     """The profile with only branch i of its decode model, without a tail term."""
     decode = profile["gpu_pass"]["decode"]
@@ -253,31 +288,24 @@ def run_bands(
     """Per band of >= min_rows rows: (lo, hi, steps rebuilt, steps, measured / predicted with
     the profile, without the tail term, with the makespan excess in its place), medians over
     the clean queued decode steps whose rebuilt contexts match the recorded count and keys."""
+    if "max" not in profile["gpu_pass"]["decode"]:
+        raise SystemExit("the profile's decode model has no tail branch ('max')")
     run, s, rows = row_contexts(run_dir)
-    cfg = run_config(run)
-    model = get_model(cfg.model)
-    heads, max_len = model.kv_heads_per_rank(1), cfg.max_model_len or model.max_context
-    sms = num_sms(str(profile.get("gpu", cfg.gpu))) or num_sms(cfg.gpu)
-    assert sms is not None
-    buckets = decode_buckets(cfg.max_num_seqs)
-    split = "max" in profile["gpu_pass"]["decode"]
+    kernel = RunKernel.of(run, profile)
     for lo, hi, steps, meas, pred in clean_decode_bands(run, s, profile):
         if lo < min_rows:
             continue
         ok = np.zeros(steps.size, bool)
         ex = np.zeros(steps.size)
         for i, j in enumerate(steps.tolist()):
-            ctx = contexts(rows, j)
-            if len(ctx) == s["num_reqs"][j] and sum(ctx) == s["kv_read_tokens"][j]:
+            ctx = rebuilt(rows, s, j)
+            if ctx is not None:
                 ok[i] = True
-                bucket = next(b for b in buckets if b >= len(ctx))
-                ex[i] = excess(ctx, bucket, heads, max_len, sms, slots)
-        if split:  # the tail term sits in the first branch: the excess takes its place there
-            b0 = predicted_gpu_ms(run, _branch(profile, 0), s, steps)
-            b1 = predicted_gpu_ms(run, _branch(profile, 1), s, steps)
-            none, wave = np.maximum(b0, b1), np.maximum(b0 + ms_per_key * ex, b1)
-        else:
-            raise SystemExit("the profile's decode model has no tail branch ('max')")
+                ex[i] = kernel.excess(ctx, slots)
+        # the tail term sits in the first branch: the excess takes its place there
+        b0 = predicted_gpu_ms(run, _branch(profile, 0), s, steps)
+        b1 = predicted_gpu_ms(run, _branch(profile, 1), s, steps)
+        none, wave = np.maximum(b0, b1), np.maximum(b0 + ms_per_key * ex, b1)
         got = [_median_ratio(meas, x, ok) for x in (pred, none, wave)]
         yield lo, hi, int(ok.sum()), steps.size, *got
 
