@@ -39,7 +39,7 @@ def test_eager_own_moves_the_eager_launch_median_and_nothing_else(tmp_path: Path
     path.write_text(json.dumps(prof))
     base = _sim(tmp_path, path, "base")
     assert host_level.eager_launch_p50(base) == pytest.approx(5.0)
-    own = host_level.eager_own_profile(path, 1.5, tmp_path / "own.json")
+    own = host_level.own_profile(path, tmp_path / "own.json", 1.5)
     data = json.loads(own.read_text())
     assert data["launch"] == {**launch, "eager_ms": 7.5}
     assert {k: v for k, v in data.items() if k != "launch"} == {"version": 1}
@@ -56,3 +56,66 @@ def test_a_run_without_eager_steps_has_no_median(tmp_path: Path) -> None:
     cfg = load_config(None, ["model=llama3.2-1b", f"profile={path}", "cuda_graphs_mixed=true"])
     simrun.simulate(cfg, trace, out)
     assert host_level.eager_launch_p50(out) is None
+
+
+def test_own_shape_is_the_runs_eager_launches_over_their_mean(tmp_path: Path) -> None:
+    from sim.cost.spread import check_spread, mean_ratio
+
+    launch = {"eager_ms": 5.0, "eager_ms_per_kernel": 0.0, "graph_ms": 0.04}
+    wide = {"p": [0.0, 0.5, 0.9, 1.0], "ratio": [0.8, 0.9, 1.6, 3.0]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"version": 1, "launch": launch, "cpu_spread": {"launch": wide}}))
+    rng = np.random.default_rng(4)
+    n = 300  # short prompts, one output token: every step an eager prefill
+    trace = write_trace(make_trace(np.sort(rng.uniform(0, 30, n)), rng.integers(20, 60, n),
+                                   np.ones(n, dtype=int)), tmp_path / "t.parquet")  # fmt: skip
+    out = tmp_path / "run"
+    simrun.simulate(load_config(None, ["model=llama3.2-1b", f"profile={path}"]), trace, out)
+    shape = host_level.own_shape(out)
+    assert shape is not None
+    check_spread(shape)
+    assert mean_ratio(shape) == pytest.approx(1.0)
+    # the run's launches are 5 ms x the table's draws: the shape comes back, normalised
+    r = np.interp([0.5, 0.9], shape["p"], shape["ratio"]) * mean_ratio(wide)
+    assert r == pytest.approx([0.9, 1.6], rel=0.06)
+
+
+def test_own_profile_puts_the_shape_where_the_simulator_reads_it(tmp_path: Path) -> None:
+    shape = {"p": [0.0, 1.0], "ratio": [0.5, 1.5]}
+    top = {
+        "launch": {"p": [0.0, 1.0], "ratio": [1.0, 1.0]},
+        "sample": {"p": [0.0, 1.0], "ratio": [0.9, 1.1]},
+    }
+    base = {"version": 1, "launch": {"eager_ms": 4.0}, "cpu_spread": top}
+    cases = [
+        ({}, lambda d: d["cpu_spread"]["launch"]),
+        ({"host_speed": {"sigma": [0.1], "tau_s": [1.0]}},
+         lambda d: d["host_speed"]["cpu_spread"]["launch"]),
+        ({"host_speed": {"sigma": [0.1], "tau_s": [1.0], "rho": {"launch": 0.5}}},
+         lambda d: d["cpu_spread"]["launch"]),
+    ]  # fmt: skip
+    for i, (extra, where) in enumerate(cases):
+        path = tmp_path / f"p{i}.json"
+        path.write_text(json.dumps({**base, **extra}))
+        data = json.loads(
+            host_level.own_profile(path, tmp_path / f"o{i}.json", 2.0, shape).read_text()
+        )
+        assert where(data) == shape
+        assert data["launch"]["eager_ms"] == 8.0
+        if "host_speed" in extra and "rho" not in extra["host_speed"]:
+            # the other phases keep the top-level tables they were read from
+            assert data["host_speed"]["cpu_spread"]["sample"] == top["sample"]
+            assert data["cpu_spread"] == top
+
+
+def test_seed_cells_give_the_mean_and_range_and_judge_the_mean() -> None:
+    def fid(ttft: float, bubble: float) -> dict:
+        return {"metrics": {"ttft_s.p50": {"rel_error": ttft},
+                            "bubble_fraction": {"abs_error_points": bubble}}}  # fmt: skip
+
+    got = host_level.seed_cells([fid(-0.04, 1.0), fid(-0.14, 2.5)])
+    cells = dict(zip([c for _, c, _ in host_level.TARGETS], got, strict=True))
+    assert cells["TTFT p50"] == "**-9.0 %** [-14.0, -4.0]"
+    assert cells["bubble"] == "**+1.75 pt** [+1.0, +2.5]"
+    assert cells["tok/s"] == "-"
+    assert host_level.seed_cells([fid(-0.12, 0.0)] * 2)[3] == "-12.0 % [-12.0, -12.0]"

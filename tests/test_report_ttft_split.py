@@ -35,4 +35,9 @@ def test_the_parts_add_up_to_the_ttft(tmp_path: Path) -> None:
     np.testing.assert_allclose(np.sort(parts["ttft"]), np.sort(recorded), rtol=1e-9)
     assert np.isfinite(parts["pass_tail"]).all()
     assert set(np.unique(parts["next_eager"])) <= {0.0, 1.0}
-    assert line("run", parts).startswith("run: queue ")
+    text = line("run", parts)
+    assert text.startswith("run: queue ")
+    # the means line adds up: its parts' sum is its TTFT, to the printed rounding
+    means = text.split("means: ")[1]
+    nums = [float(w) for w in means.replace("=", "+").replace(" ms", "").split() if w[0].isdigit()]
+    assert len(nums) == 5 and abs(sum(nums[:4]) - nums[4]) <= 0.021

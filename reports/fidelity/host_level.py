@@ -15,6 +15,17 @@ after the prediction at the host's level, the run is predicted again from a prof
 median is the run's own (the median, not the mean: a few eager launches that wait behind long
 prefills make a run's mean). What then still misses is neither the host's level nor the eager
 launch's.
+
+With --eager-shape the eager launch's spread is taken at its own measured shape too (implies
+--eager-own): the copy's launch spread table (`host_speed.cpu_spread.launch`, else
+`cpu_spread.launch`) becomes the quantiles of the run's eager launches over their mean (the
+graph launches, ~20 us, draw from it as well), then `eager_ms` is scaled as above. A fast
+host's eager launches sit on a floor with a long right tail (mean ~1.2 x median) where the
+calibration run's may be symmetric, and --eager-own matches the median alone (section K).
+
+With --seeds N the last prediction of each run is made with simulator seeds 0 .. N-1, and each
+cell reads the mean error [min, max] over them (bold: the mean within target): the host's slow
+process has a few independent stretches per run, so one seed's TTFT is partly its draw.
 """
 
 from __future__ import annotations
@@ -30,6 +41,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from checks import TARGETS, add_run_args, cell, measured_runs, predict_and_compare  # noqa: E402
+from eager_shape import eager_launch_ms  # noqa: E402
+
+from replay.analysis.spread import SPREAD_P, TOP_P  # noqa: E402
+from sim.cost.spread import mean_ratio  # noqa: E402
+
+MIN_EAGER = 100  # fewer eager launches in a run: no shape of its own (--eager-shape)
 
 
 def host_level(run_dir: Path, profile: Path) -> float:
@@ -43,22 +60,59 @@ def host_level(run_dir: Path, profile: Path) -> float:
 
 def eager_launch_p50(run_dir: Path) -> float | None:
     """Median launch ms over a run's eager (not graphed) steps; None when it has none."""
-    from bubblesim.core.phases import LAUNCH
-    from bubblesim.core.runfmt import load_run
-    from replay.analysis.steps import load_steps
-
-    steps = load_steps([load_run(run_dir)])
-    y = steps.phase_ms[LAUNCH][~steps.graph]
-    y = y[np.isfinite(y)]
+    y = eager_launch_ms(run_dir)
     return float(np.median(y)) if y.size else None
 
 
-def eager_own_profile(profile: Path, factor: float, out: Path) -> Path:
-    """A copy of `profile` whose eager launch base is x `factor` (the run's own eager level)."""
+def own_shape(run_dir: Path) -> dict[str, list[float]] | None:
+    """The run's eager launches as a spread table (sim.cost.spread): their quantiles at
+    replay.analysis.spread's points over their mean (mean 1); None with fewer than MIN_EAGER."""
+    y = eager_launch_ms(run_dir)
+    y = y[y > 0]
+    if y.size < MIN_EAGER:
+        return None
+    ratio = np.quantile(y, [*SPREAD_P[:-1], TOP_P]) / np.median(y)
+    table = {"p": list(SPREAD_P), "ratio": [float(r) for r in ratio]}
+    mean = mean_ratio(table)
+    return {"p": table["p"], "ratio": [r / mean for r in table["ratio"]]}
+
+
+def own_profile(
+    profile: Path, out: Path, factor: float = 1.0, shape: dict[str, list[float]] | None = None
+) -> Path:
+    """A copy of `profile` whose eager launch base is x `factor` (the run's own eager level)
+    and, given `shape`, whose launch spread table is it (where the simulator reads it: under
+    `host_speed` when the profile has one without a copula, else the top-level `cpu_spread`)."""
     data = json.loads(profile.read_text())
     data["launch"]["eager_ms"] = float(data["launch"]["eager_ms"]) * factor
+    if shape is not None:
+        host = data.get("host_speed")
+        if host is not None and "rho" not in host:
+            host.setdefault("cpu_spread", dict(data.get("cpu_spread", {})))["launch"] = shape
+        else:
+            data.setdefault("cpu_spread", {})["launch"] = shape
     out.write_text(json.dumps(data, indent=1))
     return out
+
+
+def seed_cells(runs: list[dict]) -> list[str]:
+    """Per target, the mean error [min, max] over the seeds' comparisons (bold: the mean within
+    target)."""
+    cells = []
+    for key, _, target in TARGETS:
+        bubble = key == "bubble_fraction"
+        vals = [d["metrics"].get(key, {}).get("abs_error_points" if bubble else "rel_error")
+                for d in runs]  # fmt: skip
+        if any(v is None for v in vals):
+            cells.append("-")
+            continue
+        x = np.asarray(vals, float) * (1.0 if bubble else 100.0)
+        limit = None if target is None else target * (1.0 if bubble else 100.0)
+        mean = f"{x.mean():+.2f} pt" if bubble else f"{x.mean():+.1f} %"
+        if limit is not None and abs(x.mean()) <= limit:
+            mean = f"**{mean}**"
+        cells.append(f"{mean} [{x.min():+.1f}, {x.max():+.1f}]")
+    return cells
 
 
 def main() -> None:
@@ -69,10 +123,21 @@ def main() -> None:
         help="also take the eager launch at the run's own measured level (an attribution)",
     )  # fmt: skip
     ap.add_argument(
+        "--eager-shape", action="store_true",
+        help="also take the eager launch's spread at the run's own measured shape (implies "
+        "--eager-own)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--seeds", type=int, default=1,
+        help="predict each run's last variant with seeds 0 .. N-1: cells read the mean error "
+        "[min, max]",
+    )  # fmt: skip
+    ap.add_argument(
         "--with-calib", action="store_true",
         help="also the runs named *-calib* (left out by default: a profile's own runs)",
     )  # fmt: skip
     args = ap.parse_args()
+    args.eager_own = args.eager_own or args.eager_shape
     sfx = f"-{args.tag}" if args.tag else ""
     args.work.mkdir(parents=True, exist_ok=True)
     eager_col = " eager launch p50, measured / predicted |" if args.eager_own else ""
@@ -84,8 +149,13 @@ def main() -> None:
         level = host_level(meas, args.profile)
         name = f"{meas.name}{sfx}-host"
         at_level = (f"host_scale={level:.4f}",)
+        shape = own_shape(meas) if args.eager_shape else None
+        profile = args.profile
+        if shape is not None:  # the median below is read with the run's own shape
+            name = f"{name}-shape"
+            profile = own_profile(args.profile, args.work / f"{name}.json", shape=shape)
         data = predict_and_compare(
-            meas, summary, args.profile, args.gpu, args.work, name, extra_sets=at_level
+            meas, summary, profile, args.gpu, args.work, name, extra_sets=at_level
         )
         eager = ""
         if args.eager_own:
@@ -95,11 +165,18 @@ def main() -> None:
             if meas_p50 is not None and pred_p50:
                 factor = meas_p50 / pred_p50
                 eager = f" x{factor:.2f} |"
-                own = eager_own_profile(args.profile, factor, args.work / f"{name}-eager.json")
+                name = f"{name}-eager"
+                profile = own_profile(args.profile, args.work / f"{name}.json", factor, shape)
                 data = predict_and_compare(
-                    meas, summary, own, args.gpu, args.work, f"{name}-eager", extra_sets=at_level
+                    meas, summary, profile, args.gpu, args.work, name, extra_sets=at_level
                 )
-        cells = [cell(data, k, t) for k, _, t in TARGETS]
+        runs = [data] + [
+            predict_and_compare(
+                meas, summary, profile, args.gpu, args.work, f"{name}-s{seed}", seed, at_level
+            )
+            for seed in range(1, args.seeds)
+        ]
+        cells = seed_cells(runs) if args.seeds > 1 else [cell(data, k, t) for k, _, t in TARGETS]
         rows.append(f"| {meas.name} | x{level:.2f} |{eager} " + " | ".join(cells) + " |")
     print("\n".join(rows))
 

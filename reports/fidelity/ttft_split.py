@@ -7,7 +7,9 @@ eager (prefill or mixed) step scheduled at or after its arrival. Prints the medi
 before that step (its schedule start - arrival), its launch (schedule start -> launch end), its
 sample phase and how long its GPU pass ran past its launch's end, and the quantiles (25, 50, 75,
 90 %) of the time from its sample's end to the first token and of the TTFT itself; and how often
-the next step is eager too. A measured run and
+the next step is eager too; then the means of the four parts, which add up to the mean TTFT
+(medians do not add: a first token that waits behind the next eager step puts the TTFT's median
+in the short ones' upper quantiles, so a part's tail moves it). A measured run and
 its prediction (a sim run folder, e.g. host_level.py's `--work` folder) side by side show which
 part of the first token's path the prediction misses.
 """
@@ -26,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from bubblesim.core.runfmt import load_run  # noqa: E402
 
 QUANTILES = (25, 50, 75, 90)
+PARTS = ("queue", "launch", "sample", "after")  # each request's TTFT is their sum
 
 
 def split(path: Path) -> dict[str, np.ndarray]:
@@ -61,7 +64,9 @@ def line(name: str, parts: dict[str, np.ndarray]) -> str:
         f"{med['sample']:.2f}, pass past the launch {med['pass_tail']:.2f} ms (medians); "
         f"sample end -> first token q{QUANTILES} "
         f"{qs(parts['after'])}; TTFT {qs(parts['ttft'])}; next step eager "
-        f"{parts['next_eager'].mean():.2f}"
+        f"{parts['next_eager'].mean():.2f}\n  means: "
+        + " + ".join(f"{k} {parts[k].mean():.2f}" for k in PARTS)
+        + f" = TTFT {parts['ttft'].mean():.2f} ms"
     )
 
 
