@@ -94,9 +94,41 @@ def slow_cases(*values: object) -> list[object]:
     ]
 
 
-def run_interpreter_tests(test_file: str, timeout_s: float) -> None:
+def interpreter_bound_bug() -> str | None:
+    """Why this Triton interpreter cannot run a loop whose bounds come from a program id, or
+    None. Triton 3.6's interpreter (the GPU hosts') holds a program id as a 1-element array and
+    reads a `range()` bound with `int()` of it, which NumPy 2.5 refuses ("only 0-dimensional
+    arrays can be converted to Python scalars"); later interpreters squeeze it first."""
+    # lazy: Triton only for the interpreter tests (importing helpers stays light)
+    import inspect
+    import warnings
+
+    import numpy as np
+    import triton
+    from triton.runtime import interpreter
+
+    if "int(self.handle.data))" not in inspect.getsource(interpreter):
+        return None
+    try:
+        with warnings.catch_warnings():  # NumPy 1.25-2.4 warn and convert
+            warnings.simplefilter("ignore", DeprecationWarning)
+            int(np.array([1]))
+    except TypeError:
+        return (
+            f"Triton {triton.__version__}'s interpreter reads loop bounds with int() of a "
+            f"1-element array, which NumPy {np.__version__} refuses (the compiled kernels are "
+            "tested on the GPU; a later Triton runs these)"
+        )
+    return None
+
+
+def run_interpreter_tests(test_file: str, timeout_s: float, program_id_loops: bool = True) -> None:
     """Rerun `test_file`'s `test_interp_*` tests in a subprocess with TRITON_INTERPRET=1 (it must
-    be set before Triton kernels are decorated); fails with the subprocess's output tail."""
+    be set before Triton kernels are decorated); fails with the subprocess's output tail.
+    `program_id_loops`: the file's kernels loop over bounds computed from a program id, so they
+    are skipped where the interpreter cannot run such a loop (`interpreter_bound_bug`)."""
+    if program_id_loops and (why := interpreter_bound_bug()) is not None:
+        pytest.skip(why)
     path = os.environ.get("PYTHONPATH", "")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{path}"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test_file]

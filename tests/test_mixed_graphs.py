@@ -7,7 +7,6 @@ logits, greedy tokens in float32, forced tokens, no hidden sync, start-up cost).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -178,13 +177,7 @@ def test_spec_decoding_leaves_mixed_steps_eager_as_the_cost_model_says():
 @pytest.mark.skipif(INTERPRET, reason="this is the interpreter run")
 def test_flat_grid_under_interpreter():
     pytest.importorskip("triton")
-    path = os.environ.get("PYTHONPATH", "")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{ROOT}{os.pathsep}{path}"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__]
-    cmd += ["-k", "test_interp_"]
-    run_ = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert run_.returncode == 0, run_.stdout[-6000:] + run_.stderr[-3000:]
-    assert " passed" in run_.stdout and " failed" not in run_.stdout, run_.stdout[-3000:]
+    helpers.run_interpreter_tests(__file__, timeout_s=900)
 
 
 def _flat_case(shapes, pad_seqs: int, pad_tokens: int, seed: int):
