@@ -7,7 +7,9 @@ is the seed's draw (host_speed's slow process has a few independent stretches pe
 Runs reports/fidelity/checks.py once per seed 0 .. N-1 (tag `T-s<seed>`, outputs under DIR;
 predicted folders under runs/checks-work/sim-<run>-T-s<seed>), then prints per run the mean
 [min, max] over the seeds of the relative errors of tok/s, TPOT p50/p99, TTFT p50, e2e p50,
-and the predicted eager (mixed-step) launch median in ms beside the measured one.
+and the predicted eager (mixed-step) launch median in ms beside the measured one; last, how many
+checks (runs not named *-calib*) are within each target of reports/fidelity/checks.py on the mean
+over the seeds (the bubble fraction's error in points).
 """
 
 from __future__ import annotations
@@ -22,10 +24,32 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "reports" / "fidelity"))
+
+from checks import TARGETS  # noqa: E402
 
 from bubblesim.core.runfmt import load_run  # noqa: E402
 
-KEYS = ("output_tok_per_s", "tpot_s.p50", "tpot_s.p99", "ttft_s.p50", "e2e_s.p50")
+KEYS = ("output_tok_per_s", "tpot_s.p50", "tpot_s.p99", "ttft_s.p50", "e2e_s.p50",
+        "bubble_fraction")  # fmt: skip
+
+
+def error(metrics: dict, key: str) -> float:
+    """A metric's error: % for rates and latencies, points for the bubble fraction."""
+    if key == "bubble_fraction":
+        return float(metrics[key]["abs_error_points"])
+    return 100 * float(metrics[key]["rel_error"])
+
+
+def within_counts(means: dict[str, list[float]]) -> str:
+    """Per KEYS target, how many of the runs' mean errors are within it."""
+    limit = {k: t for k, _, t in TARGETS}
+    cells = []
+    for i, k in enumerate(KEYS):
+        t = limit[k] * (1 if k == "bubble_fraction" else 100)
+        n = sum(abs(m[i]) <= t for m in means.values())
+        cells.append(f"{k} {n}/{len(means)}")
+    return ", ".join(cells)
 
 
 def eager_launch_p50_ms(path: Path) -> float:
@@ -50,16 +74,21 @@ def main() -> None:
     ap.add_argument("--tag", default="seeds")
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--out", type=Path, default=Path("/tmp/seed_sweep"))
+    ap.add_argument(
+        "--reuse", action="store_true",
+        help="only print: read the comparisons an earlier sweep with the same --tag left in --out",
+    )  # fmt: skip
     args = ap.parse_args()
     if args.seeds < 1:
         raise SystemExit(f"--seeds: expected >= 1, got {args.seeds}")
-    for seed in range(args.seeds):
+    for seed in range(0 if args.reuse else args.seeds):
         cmd = [sys.executable, str(ROOT / "reports/fidelity/checks.py"), str(args.profile),
                str(args.runs), "--gpu", args.gpu, "--prefix", args.prefix, "--seed", str(seed),
                "--tag", f"{args.tag}-s{seed}", "--out", str(args.out)]  # fmt: skip
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    print(f"run | {' | '.join(KEYS)} (% error, mean [min, max] over {args.seeds} seeds) | "
-          "eager launch p50 ms predicted | measured")  # fmt: skip
+    print(f"run | {' | '.join(KEYS)} (% error, bubble in points; mean [min, max] over "
+          f"{args.seeds} seeds) | eager launch p50 ms predicted | measured")  # fmt: skip
+    means: dict[str, list[float]] = {}
     for meas in sorted(p for p in args.runs.iterdir() if p.name.startswith(args.prefix)):
         errs: list[list[float]] = [[] for _ in KEYS]
         launch = []
@@ -70,12 +99,15 @@ def main() -> None:
                 continue
             metrics = json.loads(f.read_text())["metrics"]
             for e, k in zip(errs, KEYS, strict=True):
-                e.append(100 * metrics[k]["rel_error"])
+                e.append(error(metrics, k))
             launch.append(eager_launch_p50_ms(ROOT / "runs/checks-work" / f"sim-{meas.name}-{tag}"))
         if not launch:
             continue
         cells = " | ".join(span(e, "+.1f") for e in errs)
         print(f"{meas.name} | {cells} | {span(launch, '.1f')} | {eager_launch_p50_ms(meas):.1f}")
+        if "-calib" not in meas.name:
+            means[meas.name] = [float(np.mean(e)) for e in errs]
+    print(f"within target on the mean over the seeds, {len(means)} checks: {within_counts(means)}")
 
 
 if __name__ == "__main__":
