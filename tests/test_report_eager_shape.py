@@ -41,11 +41,14 @@ def test_eager_launches_are_the_eager_steps_and_their_shape_is_the_tables(
 ) -> None:
     flat = eager_launch_ms(_run(tmp_path, None, "flat"))
     assert flat.size >= 150 and flat == pytest.approx(4.0)
-    assert "mean/median 1.00, p10 1.00 p25 1.00 p75 1.00 p90 1.00" in shape_line("x", flat)
+    assert "mean/median 1.00, p10 1.00 p25 1.00 p75 1.00 p90 1.00; p10 4.00 ms" in shape_line(
+        "x", flat
+    )
     tail = {"p": [0.0, 0.5, 0.9, 1.0], "ratio": [0.9, 1.0, 2.0, 2.0]}
     y = eager_launch_ms(_run(tmp_path, tail, "tail"))
     line = shape_line("tail", y)
     assert line.startswith(f"tail: n {y.size}, median ")
-    p90 = float(line.split("p90 ")[1])
+    p90 = float(line.split("p90 ")[1].split(";")[0])
+    assert line.endswith(" ms") and "; p10 " in line
     assert p90 == pytest.approx(2.0, abs=0.15)  # the table's p90 over its p50
     assert shape_line("none", np.array([])) == "none: no eager launch"

@@ -3,7 +3,8 @@
     python reports/fidelity/eager_shape.py RUN [RUN ...]
 
 Per run folder (measured or simulated): how many eager launches, their median in ms, their mean
-over the median, and their 10th, 25th, 75th and 90th percentiles over the median. A fast host's
+over the median, their 10th, 25th, 75th and 90th percentiles over the median, and the 10th in ms
+(the floor: it moves far less than the median between hosts and within a lease). A fast host's
 eager launches sit on a floor (p10 ~0.85-0.9 x the median) with a long right tail (mean ~1.2 x);
 a slow host's spread is wider below and about symmetric. The profile's launch spread is its
 calibration run's, whatever the host does later (host_level.py --eager-shape takes a run's own).
@@ -39,7 +40,11 @@ def shape_line(name: str, y: np.ndarray) -> str:
         return f"{name}: no eager launch"
     med = float(np.median(y))
     qs = " ".join(f"p{q} {v / med:.2f}" for q, v in zip(QUANTILES, np.percentile(y, QUANTILES)))
-    return f"{name}: n {y.size}, median {med:.2f} ms, mean/median {y.mean() / med:.2f}, {qs}"
+    floor = float(np.percentile(y, QUANTILES[0]))
+    return (
+        f"{name}: n {y.size}, median {med:.2f} ms, mean/median {y.mean() / med:.2f}, {qs}; "
+        f"p{QUANTILES[0]} {floor:.2f} ms"
+    )
 
 
 def main() -> None:
