@@ -115,6 +115,43 @@ def seed_cells(runs: list[dict]) -> list[str]:
     return cells
 
 
+def at_own_level(
+    meas: Path, summary: dict, level: float, args: argparse.Namespace
+) -> tuple[str, list[dict]]:
+    """The run predicted at its host's `level` (and, per the flags, its eager launch's shape and
+    median): the eager column's cell and the comparisons, one per seed."""
+    name = f"{meas.name}{f'-{args.tag}' if args.tag else ''}-host"
+    at_level = (f"host_scale={level:.4f}",)
+    shape = own_shape(meas) if args.eager_shape else None
+    profile = args.profile
+    if shape is not None:  # the median below is read with the run's own shape
+        name = f"{name}-shape"
+        profile = own_profile(args.profile, args.work / f"{name}.json", shape=shape)
+    data = predict_and_compare(
+        meas, summary, profile, args.gpu, args.work, name, extra_sets=at_level
+    )
+    eager = ""
+    if args.eager_own:
+        meas_p50 = eager_launch_p50(meas)
+        pred_p50 = eager_launch_p50(args.work / f"sim-{name}")
+        eager = " - |"
+        if meas_p50 is not None and pred_p50:
+            factor = meas_p50 / pred_p50
+            eager = f" x{factor:.2f} |"
+            name = f"{name}-eager"
+            profile = own_profile(args.profile, args.work / f"{name}.json", factor, shape)
+            data = predict_and_compare(
+                meas, summary, profile, args.gpu, args.work, name, extra_sets=at_level
+            )
+    others = [
+        predict_and_compare(
+            meas, summary, profile, args.gpu, args.work, f"{name}-s{seed}", seed, at_level
+        )
+        for seed in range(1, args.seeds)
+    ]
+    return eager, [data, *others]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_run_args(ap)
@@ -137,8 +174,9 @@ def main() -> None:
         help="also the runs named *-calib* (left out by default: a profile's own runs)",
     )  # fmt: skip
     args = ap.parse_args()
+    if args.seeds < 1:
+        raise SystemExit(f"--seeds: expected >= 1, got {args.seeds}")
     args.eager_own = args.eager_own or args.eager_shape
-    sfx = f"-{args.tag}" if args.tag else ""
     args.work.mkdir(parents=True, exist_ok=True)
     eager_col = " eager launch p50, measured / predicted |" if args.eager_own else ""
     head = f"| run | host level |{eager_col} " + " | ".join(c for _, c, _ in TARGETS) + " |"
@@ -147,36 +185,8 @@ def main() -> None:
         if "-calib" in meas.name and not args.with_calib:
             continue
         level = host_level(meas, args.profile)
-        name = f"{meas.name}{sfx}-host"
-        at_level = (f"host_scale={level:.4f}",)
-        shape = own_shape(meas) if args.eager_shape else None
-        profile = args.profile
-        if shape is not None:  # the median below is read with the run's own shape
-            name = f"{name}-shape"
-            profile = own_profile(args.profile, args.work / f"{name}.json", shape=shape)
-        data = predict_and_compare(
-            meas, summary, profile, args.gpu, args.work, name, extra_sets=at_level
-        )
-        eager = ""
-        if args.eager_own:
-            meas_p50 = eager_launch_p50(meas)
-            pred_p50 = eager_launch_p50(args.work / f"sim-{name}")
-            eager = " - |"
-            if meas_p50 is not None and pred_p50:
-                factor = meas_p50 / pred_p50
-                eager = f" x{factor:.2f} |"
-                name = f"{name}-eager"
-                profile = own_profile(args.profile, args.work / f"{name}.json", factor, shape)
-                data = predict_and_compare(
-                    meas, summary, profile, args.gpu, args.work, name, extra_sets=at_level
-                )
-        runs = [data] + [
-            predict_and_compare(
-                meas, summary, profile, args.gpu, args.work, f"{name}-s{seed}", seed, at_level
-            )
-            for seed in range(1, args.seeds)
-        ]
-        cells = seed_cells(runs) if args.seeds > 1 else [cell(data, k, t) for k, _, t in TARGETS]
+        eager, runs = at_own_level(meas, summary, level, args)
+        cells = seed_cells(runs) if args.seeds > 1 else [cell(runs[0], k, t) for k, _, t in TARGETS]
         rows.append(f"| {meas.name} | x{level:.2f} |{eager} " + " | ".join(cells) + " |")
     print("\n".join(rows))
 
