@@ -10,13 +10,12 @@ from pathlib import Path
 import sim.run as simrun
 from bubblesim.core.config import load_config
 from replay.analysis.batches_file import read_batches
-from replay.gpu.shapes import FORMAT_VERSION, Sample, shape_row, write_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "reports" / "fidelity"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from isolate import prep, report, uniform  # noqa: E402
-from test_replay_shapes import H100  # noqa: E402
+from synthetic_sweep import write_timed  # noqa: E402
 from test_sim_max_kv import _mixed_trace  # noqa: E402
 
 PROFILE = ROOT / "reports" / "fidelity" / "gen" / "profile-h100-llama3-8b.json"
@@ -43,15 +42,12 @@ def test_prep_then_report(tmp_path: Path) -> None:
         assert sum(e.seq_len for e in b.entries) == sum(e.seq_len for e in twin.entries)
     # a sweep that timed each batch alone: the mixed ones at the step's measured time, the twins
     # 2 % over the profile's pass for them
-    rows = []
+    timed = []
     for b in batches:
         st = doc["steps"][b.label.rsplit(":", 1)[0]]
         ms = st["measured_ms"] if b.label.endswith(":mixed") else 1.02 * st["predicted_uniform_ms"]
-        k = len(b.entries)
-        rows.append(shape_row(b, [Sample(ms, 0.1, 0.2)], 0, k, b.max_seq_len, 1, False))
-    meta = {"format": "replay.shapes", "version": FORMAT_VERSION, "model": "llama3-8b", "gpu": H100,
-            "dtype": "bfloat16"}  # fmt: skip
-    sweep = write_sweep(tmp_path / "alone.parquet", rows, meta)
+        timed.append((b, ms))
+    sweep = write_timed(tmp_path / "alone.parquet", timed)
     lines = report(out, sweep, None)
     assert len(lines) == 6 and lines[3].startswith("refitted")  # one run: no pass lines
     assert "in-run / alone 1.000" in lines[1]

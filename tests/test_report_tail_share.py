@@ -10,15 +10,14 @@ import numpy as np
 import pytest
 
 from bubblesim.core.models import get_model
-from replay.analysis.shapes_grid import MIX_FAMILIES, Limits, batch_shape, grid
-from replay.gpu.shapes import FORMAT_VERSION, Sample, shape_row, write_sweep
+from replay.analysis.shapes_grid import MIX_FAMILIES, Limits
 from sim.cost.splits import tail_keys_fn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "reports" / "fidelity"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_sweep import mix_batches, write_timed  # noqa: E402
 from tail_share import at_bucket, per_bucket  # noqa: E402
-from test_replay_shapes import H100  # noqa: E402
 
 LIM = Limits(max_tokens=8192, max_seqs=256, max_len=131072, kv_tokens=20000 * 16)
 TAIL = tail_keys_fn(get_model("llama3-8b").kv_heads_per_rank(1), 132)
@@ -26,19 +25,13 @@ US_PER_KEY = {MIX_FAMILIES[0]: {8: 0.8, 80: 0.1}, MIX_FAMILIES[1]: {8: 0.6, 80: 
 
 
 def _sweep(path: Path) -> Path:
-    rows = []
-    for b in grid(LIM, ("decode",), mix=True):
-        if b.label not in MIX_FAMILIES:
-            continue
-        s = batch_shape(b.entries)
+    timed = []
+    for b, s in mix_batches(LIM):
         n = s["num_reqs"]
         keys = TAIL(n, s["kv_read_tokens"], s["max_kv_tokens"])
         ms = 5.0 + 0.01 * n + 3e-5 * s["kv_read_tokens"]
-        ms += US_PER_KEY[b.label].get(n, 0.3) * 1e-3 * keys
-        rows.append(shape_row(b, [Sample(ms, 0.1, 0.2)], 0, n, b.max_seq_len, 1, False))
-    meta = {"format": "replay.shapes", "version": FORMAT_VERSION, "model": "llama3-8b", "gpu": H100,
-            "dtype": "bfloat16"}  # fmt: skip
-    return write_sweep(path, rows, meta)
+        timed.append((b, ms + US_PER_KEY[b.label].get(n, 0.3) * 1e-3 * keys))
+    return write_timed(path, timed)
 
 
 def test_each_order_and_bucket_comes_back(tmp_path: Path) -> None:

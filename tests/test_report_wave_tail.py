@@ -12,13 +12,12 @@ import pytest
 
 import sim.run as simrun
 from bubblesim.core.config import load_config
-from replay.analysis.shapes_grid import MIX_FAMILIES, Limits, batch_shape, grid
-from replay.gpu.shapes import FORMAT_VERSION, Sample, shape_row, write_sweep
+from replay.analysis.shapes_grid import Limits
 from sim.cost.splits import program_keys_fn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reports" / "fidelity"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_replay_shapes import H100  # noqa: E402
+from synthetic_sweep import mix_batches, write_timed  # noqa: E402
 from test_sim_max_kv import _mixed_trace  # noqa: E402
 from wave_tail import (  # noqa: E402
     contexts,
@@ -92,19 +91,13 @@ def test_the_sweep_fit_finds_a_synthetic_kernels_slots(tmp_path: Path) -> None:
     """A sweep whose spread points pay 0.7 us a key of the makespan excess at 4 blocks per SM:
     the fit gives 0.7 back with R^2 1, and every other slot count fits worse."""
     lim = Limits(max_tokens=8192, max_seqs=128, max_len=MAX_LEN, kv_tokens=20000 * 16)
-    rows = []
-    for b in grid(lim, ("decode",), mix=True):
-        if b.label not in MIX_FAMILIES:
-            continue
-        s = batch_shape(b.entries)
+    timed = []
+    for b, s in mix_batches(lim):
         n = s["num_reqs"]
         ctx = [e.start + e.n for e in b.entries]  # the keys each row reads
         ms = 5.0 + 0.01 * n + 3e-5 * s["kv_read_tokens"]
-        ms += 0.7e-3 * excess(ctx, n, HEADS, MAX_LEN, SMS, 4 * SMS)
-        rows.append(shape_row(b, [Sample(ms, 0.1, 0.2)], 0, n, b.max_seq_len, 1, False))
-    meta = {"format": "replay.shapes", "version": FORMAT_VERSION, "model": "llama3-8b", "gpu": H100,
-            "dtype": "bfloat16"}  # fmt: skip
-    path = write_sweep(tmp_path / "mix.parquet", rows, meta)
+        timed.append((b, ms + 0.7e-3 * excess(ctx, n, HEADS, MAX_LEN, SMS, 4 * SMS)))
+    path = write_timed(tmp_path / "mix.parquet", timed)
     f = sweep_fit(path, None)
     assert f["slots"] == 4 * SMS and f["points"] > 20
     assert f["ms_per_key"] == pytest.approx(0.7e-3, rel=1e-9)

@@ -56,6 +56,24 @@ def sim_sets(cfg: dict, profile: Path, gpu: str, seed: int = 0) -> list[str]:
     return [x for s in sets for x in ("--set", s)]
 
 
+def error(metrics: dict, key: str) -> float | None:
+    """A comparison's error on `key` as the tables read it: % for rates and latencies, points
+    for the bubble fraction; None where the comparison has none."""
+    m = metrics.get(key, {})
+    if key == "bubble_fraction":
+        e = m.get("abs_error_points")
+        return None if e is None else float(e)
+    e = m.get("rel_error")
+    return None if e is None else 100 * float(e)
+
+
+def within(key: str, err: float, target: float | None) -> bool:
+    """`err` (as `error` gives it) within a TARGETS target (a fraction; points for the bubble)."""
+    if target is None:
+        return False
+    return abs(err) <= (target if key == "bubble_fraction" else 100 * target)
+
+
 def cell(data: dict, key: str, target: float | None) -> str:
     m = data["metrics"].get(key, {})
     if key == "bubble_fraction":

@@ -40,7 +40,15 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from checks import TARGETS, add_run_args, cell, measured_runs, predict_and_compare  # noqa: E402
+from checks import (  # noqa: E402
+    TARGETS,
+    add_run_args,
+    cell,
+    error,
+    measured_runs,
+    predict_and_compare,
+    within,
+)
 from eager_shape import eager_launch_ms  # noqa: E402
 
 from replay.analysis.spread import SPREAD_P, TOP_P  # noqa: E402
@@ -100,16 +108,13 @@ def seed_cells(runs: list[dict]) -> list[str]:
     target)."""
     cells = []
     for key, _, target in TARGETS:
-        bubble = key == "bubble_fraction"
-        vals = [d["metrics"].get(key, {}).get("abs_error_points" if bubble else "rel_error")
-                for d in runs]  # fmt: skip
+        vals = [error(d["metrics"], key) for d in runs]
         if any(v is None for v in vals):
             cells.append("-")
             continue
-        x = np.asarray(vals, float) * (1.0 if bubble else 100.0)
-        limit = None if target is None else target * (1.0 if bubble else 100.0)
-        mean = f"{x.mean():+.2f} pt" if bubble else f"{x.mean():+.1f} %"
-        if limit is not None and abs(x.mean()) <= limit:
+        x = np.asarray(vals, float)
+        mean = f"{x.mean():+.2f} pt" if key == "bubble_fraction" else f"{x.mean():+.1f} %"
+        if within(key, float(x.mean()), target):
             mean = f"**{mean}**"
         cells.append(f"{mean} [{x.min():+.1f}, {x.max():+.1f}]")
     return cells

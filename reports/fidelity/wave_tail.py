@@ -7,7 +7,7 @@ The engine's decode attention kernel (engine/kernels/decode_attention.py) launch
 (sequence, kv head, split) programs, sequences fastest, then heads, then splits; the GPU hands
 each program, in that order, to the first of its `slots` (SMs x the blocks one SM holds at
 once) that frees. A program walks its split's keys (whole tiles), plus a fixed cost
-(`--overhead-keys`, in keys). The kernel ends when its last program does: the greedy list
+(OVERHEAD_KEYS, in keys). The kernel ends when its last program does: the greedy list
 schedule's makespan. A batch of mixed contexts pays, over the uniform batch of its mean
 context (what the decode table is fitted on), the difference of the two makespans (`excess`,
 in keys), where the simulator's decode model pays `tail_keys` (sim.cost.splits: the longest

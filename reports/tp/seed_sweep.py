@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "reports" / "fidelity"))
 
-from checks import TARGETS  # noqa: E402
+from checks import TARGETS, error, within  # noqa: E402
 
 from bubblesim.core.runfmt import load_run  # noqa: E402
 
@@ -34,20 +34,12 @@ KEYS = ("output_tok_per_s", "tpot_s.p50", "tpot_s.p99", "ttft_s.p50", "e2e_s.p50
         "bubble_fraction")  # fmt: skip
 
 
-def error(metrics: dict, key: str) -> float:
-    """A metric's error: % for rates and latencies, points for the bubble fraction."""
-    if key == "bubble_fraction":
-        return float(metrics[key]["abs_error_points"])
-    return 100 * float(metrics[key]["rel_error"])
-
-
 def within_counts(means: dict[str, list[float]]) -> str:
     """Per KEYS target, how many of the runs' mean errors are within it."""
     limit = {k: t for k, _, t in TARGETS}
     cells = []
     for i, k in enumerate(KEYS):
-        t = limit[k] * (1 if k == "bubble_fraction" else 100)
-        n = sum(abs(m[i]) <= t for m in means.values())
+        n = sum(within(k, m[i], limit[k]) for m in means.values())
         cells.append(f"{k} {n}/{len(means)}")
     return ", ".join(cells)
 
