@@ -68,13 +68,15 @@ class SpeedSeries:
 
 
 def step_log_speeds(
-    prof: Mapping[str, Any], runs: Sequence[Run], steps: Steps
-) -> list[SpeedSeries]:
+    prof: Mapping[str, Any], runs: Sequence[Run], steps: Steps,
+    phases: Sequence[str] = CPU_PHASES,
+) -> list[SpeedSeries]:  # fmt: skip
     """Per run, its steps' log(measured / predicted) over the CPU phases they measured (a
-    resolved profile `prof`; steps whose phases predict no time are left out)."""
+    resolved profile `prof`; steps whose phases predict no time are left out). `phases`: those
+    summed (reports/fidelity/eager_host.py reads the host around the launch from the others)."""
     meas = np.zeros(len(steps))
     pred = np.zeros(len(steps))
-    for phase in CPU_PHASES:
+    for phase in phases:
         y = steps.phase_ms[phase]
         rows = np.isfinite(y)
         if rows.any():
