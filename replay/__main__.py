@@ -155,6 +155,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if not args.output:
         raise UsageError("calibrate: -o PROFILE is required")
+    if args.host_states and (args.no_host_speed or args.no_spread or args.host_copula):
+        raise UsageError("calibrate: --host-states needs the host speed and the spread fits and "
+                         "is not for the copula (drop --no-host-speed / --no-spread / "
+                         "--host-copula)")  # fmt: skip
     if args.host_copula and (args.no_host_speed or args.no_spread):
         raise UsageError("calibrate: --host-copula needs the host speed and the spread fits "
                          "(drop --no-host-speed / --no-spread)")  # fmt: skip
@@ -172,6 +176,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             spread=not args.no_spread,
             host_speed=not args.no_host_speed,
             host_copula=args.host_copula,
+            host_states=args.host_states,
             idle_sweeps=args.idle_sweep,
             sampling_sweep=args.sampling_sweep,
         )
@@ -657,6 +662,12 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         help="also fit host_speed.rho: the simulator then draws each CPU phase from its "
         "measured cpu_spread table at a quantile correlated with the host's state (a Gaussian "
         "copula) instead of the host speed x the spread around it",
+    )
+    p.add_argument(
+        "--host-states",
+        action="store_true",
+        help="fit the host's speed as two states (fast, and slow_over_fast x slower) it "
+        "switches between, with the processes' wander within them (host_speed.states)",
     )
     p.set_defaults(func=cmd_calibrate)
 

@@ -84,6 +84,7 @@ from replay.analysis.hostspeed import (
     fit_host_speed,
 )
 from replay.analysis.hostspeed import mean_over as host_mean_over
+from replay.analysis.hoststates import describe_host_states, fit_host_states
 from replay.analysis.idle_start import fit_idle_start
 from replay.analysis.idlegap_file import IdleGapFileError, fit_idle_sweep
 from replay.analysis.intake import describe as describe_intake
@@ -326,6 +327,7 @@ def calibrate(
     spread: bool = True,
     host_speed: bool = True,
     host_copula: bool = False,
+    host_states: bool = False,
     idle_sweeps: Sequence[str | Path] = (),
     sampling_sweep: str | Path | None = None,
 ) -> Calibration:
@@ -338,7 +340,10 @@ def calibrate(
     replay.analysis.spread). `host_speed` (with `spread`): fit the host's slowly varying speed
     and the phases' spread around it (`host_speed`, replay.analysis.hostspeed). `host_copula`
     (with `host_speed`): also fit `host_speed.rho`, the simulator's copula of the phases'
-    top-level tables and the host's state (replay.analysis.hostspeed.fit_copula). `idle_sweeps`:
+    top-level tables and the host's state (replay.analysis.hostspeed.fit_copula). `host_states`
+    (with `host_speed`, not with `host_copula`): the host's speed as two states with the
+    processes' wander within them (`host_speed.states`, replay.analysis.hoststates; where the
+    runs show no two states, the processes alone, as without it). `idle_sweeps`:
     `replay idlegap` files; the idle-start laws they give replace the ones the runs give
     (replay.analysis.idlegap_file), which are still reported. `sampling_sweep`: a `replay
     sampling` file: the profile's `sampling` table (random sampling's cost over greedy,
@@ -512,13 +517,18 @@ def calibrate(
     host_report: dict[str, Any] = {}
     if spread and host_speed:  # the same predictions: cpu_spread changes none of them
         resolved = resolve_profile(used)
-        hs, speed, host_report = fit_host_speed(resolved, runs, steps, notes)
+        hs = None
+        if host_states:
+            hs, speed, host_report = fit_host_states(resolved, runs, steps, notes)
+        if hs is None:
+            hs, speed, host_report = fit_host_speed(resolved, runs, steps, notes)
         if hs is not None:
             around, _ = fit_spread(resolved, runs, steps, [], speed)
             over, waited = host_mean_over(runs)
             prof[HOST_KEY] = {**hs, **({SPREAD_KEY: around} if around else {}),
                               "mean_over": over}  # fmt: skip
-            notes.append(describe_host_speed(host_report))
+            describe = describe_host_states if "states" in hs else describe_host_speed
+            notes.append(describe(host_report))
             notes.append(f"host_speed.mean_over: {over} (the runs' CPU waited on the GPU "
                          f"{100 * waited:.0f} % of their span)")  # fmt: skip
             if host_copula:  # the phases' tables at quantiles correlated with the host

@@ -36,6 +36,19 @@ The product's median equals its mean (a log-Gaussian speed times a narrow residu
 measured phase need not be so (the TP2 eager launch: bimodal, median 0.84 x its mean), and the
 copula keeps the measured shape (reports/tp/README.md).
 
+`states` (optional, {"slow_over_fast": r >= 1, "fast_s": d_f > 0, "slow_s": d_s > 0}): the
+host's two speeds (reports/fidelity/README.md section L: the measured log speed is bimodal, a
+slow state ~1.75 x the fast one, slow stretches of 0.3-2 s, a run's level mostly its slow
+share). The host stays in each state an exponential time of mean d_f (fast) or d_s (slow), so
+it is slow a share pi = d_s / (d_f + d_s) of the time; the multiplier is m_f in the fast state
+and r m_f in the slow one, m_f set so that its mean is 1 as `mean_over` says: over the steps
+of a host-bound loop (E over time of 1 / multiplier = 1: m_f = 1 - pi + pi / r) or over time
+(m_f = 1 / (1 - pi + pi r)) (`HostStates`). With `sigma` / `tau_s` as well the two multiply
+(the processes' wander within a state); without them the states alone. The switches are drawn
+per STATES_CHUNK_S seconds of time, chunk c's dwell times from a Generator seeded with
+(config seed, stream, STATES_TAG, c), the state carried from chunk c - 1 (a dwell cut at a
+chunk's end restarts there: the same law, the exponential having no memory). Not with `rho`.
+
 The processes are drawn on a grid of GRID_S seconds (exact AR(1) steps, constant between grid
 points) in chunks of CHUNK points, chunk c's innovations from a `numpy.random.Generator`
 seeded with (config seed, stream, TAG, c) and the state carried from chunk c - 1: the
@@ -45,6 +58,7 @@ step loop or the fast path (sim.fast) asks, so both see the same value and stay 
 
 from __future__ import annotations
 
+import bisect
 import math
 import operator
 from collections.abc import Mapping
@@ -59,6 +73,10 @@ TAG = 0x4853  # "HS": keeps these streams apart from the spread's (seed, stream,
 MAX_COMPONENTS = 4
 MEAN_OVER = ("steps", "time")  # where the multiplier's mean is 1 (module docstring)
 RHO_KEY = "rho"  # the copula's correlations (module docstring)
+STATES_KEY = "states"  # the host's two speeds (module docstring)
+STATES_FIELDS = ("slow_over_fast", "fast_s", "slow_s")
+STATES_TAG = 0x5354  # "ST": the states' streams, apart from the processes' (TAG)
+STATES_CHUNK_S = 8.0
 
 
 class HostSpeedError(ValueError):
@@ -95,23 +113,52 @@ def _check_rho(value: Any) -> None:
             raise HostSpeedError(f"{RHO_KEY}.{phase}", f"expected a number in [0, 1), got {r!r}")
 
 
+def _check_states(value: Any) -> None:
+    """`states`: {"slow_over_fast": >= 1, "fast_s": > 0, "slow_s": > 0}."""
+    if not isinstance(value, dict):
+        raise HostSpeedError(STATES_KEY, f"expected an object with keys {list(STATES_FIELDS)}, "
+                             f"got {value!r}")  # fmt: skip
+    for k in value:
+        if k not in STATES_FIELDS:
+            raise HostSpeedError(f"{STATES_KEY}.{k}",
+                                 f"unknown key, expected one of {list(STATES_FIELDS)}")  # fmt: skip
+    for k in STATES_FIELDS:
+        if k not in value:
+            raise HostSpeedError(f"{STATES_KEY}.{k}", "missing")
+        x = value[k]
+        ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+        low, want = (
+            (1.0, "a finite number >= 1") if k == "slow_over_fast" else (0.0, "a finite number > 0")
+        )
+        if not ok or x < low or (low == 0.0 and x == 0):
+            raise HostSpeedError(f"{STATES_KEY}.{k}", f"expected {want}, got {x!r}")
+
+
 def check_host_speed(value: Any) -> dict[str, Any] | None:
     """Check `host_speed`; returns its `cpu_spread` (None without) for the caller to check
     as a `cpu_spread` table. HostSpeedError names the sub-key (`sigma`, `tau_s[1]`)."""
     if not isinstance(value, dict):
-        raise HostSpeedError("", f"expected an object with keys 'sigma' and 'tau_s', got {value!r}")
-    allowed = ("sigma", "tau_s", "cpu_spread", "mean_over", RHO_KEY)
+        raise HostSpeedError("", "expected an object with keys 'sigma' and 'tau_s' (or 'states'), "
+                             f"got {value!r}")  # fmt: skip
+    allowed = ("sigma", "tau_s", "cpu_spread", "mean_over", RHO_KEY, STATES_KEY)
     for k in value:
         if k not in allowed:
             raise HostSpeedError(str(k), f"unknown key, expected one of {list(allowed)}")
-    for k in ("sigma", "tau_s"):
-        if k not in value:
-            raise HostSpeedError(k, "missing")
-    sigma = _numbers("sigma", value["sigma"], positive=False)
-    tau = _numbers("tau_s", value["tau_s"], positive=True)
-    if len(sigma) != len(tau):
-        want = f"{len(sigma)} numbers (one per sigma)"
-        raise HostSpeedError("tau_s", f"expected {want}, got {len(tau)}")
+    if STATES_KEY in value:
+        _check_states(value[STATES_KEY])
+        if RHO_KEY in value:
+            raise HostSpeedError(RHO_KEY, f"the copula cannot be used with '{STATES_KEY}'")
+    has = {k: k in value for k in ("sigma", "tau_s")}
+    if STATES_KEY not in value or any(has.values()):  # the states alone need neither
+        for k, present in has.items():
+            if not present:
+                raise HostSpeedError(k, "missing")
+    if "sigma" in value:
+        sigma = _numbers("sigma", value["sigma"], positive=False)
+        tau = _numbers("tau_s", value["tau_s"], positive=True)
+        if len(sigma) != len(tau):
+            want = f"{len(sigma)} numbers (one per sigma)"
+            raise HostSpeedError("tau_s", f"expected {want}, got {len(tau)}")
     if value.get("mean_over", "steps") not in MEAN_OVER:
         raise HostSpeedError("mean_over", f"expected one of {list(MEAN_OVER)}, "
                              f"got {value['mean_over']!r}")  # fmt: skip
@@ -123,16 +170,77 @@ def check_host_speed(value: Any) -> dict[str, Any] | None:
     return spread
 
 
+class HostStates:
+    """The host's two speeds (`states`, module docstring): the multiplier at a time."""
+
+    __slots__ = ("speeds", "mean_s", "share", "key", "ends", "chunk", "times", "mults")
+
+    def __init__(
+        self, slow_over_fast: float, fast_s: float, slow_s: float, seed: int, stream: int = 0,
+        mean_over: str = "steps",
+    ) -> None:  # fmt: skip
+        share = slow_s / (fast_s + slow_s)  # the time the host is slow
+        r = slow_over_fast
+        fast = (
+            (1.0 - share + share / r) if mean_over == "steps" else 1.0 / (1.0 - share + share * r)
+        )
+        self.speeds = (fast, fast * r)  # by state: 0 fast, 1 slow
+        self.mean_s = (fast_s, slow_s)
+        self.share = share
+        self.key = (int(seed), int(stream))
+        self.ends: list[int] = []  # the state at the end of chunk c
+        self.chunk = -1  # the chunk `times` and `mults` hold
+        self.times: list[float] = []  # the chunk's start and its switches (s)
+        self.mults: list[float] = []  # the multiplier from each of those times
+
+    def _generate(self, c: int) -> tuple[list[float], list[float]]:
+        """Chunk c's switch times and multipliers (chunks before it first: the state carries)."""
+        while len(self.ends) < c:
+            self._generate(len(self.ends))
+        import numpy as np
+
+        rng = np.random.default_rng([*self.key, STATES_TAG, c])
+        # chunk 0 starts in the stationary law: slow with probability `share`
+        state = int(rng.random() < self.share) if c == 0 else self.ends[c - 1]
+        t = t0 = c * STATES_CHUNK_S
+        end = t0 + STATES_CHUNK_S
+        times, mults = [t0], [self.speeds[state]]
+        while True:
+            t += float(rng.exponential(self.mean_s[state]))
+            if t >= end:
+                break
+            state = 1 - state
+            times.append(t)
+            mults.append(self.speeds[state])
+        if c == len(self.ends):
+            self.ends.append(state)
+        return times, mults
+
+    def at(self, t_s: float) -> float:
+        """The multiplier at time `t_s` (seconds from the run's start; < 0 reads 0)."""
+        c = int(t_s / STATES_CHUNK_S) if t_s > 0 else 0
+        if c != self.chunk:
+            self.times, self.mults = self._generate(c)
+            self.chunk = c
+        i = bisect.bisect_right(self.times, t_s) - 1
+        return self.mults[i if i > 0 else 0]
+
+
 class HostSpeed:
-    """The multiplier of the host's speed at a time, for one replica's step loop."""
+    """The multiplier of the host's speed at a time, for one replica's step loop: the
+    processes' (sigma, tau_s), times the states' if any (`states`)."""
 
     __slots__ = ("a", "b", "sigma", "half_var", "key", "ends", "chunk", "window", "state",
-                 "inv_sd")  # fmt: skip
+                 "inv_sd", "states")  # fmt: skip
 
     def __init__(
         self, sigma: list[float], tau_s: list[float], seed: int, stream: int = 0,
-        mean_over: str = "steps",
+        mean_over: str = "steps", states: HostStates | None = None,
     ) -> None:  # fmt: skip
+        """No processes (empty `sigma`): the states alone, which must be given."""
+        if not sigma and states is None:
+            raise ValueError("a host speed needs processes or states")
+        self.states = states
         self.a = [math.exp(-GRID_S / t) for t in tau_s]  # AR(1) step over GRID_S
         self.b = [s * math.sqrt(1.0 - a * a) for s, a in zip(sigma, self.a, strict=True)]
         self.sigma = list(sigma)
@@ -180,12 +288,16 @@ class HostSpeed:
 
     def at(self, t_s: float) -> float:
         """The multiplier at time `t_s` (seconds from the run's start; < 0 reads 0)."""
+        states = self.states
+        if not self.a:  # no processes: the states alone
+            return states.at(t_s)  # type: ignore[union-attr]  # __init__ ensures them
         k = int(t_s / GRID_S) if t_s > 0 else 0
         c = k // CHUNK
         if c != self.chunk:
             self.window, self.state = self._generate(c)
             self.chunk = c
-        return self.window[k - c * CHUNK]
+        v = self.window[k - c * CHUNK]
+        return v if states is None else v * states.at(t_s)
 
     def z_at(self, t_s: float) -> float:
         """The host's standardised state at `t_s`: the processes' sum / sqrt(sum sigma^2),
@@ -203,4 +315,11 @@ def host_speed(profile: Mapping[str, Any], seed: int, stream: int = 0) -> HostSp
     hs = profile.get(HOST_KEY)
     if not hs:
         return None
-    return HostSpeed(hs["sigma"], hs["tau_s"], seed, stream, hs.get("mean_over", "steps"))
+    mean_over = hs.get("mean_over", "steps")
+    st = hs.get(STATES_KEY)
+    states = None
+    if st is not None:
+        states = HostStates(
+            st["slow_over_fast"], st["fast_s"], st["slow_s"], seed, stream, mean_over
+        )
+    return HostSpeed(hs.get("sigma", []), hs.get("tau_s", []), seed, stream, mean_over, states)
