@@ -34,6 +34,8 @@ def test_two_states_recovers_the_states_their_ratio_and_share() -> None:
 def test_one_state_gives_no_evidence_for_two() -> None:
     x = np.random.default_rng(2).normal(0.1, 0.1, 4000)
     assert two_states(x).d_bic < 10
+    steady = two_states(np.full(300, 0.3))  # a host without noise: one state, a finite BIC
+    assert np.isfinite(steady.d_bic) and steady.d_bic < 10
 
 
 def test_slow_stretches() -> None:

@@ -119,3 +119,31 @@ def test_seed_cells_give_the_mean_and_range_and_judge_the_mean() -> None:
     assert cells["bubble"] == "**+1.75 pt** [+1.0, +2.5]"
     assert cells["tok/s"] == "-"
     assert host_level.seed_cells([fid(-0.12, 0.0)] * 2)[3] == "-12.0 % [-12.0, -12.0]"
+
+
+def test_own_states_split_the_cycle_at_the_runs_slow_share(tmp_path: Path) -> None:
+    """--own-states: the copy keeps the ratio and the cycle and splits it at the share; a
+    simulated run on a two-state host reads its own share back, a steady one reads none."""
+    states = {"slow_over_fast": 1.8, "fast_s": 1.5, "slow_s": 0.5}
+    prof = {"version": 1, "launch": {"eager_ms": 2.0, "eager_ms_per_kernel": 0.0,
+                                     "graph_ms": 0.05},
+            "host_speed": {"states": states}}  # fmt: skip
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof))
+    own = json.loads(host_level.own_profile(path, tmp_path / "o.json", share=0.6).read_text())
+    got = own["host_speed"]["states"]
+    assert got["slow_over_fast"] == 1.8
+    assert got["fast_s"] == pytest.approx(0.8) and got["slow_s"] == pytest.approx(1.2)
+    rng = np.random.default_rng(6)
+    n = 600  # ~30 s of a CPU-bound 1b loop
+    trace = write_trace(make_trace(np.sort(rng.uniform(0, 30, n)), rng.integers(20, 200, n),
+                                   rng.integers(10, 60, n)), tmp_path / "t.parquet")  # fmt: skip
+    run = tmp_path / "two"
+    simrun.simulate(load_config(None, ["model=llama3.2-1b", f"profile={path}"]), trace, run)
+    share = host_level.own_share(run, path)
+    assert share is not None and 0.1 < share < 0.5  # the profile's 0.25, one run's draw
+    steady = tmp_path / "steady.json"
+    steady.write_text(json.dumps({k: v for k, v in prof.items() if k != "host_speed"}))
+    flat = tmp_path / "flat"
+    simrun.simulate(load_config(None, ["model=llama3.2-1b", f"profile={steady}"]), trace, flat)
+    assert host_level.own_share(flat, steady) is None

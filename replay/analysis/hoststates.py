@@ -97,7 +97,8 @@ def two_states(x: np.ndarray) -> Mixture:
     order = np.argsort(m)
     w, m, s = w[order], m[order], s[order]
     ll2 = float(_normal_loglik(x, w, m, s).sum())
-    ll1 = float(_normal_loglik(x, np.ones(1), np.array([x.mean()]), np.array([x.std()])).sum())
+    one_sd = np.array([max(float(x.std()), MIN_SD)])  # floored as a component's: a steady host
+    ll1 = float(_normal_loglik(x, np.ones(1), np.array([x.mean()]), one_sd).sum())
     n = x.size
     d_bic = (-2 * ll1 + 2 * math.log(n)) - (-2 * ll2 + 5 * math.log(n))
     return Mixture(float(w[1]), (float(m[0]), float(m[1])), (float(s[0]), float(s[1])), d_bic)

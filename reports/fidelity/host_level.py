@@ -23,6 +23,13 @@ graph launches, ~20 us, draw from it as well), then `eager_ms` is scaled as abov
 host's eager launches sit on a floor with a long right tail (mean ~1.2 x median) where the
 calibration run's may be symmetric, and --eager-own matches the median alone (section K).
 
+With --own-states (a profile with `host_speed.states`, sim.cost.hostspeed) the host's slow
+share is taken at the run's own as well: the copy's states keep the profile's ratio and cycle
+(fast_s + slow_s) and split it at the share of the run's 0.1 s bins that read slow
+(host_states.py's two-state fit of the run; kept within [MIN_SHARE, 1 - MIN_SHARE]). The level
+is still `host_scale` (the states' mean is 1 at any share). A run with no two states of its
+own keeps the profile's split. What then still misses is not the lease's host (section L).
+
 With --seeds N the last prediction of each run is made with simulator seeds 0 .. N-1, and each
 cell reads the mean error [min, max] over them (bold: the mean within target): the host's slow
 process has a few independent stretches per run, so one seed's TTFT is partly its draw.
@@ -55,6 +62,8 @@ from replay.analysis.spread import SPREAD_P, TOP_P  # noqa: E402
 from sim.cost.spread import mean_ratio  # noqa: E402
 
 MIN_EAGER = 100  # fewer eager launches in a run: no shape of its own (--eager-shape)
+MIN_SHARE = 0.02  # --own-states keeps the slow share within [this, 1 - this]
+MIN_D_BIC = 10.0  # a run's bins must show two states this clearly (BIC) for its own share
 
 
 def host_level(run_dir: Path, profile: Path) -> float:
@@ -85,14 +94,33 @@ def own_shape(run_dir: Path) -> dict[str, list[float]] | None:
     return {"p": table["p"], "ratio": [r / mean for r in table["ratio"]]}
 
 
+def own_share(run_dir: Path, profile: Path) -> float | None:
+    """The share of the run's 0.1 s bins that read slow (host_states.py), None where its bins
+    show no two states (MIN_D_BIC)."""
+    from host_states import run_states
+
+    from sim.cost.profile import load_profile, resolve_profile
+
+    r = run_states(resolve_profile(load_profile(profile)), run_dir)
+    if r is None or r.mix.d_bic < MIN_D_BIC:
+        return None
+    return min(max(r.slow_share, MIN_SHARE), 1.0 - MIN_SHARE)
+
+
 def own_profile(
-    profile: Path, out: Path, factor: float = 1.0, shape: dict[str, list[float]] | None = None
-) -> Path:
-    """A copy of `profile` whose eager launch base is x `factor` (the run's own eager level)
-    and, given `shape`, whose launch spread table is it (where the simulator reads it: under
-    `host_speed` when the profile has one without a copula, else the top-level `cpu_spread`)."""
+    profile: Path, out: Path, factor: float = 1.0, shape: dict[str, list[float]] | None = None,
+    share: float | None = None,
+) -> Path:  # fmt: skip
+    """A copy of `profile` whose eager launch base is x `factor` (the run's own eager level),
+    given `shape`, whose launch spread table is it (where the simulator reads it: under
+    `host_speed` when the profile has one without a copula, else the top-level `cpu_spread`),
+    and given `share`, whose host states split their cycle at it (--own-states)."""
     data = json.loads(profile.read_text())
     data["launch"]["eager_ms"] = float(data["launch"]["eager_ms"]) * factor
+    if share is not None:
+        st = data["host_speed"]["states"]
+        cycle = float(st["fast_s"]) + float(st["slow_s"])
+        st["fast_s"], st["slow_s"] = (1.0 - share) * cycle, share * cycle
     if shape is not None:
         host = data.get("host_speed")
         if host is not None and "rho" not in host:
@@ -121,17 +149,19 @@ def seed_cells(runs: list[dict]) -> list[str]:
 
 
 def at_own_level(
-    meas: Path, summary: dict, level: float, args: argparse.Namespace
+    meas: Path, summary: dict, level: float, args: argparse.Namespace, share: float | None = None
 ) -> tuple[str, list[dict]]:
     """The run predicted at its host's `level` (and, per the flags, its eager launch's shape and
-    median): the eager column's cell and the comparisons, one per seed."""
+    median, and its slow `share`): the eager column's cell and the comparisons, one per seed."""
     name = f"{meas.name}{f'-{args.tag}' if args.tag else ''}-host"
     at_level = (f"host_scale={level:.4f}",)
     shape = own_shape(meas) if args.eager_shape else None
     profile = args.profile
-    if shape is not None:  # the median below is read with the run's own shape
-        name = f"{name}-shape"
-        profile = own_profile(args.profile, args.work / f"{name}.json", shape=shape)
+    if share is not None:
+        name = f"{name}-states"
+    if shape is not None or share is not None:  # the median below is read with them
+        name = f"{name}-shape" if shape is not None else name
+        profile = own_profile(args.profile, args.work / f"{name}.json", shape=shape, share=share)
     data = predict_and_compare(
         meas, summary, profile, args.gpu, args.work, name, extra_sets=at_level
     )
@@ -144,7 +174,7 @@ def at_own_level(
             factor = meas_p50 / pred_p50
             eager = f" x{factor:.2f} |"
             name = f"{name}-eager"
-            profile = own_profile(args.profile, args.work / f"{name}.json", factor, shape)
+            profile = own_profile(args.profile, args.work / f"{name}.json", factor, shape, share)
             data = predict_and_compare(
                 meas, summary, profile, args.gpu, args.work, name, extra_sets=at_level
             )
@@ -170,6 +200,11 @@ def main() -> None:
         "--eager-own)",
     )  # fmt: skip
     ap.add_argument(
+        "--own-states", action="store_true",
+        help="also take the host's slow share at the run's own (a profile with "
+        "host_speed.states; an attribution)",
+    )  # fmt: skip
+    ap.add_argument(
         "--seeds", type=int, default=1,
         help="predict each run's last variant with seeds 0 .. N-1: cells read the mean error "
         "[min, max]",
@@ -182,6 +217,10 @@ def main() -> None:
     if args.seeds < 1:
         raise SystemExit(f"--seeds: expected >= 1, got {args.seeds}")
     args.eager_own = args.eager_own or args.eager_shape
+    if args.own_states and "states" not in json.loads(args.profile.read_text()).get(
+        "host_speed", {}
+    ):
+        raise SystemExit(f"--own-states: {args.profile} has no host_speed.states")
     args.work.mkdir(parents=True, exist_ok=True)
     eager_col = " eager launch p50, measured / predicted |" if args.eager_own else ""
     head = f"| run | host level |{eager_col} " + " | ".join(c for _, c, _ in TARGETS) + " |"
@@ -190,9 +229,11 @@ def main() -> None:
         if "-calib" in meas.name and not args.with_calib:
             continue
         level = host_level(meas, args.profile)
-        eager, runs = at_own_level(meas, summary, level, args)
+        share = own_share(meas, args.profile) if args.own_states else None
+        eager, runs = at_own_level(meas, summary, level, args, share)
         cells = seed_cells(runs) if args.seeds > 1 else [cell(runs[0], k, t) for k, _, t in TARGETS]
-        rows.append(f"| {meas.name} | x{level:.2f} |{eager} " + " | ".join(cells) + " |")
+        host = f"x{level:.2f}" + (f", slow share {share:.2f}" if share is not None else "")
+        rows.append(f"| {meas.name} | {host} |{eager} " + " | ".join(cells) + " |")
     print("\n".join(rows))
 
 
