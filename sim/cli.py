@@ -36,6 +36,12 @@ def add_commands(sub: argparse._SubParsersAction, command: str | None = None) ->
         help="also run seeds seed+1 .. seed+N-1 and add their spread to summary.json "
         "(seed_spread; sim.seeds): how much of a prediction is the seeded host's draw",
     )
+    p.add_argument(
+        "--host-band",
+        action="store_true",
+        help="also predict on a host that stays in the fast and in the slow of the profile's "
+        "two speed states (host_speed.states; sim.hostband) and add the band to summary.json",
+    )
     add_scenario_arg(p)
     p.set_defaults(func=cmd_run)
     if command == "run":
@@ -84,6 +90,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not 1 <= args.seeds <= MAX_SEEDS:
         raise UsageError(f"--seeds {args.seeds}: expected 1 to {MAX_SEEDS}")
     cfg, scenario = trace_config(args)
+    band_profile = None
+    if args.host_band:  # before anything is written: a profile without states is an error
+        from sim.hostband import check_band
+
+        band_profile = check_band(cfg)
     out = Path(args.output or Path("runs") / f"sim-{Path(args.trace).stem}")
     bar = Progress(f"simulating {Path(args.trace).name}", 0.0, enabled=not args.quiet)
     try:
@@ -103,6 +114,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = res.summary
     if args.seeds > 1:
         summary = _seed_spread(args, cfg, scenario, out, summary)
+    if band_profile is not None:
+        summary = _host_band(args, cfg, scenario, out, band_profile)
     print_summary(summary, out, res.wall_s)
     line = describe(summary.get("cost_envelope") or {})
     if line:
@@ -111,6 +124,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from sim.seeds import SPREAD_KEY, spread_lines
 
         print("\n".join(spread_lines(summary[SPREAD_KEY])))
+    if band_profile is not None:
+        from sim.hostband import BAND_KEY, band_lines
+
+        print("\n".join(band_lines(summary[BAND_KEY])))
     return 0
 
 
@@ -128,3 +145,18 @@ def _seed_spread(
 
     others = other_seeds(cfg, args.seeds, run)
     return add_to_summary(out, seed_spread([summary, *others], cfg.seed))
+
+
+def _host_band(
+    args: argparse.Namespace, cfg: Config, scenario: Scenario | None, out: Path, profile: dict
+) -> dict:
+    """The fast and the slow host's runs (no step records), added to the folder's summary."""
+    from sim.hostband import add_to_summary, host_band
+    from sim.run import simulate
+
+    def run(c: Config, folder: Path) -> dict:
+        if not args.quiet:
+            print(f"host band: host_scale {c.host_scale:.3f}", flush=True)
+        return simulate(c, args.trace, folder, steps=False, scenario=scenario).summary
+
+    return add_to_summary(out, host_band(cfg, profile, run))

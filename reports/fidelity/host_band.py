@@ -7,7 +7,8 @@ PROFILE has `host_speed.states` (a two-state host, sim.cost.hostspeed). A lease'
 its share of slow time, which no calibration run predicts; the two states bound it. Each check
 is predicted twice from a steady copy of PROFILE (the states and processes removed, their
 `host_speed.cpu_spread` as the per-step spread) at `host_scale` = the fast state's multiplier and
-at the slow one's (the profile's normalisation: m_f = 1 - pi + pi / r for `mean_over` steps).
+at the slow one's (the profile's normalisation: m_f = 1 - pi + pi / r for `mean_over` steps),
+as `sim run --host-band` does (sim.hostband), here beside the measured runs.
 Per check and metric it prints the measured value, the two predictions and IN where the
 measured value lies between them, "in (+x %)" where it lies outside by no more than the
 metric's target (reports/fidelity/checks.py: a point prediction within target is a hit, so is
@@ -28,30 +29,22 @@ sys.path.insert(0, str(HERE))
 
 from checks import TARGETS, add_run_args, measured_runs, predict_and_compare  # noqa: E402
 
+from sim.hostband import state_scales  # noqa: E402
+from sim.hostband import steady_profile as steady  # noqa: E402
+
 KEYS = ("output_tok_per_s", "tpot_s.p50", "tpot_s.p99", "ttft_s.p50", "e2e_s.p50")
 TARGET = {k: t for k, _, t in TARGETS}
 
 
-def state_scales(states: dict, mean_over: str = "steps") -> tuple[float, float]:
-    """(fast, slow) multipliers of a `host_speed.states` under its normalisation."""
-    r = float(states["slow_over_fast"])
-    share = float(states["slow_s"]) / (float(states["fast_s"]) + float(states["slow_s"]))
-    fast = (1 - share + share / r) if mean_over == "steps" else 1 / (1 - share + share * r)
-    return fast, fast * r
-
-
 def steady_profile(profile: Path, out: Path) -> tuple[Path, float, float]:
-    """A copy of `profile` without its host process (its spread around the speed as the
-    per-step spread), and the fast and slow scales of its states."""
+    """A copy of `profile` without its host process (sim.hostband.steady_profile) written to
+    `out`, and the fast and slow scales of its states."""
     data = json.loads(profile.read_text())
     host = data.get("host_speed") or {}
     if "states" not in host:
         raise SystemExit(f"{profile}: no host_speed.states (a two-state profile is needed)")
-    fast, slow = state_scales(host["states"], host.get("mean_over", "steps"))
-    if "cpu_spread" in host:
-        data["cpu_spread"] = host["cpu_spread"]
-    del data["host_speed"]
-    out.write_text(json.dumps(data, indent=1))
+    fast, slow = state_scales(host)
+    out.write_text(json.dumps(steady(data), indent=1))
     return out, fast, slow
 
 

@@ -1,0 +1,108 @@
+"""`sim run --host-band`: the prediction on a host that stays fast and on one that stays slow.
+
+A lease's host runs in two speed states, and its level is mostly its share of time in the slow
+one, which no calibration run predicts (reports/fidelity/README.md section L). A profile with
+`host_speed.states` (sim.cost.hostspeed) names the two speeds; the band is the same trace and
+config predicted twice from a steady copy of the profile (`steady_profile`: no host process,
+its `host_speed.cpu_spread` as the per-step spread) at `host_scale` x each state's multiplier
+(`state_scales`, the profile's normalisation). On the fresh check sets the measured runs of
+leases like the calibration's fell inside the band (widened by each metric's target) on 28 of
+32 checks (reports/fidelity/host_band.py). The run folder stays the profile's own prediction;
+summary.json gets `host_band`: per state its host_scale and flat metrics
+(bubblesim.core.runfmt.metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from bubblesim.core.atomic import replacing
+from bubblesim.core.config import Config
+from bubblesim.core.runfmt.metrics import flat_metrics
+
+from .cost.hostspeed import HOST_KEY, STATES_KEY, HostStates
+from .cost.profile import ProfileError, load_profile
+from .seeds import SHOWN
+
+BAND_KEY = "host_band"
+SPREAD_KEY = "cpu_spread"
+
+
+def state_scales(host_speed: Mapping[str, Any]) -> tuple[float, float]:
+    """(fast, slow) multipliers of a `host_speed` with states, under its `mean_over`."""
+    st = host_speed[STATES_KEY]
+    states = HostStates(
+        st["slow_over_fast"], st["fast_s"], st["slow_s"], 0, 0,
+        host_speed.get("mean_over", "steps"),
+    )  # fmt: skip
+    return states.speeds
+
+
+def steady_profile(profile: Mapping[str, Any]) -> dict[str, Any]:
+    """The profile without its host process: `host_speed.cpu_spread` (the phases' spread
+    around the host's speed) becomes the per-step spread."""
+    out = {k: v for k, v in profile.items() if k != HOST_KEY}
+    spread = (profile.get(HOST_KEY) or {}).get(SPREAD_KEY)
+    if spread is not None:
+        out[SPREAD_KEY] = spread
+    return out
+
+
+def check_band(cfg: Config) -> dict[str, Any]:
+    """The config's profile (read as written), which must have `host_speed.states`: one
+    ProfileError naming what is missing."""
+    if not cfg.profile:
+        raise ProfileError("--host-band: no profile (set profile=PATH, a profile with "
+                           f"{HOST_KEY}.{STATES_KEY})")  # fmt: skip
+    profile = load_profile(cfg.profile)
+    if STATES_KEY not in (profile.get(HOST_KEY) or {}):
+        raise ProfileError(f"--host-band: profile '{cfg.profile}' has no {HOST_KEY}.{STATES_KEY} "
+                           "(replay calibrate --host-states makes one)")  # fmt: skip
+    return profile
+
+
+def host_band(
+    cfg: Config, profile: Mapping[str, Any], run: Callable[[Config, Path], Mapping[str, Any]]
+) -> dict[str, Any]:
+    """`host_band`: the config run by `run(config, folder)` from the steady profile at
+    host_scale x the fast and x the slow state's multiplier."""
+    fast, slow = state_scales(profile[HOST_KEY])
+    band: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="sim-band-") as tmp:
+        steady = Path(tmp) / "steady-profile.json"
+        steady.write_text(json.dumps(steady_profile(profile)))
+        for name, scale in (("fast", fast), ("slow", slow)):
+            c = cfg.replace(profile=str(steady), host_scale=cfg.host_scale * scale)
+            summary = run(c, Path(tmp) / name)
+            band[name] = {"host_scale": c.host_scale, "metrics": flat_metrics(summary)}
+    return band
+
+
+def add_to_summary(folder: Path, value: Mapping[str, Any]) -> dict[str, Any]:
+    """Add `host_band` to the folder's summary.json (replaced whole, atomically)."""
+    path = folder / "summary.json"
+    summary = json.loads(path.read_text())
+    summary[BAND_KEY] = value
+    with replacing(path) as tmp:
+        Path(tmp).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
+    return summary
+
+
+def band_lines(value: Mapping[str, Any]) -> list[str]:
+    """The shown metrics on the fast and the slow host (ms for latencies, % for fractions)."""
+    fast, slow = value["fast"], value["slow"]
+    lines = [f"host band: a host that stays fast (host_scale {fast['host_scale']:.3f}) .. slow "
+             f"({slow['host_scale']:.3f})"]  # fmt: skip
+    for name in SHOWN:
+        a, b = fast["metrics"].get(name), slow["metrics"].get(name)
+        if a is None or b is None:
+            continue
+        scale, unit = (1e3, "ms") if name.endswith(("_s.p50", "_s.p99")) else (1.0, "")
+        if name.endswith("fraction"):
+            scale, unit = 100.0, "%"
+        lines.append(f"  {name:<18} {scale * a:10.3f} .. {scale * b:.3f} {unit}".rstrip())
+    return lines
