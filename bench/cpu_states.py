@@ -1,7 +1,7 @@
 """Does a host's CPU have two speeds by itself? A pure-Python probe, no engine and no GPU.
 
-    python bench/host_states.py                      # one probe, 30 s, unpinned
-    python bench/host_states.py --seconds 40 --cpus none,5,9 --write host-states.json
+    python bench/cpu_states.py                      # one probe, 30 s, unpinned
+    python bench/cpu_states.py --seconds 40 --cpus none,5,9 --write host-states.json
 
 The engine's steps on the H100 and H200 hosts run in a fast and a slow state 1.6-1.8 x apart,
 switching every 0.3-2 s (reports/fidelity/README.md section L). This asks whether the host
@@ -158,7 +158,7 @@ def main() -> None:
             p.join()
         stat = dict(np.load(f"{tmp}/stat.npz")) if Path(f"{tmp}/stat.npz").exists() else None
         loaded = [(n, dict(np.load(f"{tmp}/{n}.npz"))) for n in names]
-    print(f"# python bench/host_states.py --seconds {args.seconds:g} --cpus {args.cpus}")
+    print(f"# python bench/cpu_states.py --seconds {args.seconds:g} --cpus {args.cpus}")
     print(f"# {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} "
           f"CPUs, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")  # fmt: skip
     print(f"{'probe':<10} {'units':>8} {'median ms':>9} {'slow/fast':>9} {'share':>6} "

@@ -1,4 +1,4 @@
-"""bench/host_states.py: a probe's two states read back from units of known speed, the steal
+"""bench/cpu_states.py: a probe's two states read back from units of known speed, the steal
 split by state, and the script end to end (a short probe)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from host_states import probe_row, steal_split  # noqa: E402
+from cpu_states import probe_row, steal_split  # noqa: E402
 
 
 def _units(slow_of_t) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
@@ -48,7 +48,7 @@ def test_steal_split_by_state() -> None:
 
 def test_script_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
-    script = str(ROOT / "bench" / "host_states.py")
+    script = str(ROOT / "bench" / "cpu_states.py")
     cmd = [sys.executable, script, "--seconds", "0.5", "--write", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert "unpinned" in res.stdout
