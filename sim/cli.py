@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from bubblesim.core.cli import UsageError, add_config_args, check_names
@@ -135,28 +136,35 @@ def _seed_spread(
     args: argparse.Namespace, cfg: Config, scenario: Scenario | None, out: Path, summary: dict
 ) -> dict:
     """The other seeds' runs (no step records), their spread added to the folder's summary."""
-    from sim.run import simulate
-    from sim.seeds import add_to_summary, other_seeds, seed_spread
+    from sim.seeds import SPREAD_KEY, add_to_summary, other_seeds, seed_spread
 
-    def run(c: Config, folder: Path) -> dict:
-        if not args.quiet:
-            print(f"seed {c.seed} of {cfg.seed}..{cfg.seed + args.seeds - 1}", flush=True)
-        return simulate(c, args.trace, folder, steps=False, scenario=scenario).summary
-
+    last = cfg.seed + args.seeds - 1
+    run = _side_run(args, scenario, lambda c: f"seed {c.seed} of {cfg.seed}..{last}")
     others = other_seeds(cfg, args.seeds, run)
-    return add_to_summary(out, seed_spread([summary, *others], cfg.seed))
+    return add_to_summary(out, SPREAD_KEY, seed_spread([summary, *others], cfg.seed))
 
 
 def _host_band(
     args: argparse.Namespace, cfg: Config, scenario: Scenario | None, out: Path, profile: dict
 ) -> dict:
     """The fast and the slow host's runs (no step records), added to the folder's summary."""
-    from sim.hostband import add_to_summary, host_band
+    from sim.hostband import BAND_KEY, host_band
+    from sim.seeds import add_to_summary
+
+    run = _side_run(args, scenario, lambda c: f"host band: host_scale {c.host_scale:.3f}")
+    return add_to_summary(out, BAND_KEY, host_band(cfg, profile, run))
+
+
+def _side_run(
+    args: argparse.Namespace, scenario: Scenario | None, say: Callable[[Config], str]
+) -> Callable[[Config, Path], dict]:
+    """A run of the trace under another config, without step records (the extra runs of
+    --seeds and --host-band): its summary; says `say(config)` first unless quiet."""
     from sim.run import simulate
 
     def run(c: Config, folder: Path) -> dict:
         if not args.quiet:
-            print(f"host band: host_scale {c.host_scale:.3f}", flush=True)
+            print(say(c), flush=True)
         return simulate(c, args.trace, folder, steps=False, scenario=scenario).summary
 
-    return add_to_summary(out, host_band(cfg, profile, run))
+    return run

@@ -20,13 +20,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bubblesim.core.atomic import replacing
 from bubblesim.core.config import Config
 from bubblesim.core.runfmt.metrics import flat_metrics
 
 from .cost.hostspeed import HOST_KEY, STATES_KEY, HostStates
 from .cost.profile import ProfileError, load_profile
-from .seeds import SHOWN
+from .seeds import SHOWN, shown_unit
 
 BAND_KEY = "host_band"
 SPREAD_KEY = "cpu_spread"
@@ -82,16 +81,6 @@ def host_band(
     return band
 
 
-def add_to_summary(folder: Path, value: Mapping[str, Any]) -> dict[str, Any]:
-    """Add `host_band` to the folder's summary.json (replaced whole, atomically)."""
-    path = folder / "summary.json"
-    summary = json.loads(path.read_text())
-    summary[BAND_KEY] = value
-    with replacing(path) as tmp:
-        Path(tmp).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    return summary
-
-
 def band_lines(value: Mapping[str, Any]) -> list[str]:
     """The shown metrics on the fast and the slow host (ms for latencies, % for fractions)."""
     fast, slow = value["fast"], value["slow"]
@@ -101,8 +90,6 @@ def band_lines(value: Mapping[str, Any]) -> list[str]:
         a, b = fast["metrics"].get(name), slow["metrics"].get(name)
         if a is None or b is None:
             continue
-        scale, unit = (1e3, "ms") if name.endswith(("_s.p50", "_s.p99")) else (1.0, "")
-        if name.endswith("fraction"):
-            scale, unit = 100.0, "%"
+        scale, unit = shown_unit(name)
         lines.append(f"  {name:<18} {scale * a:10.3f} .. {scale * b:.3f} {unit}".rstrip())
     return lines

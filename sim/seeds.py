@@ -52,14 +52,22 @@ def seed_spread(summaries: list[Mapping[str, Any]], first_seed: int) -> dict[str
     }
 
 
-def add_to_summary(folder: Path, value: Mapping[str, Any]) -> dict[str, Any]:
-    """Add `seed_spread` to the folder's summary.json (replaced whole, atomically)."""
+def add_to_summary(folder: Path, key: str, value: Mapping[str, Any]) -> dict[str, Any]:
+    """Add `key` (`seed_spread`, sim.hostband's `host_band`) to the folder's summary.json
+    (replaced whole, atomically)."""
     path = folder / "summary.json"
     summary = json.loads(path.read_text())
-    summary[SPREAD_KEY] = value
+    summary[key] = value
     with replacing(path) as tmp:
         Path(tmp).write_text(json.dumps(summary, indent=2, allow_nan=False) + "\n")
     return summary
+
+
+def shown_unit(name: str) -> tuple[float, str]:
+    """(scale, unit) a SHOWN metric is printed in: ms for latencies, % for fractions."""
+    if name.endswith("fraction"):
+        return 100.0, "%"
+    return (1e3, "ms") if name.endswith(("_s.p50", "_s.p99")) else (1.0, "")
 
 
 def spread_lines(value: Mapping[str, Any]) -> list[str]:
@@ -71,9 +79,7 @@ def spread_lines(value: Mapping[str, Any]) -> list[str]:
         s = value["metrics"].get(name) or {}
         if not s.get("n"):
             continue
-        scale, unit = (1e3, "ms") if name.endswith(("_s.p50", "_s.p99")) else (1.0, "")
-        if name.endswith("fraction"):
-            scale, unit = 100.0, "%"
+        scale, unit = shown_unit(name)
         mean, lo, hi = (scale * s[k] for k in ("mean", "min", "max"))
         lines.append(f"  {name:<18} {mean:10.3f} [{lo:.3f}, {hi:.3f}] {unit}".rstrip())
     return lines

@@ -115,8 +115,7 @@ def test_fast_forward_is_exact_with_host_states(tmp_path: Path, sets: list[str])
 def test_calibrate_recovers_a_known_two_state_host(tmp_path: Path) -> None:
     """A simulated CPU-bound run on a two-state host: --host-states finds the ratio and the
     dwell times; without it the processes alone. The 0.1 s bins blur a switch and miss the
-    shortest stretches: seeds 1-5 of this run read the ratio 1.72 (4 % low) and the dwell
-    times 4-25 % long."""
+    shortest stretches, hence the tolerances: 6 % on the ratio, 30 % on the dwell times."""
     import sim.run as simrun
     from replay.analysis.calibrate import calibrate
 

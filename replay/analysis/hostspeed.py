@@ -181,11 +181,8 @@ def fit_host_speed(
     if nbins < MIN_BINS:
         notes.append(f"host_speed: {nbins} bins of {BIN_S} s (< {MIN_BINS}): not fitted")
         return None, speed, report
-    comps = fit_ou(cov, pairs, BIN_S)
+    comps, var, step_var, logs = fit_processes(cov, pairs, series)
     lags = np.arange(cov.size) * BIN_S
-    var = sum(sg * sg for sg, _ in comps)
-    logs = np.concatenate([s.log_speed - s.log_speed.mean() for s in series if s.t_s.size])
-    step_var = max(float(np.var(logs)) - var, 0.0)  # the steps' own, around the speed
     model = sum((sg * sg * np.exp(-lags / tau) for sg, tau in comps), np.zeros(lags.size))
     report.update(
         sigma=[sg for sg, _ in comps], tau_s=[tau for _, tau in comps],
@@ -202,6 +199,19 @@ def fit_host_speed(
         "tau_s": [round(tau, 6) for _, tau in comps],
     }
     return fit, speed, report
+
+
+def fit_processes(
+    cov: np.ndarray, pairs: np.ndarray, series: Sequence[SpeedSeries]
+) -> tuple[list[tuple[float, float]], float, float, np.ndarray]:
+    """The OU components fitted to the bins' autocovariance (`fit_ou`), their summed variance,
+    the steps' own variance around them (the rest of the log speeds' variance, each run less
+    its mean) and those log speeds: what fit_host_speed and, within a state,
+    replay.analysis.hoststates.fit_host_states fit."""
+    comps = fit_ou(cov, pairs, BIN_S)
+    var = sum(sg * sg for sg, _ in comps)
+    logs = np.concatenate([s.log_speed - s.log_speed.mean() for s in series if s.t_s.size])
+    return comps, var, max(float(np.var(logs)) - var, 0.0), logs
 
 
 ACF_LAGS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)

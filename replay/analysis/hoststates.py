@@ -39,7 +39,7 @@ from replay.analysis.hostspeed import (
     SpeedSeries,
     autocovariance,
     binned,
-    fit_ou,
+    fit_processes,
     speed_estimate,
     step_log_speeds,
 )
@@ -176,10 +176,7 @@ def fit_host_states(
                   two_state_runs=len(log_ratios))  # fmt: skip
     # the wander within a state: the same fit as without states, on the residual
     cov, pairs = autocovariance([binned(r)[0] for r in residual], int(round(MAX_LAG_S / OU_BIN_S)))
-    comps = fit_ou(cov, pairs, OU_BIN_S) if np.isfinite(cov[0]) else []
-    var = sum(sg * sg for sg, _ in comps)
-    logs = np.concatenate([r.log_speed - r.log_speed.mean() for r in residual if r.t_s.size])
-    step_var = max(float(np.var(logs)) - var, 0.0)
+    comps, var, step_var, _ = fit_processes(cov, pairs, residual)  # two-state runs have bins
     report.update(sigma=[sg for sg, _ in comps], tau_s=[t for _, t in comps],
                   step_sd=float(np.sqrt(step_var)))  # fmt: skip
     for s, r in zip(series, residual, strict=True):

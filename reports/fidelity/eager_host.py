@@ -11,8 +11,8 @@ phase left out, so the launch's own noise is not in its regressor). The elastici
 d log(launch) / d log(speed) is then the IV estimate: the log launch on the estimate before it,
 instrumented by the one after (the same host state, independent noise), which the estimate's
 noise does not attenuate as it does OLS. The windows still reach the host a little away from the
-launch, which reads above 1 for a launch the speed scales whole (1.08 at 0.1 s on a simulated
-20 s run), so the same estimator runs on the graphed steps' own log speeds (elasticity 1 by
+launch, which reads above 1 for a launch the speed scales whole (tests/test_report_eager_host.py:
+a simulated run), so the same estimator runs on the graphed steps' own log speeds (elasticity 1 by
 construction: their speed is the host's) at their own times, and the launch's elasticity is
 read relative to theirs. Per run it prints:
 - n: eager launches with at least MIN_SIDE_STEPS graphed steps on each side;
