@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import os
 from pathlib import Path
 
 from bubblesim.core.cli import UsageError, add_config_args, check_names
@@ -12,6 +12,9 @@ from bubblesim.core.config import Config
 from bubblesim.core.scenario import Scenario, config_for_trace
 from sim.cost.envelope import describe
 from sim.progress import Progress
+from sim.siderun import SideRuns
+
+DEFAULT_JOBS = 4  # --jobs: at most this many extra runs at once (and at most the CPUs)
 
 
 def add_commands(sub: argparse._SubParsersAction, command: str | None = None) -> None:
@@ -42,6 +45,15 @@ def add_commands(sub: argparse._SubParsersAction, command: str | None = None) ->
         action="store_true",
         help="also predict on a host that stays in the fast and in the slow of the profile's "
         "two speed states (host_speed.states; sim.hostband) and add the band to summary.json",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes for the extra runs of --seeds and --host-band, which then run beside "
+        f"the main one (default min(CPUs, {DEFAULT_JOBS})); 1: one after another after it, "
+        "in this process. The results are the same",
     )
     add_scenario_arg(p)
     p.set_defaults(func=cmd_run)
@@ -84,12 +96,14 @@ def trace_config(args: argparse.Namespace) -> tuple[Config, Scenario | None]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from bubblesim.core.outplace import RUN_FOLDER, output_place
-    from sim.report import print_summary
     from sim.run import simulate
     from sim.seeds import MAX_SEEDS
 
     if not 1 <= args.seeds <= MAX_SEEDS:
         raise UsageError(f"--seeds {args.seeds}: expected 1 to {MAX_SEEDS}")
+    jobs = min(os.cpu_count() or 1, DEFAULT_JOBS) if args.jobs is None else args.jobs
+    if jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: expected 1 or more")
     cfg, scenario = trace_config(args)
     band_profile = None
     if args.host_band:  # before anything is written: a profile without states is an error
@@ -97,74 +111,82 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         band_profile = check_band(cfg)
     out = Path(args.output or Path("runs") / f"sim-{Path(args.trace).stem}")
-    bar = Progress(f"simulating {Path(args.trace).name}", 0.0, enabled=not args.quiet)
-    try:
-        with output_place(out, RUN_FOLDER, args.force):
-            res = simulate(
-                cfg,
-                args.trace,
-                out,
-                progress=bar if bar.enabled else None,  # quiet: no looks, longer segments
-                timeline_steps=args.timeline_steps,
-                timeline_from_s=args.timeline_from_s,
-                steps=not args.no_steps,
-                scenario=scenario,
-            )
-    finally:
-        bar.close()
-    summary = res.summary
-    if args.seeds > 1:
-        summary = _seed_spread(args, cfg, scenario, out, summary)
-    if band_profile is not None:
-        summary = _host_band(args, cfg, scenario, out, band_profile)
-    print_summary(summary, out, res.wall_s)
-    line = describe(summary.get("cost_envelope") or {})
-    if line:
-        print(line)
-    if args.seeds > 1:
-        from sim.seeds import SPREAD_KEY, spread_lines
-
-        print("\n".join(spread_lines(summary[SPREAD_KEY])))
-    if band_profile is not None:
-        from sim.hostband import BAND_KEY, band_lines
-
-        print("\n".join(band_lines(summary[BAND_KEY])))
+    extra = args.seeds - 1 + (2 if band_profile is not None else 0)
+    with SideRuns(args.trace, scenario, jobs, extra) as side:
+        seeds, band = _add_side_runs(side, args, cfg, band_profile)
+        bar = Progress(f"simulating {Path(args.trace).name}", 0.0, enabled=not args.quiet)
+        try:
+            with output_place(out, RUN_FOLDER, args.force):
+                res = simulate(
+                    cfg,
+                    args.trace,
+                    out,
+                    progress=bar if bar.enabled else None,  # quiet: no looks, longer segments
+                    timeline_steps=args.timeline_steps,
+                    timeline_from_s=args.timeline_from_s,
+                    steps=not args.no_steps,
+                    scenario=scenario,
+                )
+        finally:
+            bar.close()
+        summary = res.summary
+        if extra:
+            summary = _add_side_results(side, args, cfg, out, summary, seeds, band)
+    _print_run(summary, out, res.wall_s, args.seeds > 1, band_profile is not None)
     return 0
 
 
-def _seed_spread(
-    args: argparse.Namespace, cfg: Config, scenario: Scenario | None, out: Path, summary: dict
-) -> dict:
-    """The other seeds' runs (no step records), their spread added to the folder's summary."""
-    from sim.seeds import SPREAD_KEY, add_to_summary, other_seeds, seed_spread
+def _add_side_runs(
+    side: SideRuns, args: argparse.Namespace, cfg: Config, band_profile: dict | None
+) -> tuple[list[Config], dict[str, Config]]:
+    """The extra runs of --seeds and --host-band, added to `side` (seeds first)."""
+    from sim.seeds import seed_configs
 
+    seeds = seed_configs(cfg, args.seeds)
     last = cfg.seed + args.seeds - 1
-    run = _side_run(args, scenario, lambda c: f"seed {c.seed} of {cfg.seed}..{last}")
-    others = other_seeds(cfg, args.seeds, run)
-    return add_to_summary(out, SPREAD_KEY, seed_spread([summary, *others], cfg.seed))
+    for c in seeds:
+        side.add(f"seed {c.seed} of {cfg.seed}..{last}", c)
+    band: dict[str, Config] = {}
+    if band_profile is not None:
+        from sim.hostband import band_configs
+
+        band = band_configs(cfg, band_profile, side.folder)
+        for c in band.values():
+            side.add(f"host band: host_scale {c.host_scale:.3f}", c)
+    return seeds, band
 
 
-def _host_band(
-    args: argparse.Namespace, cfg: Config, scenario: Scenario | None, out: Path, profile: dict
-) -> dict:
-    """The fast and the slow host's runs (no step records), added to the folder's summary."""
-    from sim.hostband import BAND_KEY, host_band
-    from sim.seeds import add_to_summary
+def _add_side_results(
+    side: SideRuns, args: argparse.Namespace, cfg: Config, out: Path, summary: dict,
+    seeds: list[Config], band: dict[str, Config],
+) -> dict:  # fmt: skip
+    """The extra runs' seed spread and host band, added to the folder's summary.json."""
+    from sim.seeds import SPREAD_KEY, add_to_summary, seed_spread
 
-    run = _side_run(args, scenario, lambda c: f"host band: host_scale {c.host_scale:.3f}")
-    return add_to_summary(out, BAND_KEY, host_band(cfg, profile, run))
+    got = side.results(None if args.quiet else lambda line: print(line, flush=True))
+    if seeds:
+        spread = seed_spread([summary, *got[: len(seeds)]], cfg.seed)
+        summary = add_to_summary(out, SPREAD_KEY, spread)
+    if band:
+        from sim.hostband import BAND_KEY, band_value
+
+        summary = add_to_summary(out, BAND_KEY, band_value(band, got[len(seeds) :]))
+    return summary
 
 
-def _side_run(
-    args: argparse.Namespace, scenario: Scenario | None, say: Callable[[Config], str]
-) -> Callable[[Config, Path], dict]:
-    """A run of the trace under another config, without step records (the extra runs of
-    --seeds and --host-band): its summary; says `say(config)` first unless quiet."""
-    from sim.run import simulate
+def _print_run(summary: dict, out: Path, wall_s: float, seeds: bool, band: bool) -> None:
+    """The summary, the cost envelope's line, and the seed spread's and band's lines."""
+    from sim.report import print_summary
 
-    def run(c: Config, folder: Path) -> dict:
-        if not args.quiet:
-            print(say(c), flush=True)
-        return simulate(c, args.trace, folder, steps=False, scenario=scenario).summary
+    print_summary(summary, out, wall_s)
+    line = describe(summary.get("cost_envelope") or {})
+    if line:
+        print(line)
+    if seeds:
+        from sim.seeds import SPREAD_KEY, spread_lines
 
-    return run
+        print("\n".join(spread_lines(summary[SPREAD_KEY])))
+    if band:
+        from sim.hostband import BAND_KEY, band_lines
+
+        print("\n".join(band_lines(summary[BAND_KEY])))

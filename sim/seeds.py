@@ -5,7 +5,8 @@ each step's CPU phases from a seeded stream: a slow host episode lands on some r
 seed and on others in the next, so one seed's TPOT or TTFT percentile is one draw of the host's
 episodes (reports/fidelity/README.md: on llama3.2-1b the TTFT p50 of an Azure window spans -22
 to +4 % of the measured over six seeds). The run folder is the config's seed; the seeds after
-it (seed + 1 .. seed + N - 1) run without a folder of their own, and summary.json gets
+it (seed + 1 .. seed + N - 1) run without a folder of their own (sim.siderun: beside the main
+run, on `sim run --jobs` processes), and summary.json gets
 `seed_spread`: per flat metric (bubblesim.core.runfmt.metrics) the n, min, max, mean and the
 relative stdev and range over all N, as `replay run --repeat`'s `repeat_spread` gives the
 measured run-to-run spread. A config with nothing seeded (no spread, no host speed, a fixed
@@ -15,8 +16,7 @@ acceptance) gives N equal runs and a range of 0.
 from __future__ import annotations
 
 import json
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +30,9 @@ SHOWN = ("output_tok_per_s", "tpot_s.p50", "tpot_s.p99", "ttft_s.p50", "e2e_s.p5
          "bubble_fraction")  # fmt: skip
 
 
-def other_seeds(
-    cfg: Config, n: int, run: Callable[[Config, Path], Mapping[str, Any]]
-) -> list[Mapping[str, Any]]:
-    """The summaries of seeds cfg.seed + 1 .. cfg.seed + n - 1, each run by `run(config,
-    folder)` into a temporary folder."""
-    out = []
-    with tempfile.TemporaryDirectory(prefix="sim-seeds-") as tmp:
-        for i in range(1, n):
-            out.append(run(cfg.replace(seed=cfg.seed + i), Path(tmp) / f"seed{i}"))
-    return out
+def seed_configs(cfg: Config, n: int) -> list[Config]:
+    """The configs of seeds cfg.seed + 1 .. cfg.seed + n - 1 (run by sim.siderun)."""
+    return [cfg.replace(seed=cfg.seed + i) for i in range(1, n)]
 
 
 def seed_spread(summaries: list[Mapping[str, Any]], first_seed: int) -> dict[str, Any]:
