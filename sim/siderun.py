@@ -13,12 +13,12 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from bubblesim.core.cli import raise_if_terminated, sigterm_deferred
+from bubblesim.core.cli import finished, raise_if_terminated, sigterm_deferred
 from bubblesim.core.config import Config
 from bubblesim.core.scenario import Scenario
 
@@ -67,7 +67,9 @@ class SideRuns:
         fut = None
         if self._pool is not None:
             folder = str(self.folder / f"run{i}")
-            fut = self._pool.submit(side_summary, cfg, self.trace, folder, self.scenario)
+            with sigterm_deferred():  # a submit holds the pool's lock: SIGTERM raised after it
+                fut = self._pool.submit(side_summary, cfg, self.trace, folder, self.scenario)
+            raise_if_terminated()
         self._runs.append((label, cfg, fut, time.monotonic()))
 
     def results(self, say: Callable[[str], None] | None) -> list[Summary]:
@@ -85,19 +87,14 @@ class SideRuns:
 
     def _gather(self, say: Callable[[str], None] | None) -> list[Summary]:
         """Wait for the pool's runs; a run's error is raised as soon as it is seen."""
-        index = {fut: i for i, (_, _, fut, _) in enumerate(self._runs) if fut is not None}
+        futures = [fut for _, _, fut, _ in self._runs if fut is not None]
         got: dict[int, Summary] = {}
-        pending = set(index)
-        # SIGTERM is raised only between waits (sigterm_deferred), never inside one
-        with sigterm_deferred():
-            while pending:
-                raise_if_terminated()
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                raise_if_terminated()
-                for fut in sorted(done, key=index.__getitem__):
-                    i = index[fut]
-                    got[i] = fut.result()  # re-raises the run's error
-                    if say is not None:
-                        label, _, _, t0 = self._runs[i]
-                        say(f"{label}: done ({time.monotonic() - t0:.1f} s)")
+
+        def each(i: int, summary: Summary) -> None:
+            got[i] = summary
+            if say is not None:
+                label, _, _, t0 = self._runs[i]
+                say(f"{label}: done ({time.monotonic() - t0:.1f} s)")
+
+        finished(futures, each)
         return [got[i] for i in range(len(self._runs))]

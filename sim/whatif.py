@@ -20,7 +20,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from bubblesim.core.atomic import replacing
 from bubblesim.core.cli import (
     UsageError,
     add_config_args,
-    raise_if_terminated,
+    finished,
     run_main,
     sigterm_deferred,
 )
@@ -284,25 +284,23 @@ def run_plan(
     names = list(plan.runs)
     t0 = time.monotonic()
     workers = max(1, min(jobs, len(names)))
-    # SIGTERM is raised only between pool calls (sigterm_deferred), never inside them
-    with ProcessPoolExecutor(max_workers=workers) as pool, sigterm_deferred():
-        futs: dict[Future[tuple[dict[str, Any], float]], str] = {
-            pool.submit(run_one, plan.runs[n], trace_path, str(tmp / n), steps, scenario): n
-            for n in names
-        }
-        pending = set(futs)
-        while pending:
-            raise_if_terminated()
-            # a timeout: the loop comes back to raise_if_terminated promptly
-            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-            raise_if_terminated()  # before a result: the workers' ends are its doing
-            for f in sorted(done, key=lambda f: names.index(futs[f])):
-                if f.exception() is not None:
-                    pool.shutdown(cancel_futures=True)  # runs already started still finish
-                metrics, wall_s = f.result()  # re-raises a run's error
-                out[futs[f]] = metrics
-                log(_progress_line(futs[f], wall_s, len(out), len(names), time.monotonic() - t0))
-        raise_if_terminated()
+
+    def each(i: int, result: tuple[dict[str, Any], float]) -> None:
+        metrics, wall_s = result
+        out[names[i]] = metrics
+        log(_progress_line(names[i], wall_s, len(out), len(names), time.monotonic() - t0))
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        try:
+            with sigterm_deferred():  # a submit holds the pool's lock: SIGTERM waits for finished
+                futs = [
+                    pool.submit(run_one, plan.runs[n], trace_path, str(tmp / n), steps, scenario)
+                    for n in names
+                ]
+            finished(futs, each)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # runs already started still finish
+            raise
     return out
 
 

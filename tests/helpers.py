@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,49 @@ def run_interpreter_tests(test_file: str, timeout_s: float, program_id_loops: bo
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and " failed" not in run.stdout, run.stdout[-3000:]
+
+
+# A command's pool task replaced by one that notes its worker's pid, sends the command one
+# SIGTERM (`kill PID`: the command alone, not Ctrl-C's whole process group; the first worker to
+# get there) and sleeps; its third argument, the run's folder, is made first.
+_SIGTERM_SCRIPT = """
+import importlib, os, signal, sys, time
+from bubblesim.core.cli import run_main
+from sim.__main__ import main
+
+def busy(*args):
+    os.makedirs(args[2], exist_ok=True)
+    open(os.path.join(sys.argv[1], f"worker-{os.getpid()}"), "w").close()
+    try:  # one SIGTERM (a second one kills at once, by design)
+        os.close(os.open(os.path.join(sys.argv[1], "signalled"), os.O_CREAT | os.O_EXCL))
+        os.kill(os.getppid(), signal.SIGTERM)
+    except FileExistsError:
+        pass
+    time.sleep(60)
+
+module, name = sys.argv[2].rsplit(".", 1)
+setattr(importlib.import_module(module), name, busy)
+sys.exit(run_main(main, sys.argv[3:]))
+"""
+
+
+def sigterm_while_busy(
+    task: str, argv: list[str], pids: Path, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m sim ARGV` with the pool task `task` ("module.function") busy as above; each
+    worker's pid is a file `worker-PID` in `pids`. Asserts that the command ended at once: exit
+    143 with its one line, and every worker gone."""
+    from bubblesim.core.atomic import pid_alive
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    cmd = [sys.executable, "-c", _SIGTERM_SCRIPT, str(pids), task, *argv]
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=150)
+    assert res.returncode == 143, res.stderr
+    assert res.stderr.strip() == "terminated (SIGTERM)"
+    workers = [int(p.name.split("-")[1]) for p in pids.glob("worker-*")]
+    assert workers
+    deadline = time.monotonic() + 10  # a loaded machine may take a moment to reap them
+    while any(pid_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(w) for w in workers)
+    return res

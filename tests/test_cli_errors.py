@@ -9,12 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import sigterm_while_busy
 
 from bubblesim.core import atomic
 from bubblesim.core.cli import run_main
@@ -425,43 +425,12 @@ def test_output_place_puts_things_back_on_failure(tmp_path: Path) -> None:
 
 # SIGTERM to the command alone (`kill PID`, not Ctrl-C's whole process group) while its workers
 # are busy: the workers are stopped too, and the command ends at once with nothing left behind.
-WORKER_SCRIPT = """
-import os, signal, sys, time
-import sim.whatif
-from bubblesim.core.cli import run_main
-from sim.__main__ import main
-
-def busy(cfg, trace_path, run_dir, *_):
-    os.makedirs(run_dir)
-    open(os.path.join(sys.argv[1], f"worker-{os.getpid()}"), "w").close()
-    try:  # one SIGTERM, as `kill PID` sends (a second one kills at once, by design)
-        os.close(os.open(os.path.join(sys.argv[1], "signalled"), os.O_CREAT | os.O_EXCL))
-        os.kill(os.getppid(), signal.SIGTERM)
-    except FileExistsError:
-        pass
-    time.sleep(60)
-
-sim.whatif.run_one = busy
-sys.exit(run_main(main, sys.argv[2:]))
-"""
-
-
 def test_sigterm_stops_the_workers_too(tmp_path: Path, trace: Path) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     argv = ["whatif", str(trace), *TINY, "--variants", "gc_freeze", "--jobs", "2", "-q"]
-    cmd = [sys.executable, "-c", WORKER_SCRIPT, str(pids), *argv, "-o", "out/w"]
-    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150)
-    assert res.returncode == 143, res.stderr
-    assert res.stderr.strip() == "terminated (SIGTERM)"
+    sigterm_while_busy("sim.whatif.run_one", [*argv, "-o", "out/w"], pids, tmp_path)
     assert listing(tmp_path) == ["pids", "t.parquet"]
-    workers = [int(p.name.split("-")[1]) for p in pids.glob("worker-*")]
-    assert workers
-    deadline = time.monotonic() + 10  # a loaded machine may take a moment to reap them
-    while any(atomic.pid_alive(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(atomic.pid_alive(w) for w in workers)
 
 
 def test_disk_full_while_writing_is_one_line_naming_the_output(

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import sigterm_while_busy
 
 from bubblesim.core.config import load_config
 from sim.__main__ import main
@@ -74,3 +75,16 @@ def test_a_bad_jobs_count_is_one_line_and_writes_nothing(tmp_path: Path) -> None
     assert res.returncode == 2
     assert res.stderr.strip() == "error: --jobs 0: expected 1 or more"
     assert not out.exists()
+
+
+# SIGTERM to `sim run` alone (`kill PID`) while its extra runs are busy on the pool: the
+# workers are stopped too, the command ends at once, and no temporary folder stays.
+def test_sigterm_stops_the_extra_runs_too(tmp_path: Path) -> None:
+    pids, tmp = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    tmp.mkdir()
+    argv = [*BASE, "--seeds", "3", "--jobs", "2", "-o", str(tmp_path / "out")]
+    sigterm_while_busy("sim.siderun.side_summary", argv, pids, tmp_path, {"TMPDIR": str(tmp)})
+    assert list(tmp.iterdir()) == []  # the extra runs' temporary folder went
+    summary = tmp_path / "out" / "summary.json"
+    assert not summary.exists() or "seed_spread" not in json.loads(summary.read_text())

@@ -6,13 +6,16 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from bubblesim.core.config import Config, ConfigError, load_config
 from bubblesim.core.gpus import get_gpu
 from bubblesim.core.models import get_model
+
+T = TypeVar("T")
 
 
 class UsageError(Exception):
@@ -121,6 +124,23 @@ def raise_if_terminated() -> None:
     if _terminated:
         _terminated = False
         raise Terminated()
+
+
+def finished(futures: Sequence[Future[T]], each: Callable[[int, T], None]) -> None:
+    """Wait for a pool's `futures`, calling `each(index, result)` as each finishes (those that
+    finish together in index order); a future's error is raised when it is seen. The waits are
+    inside sigterm_deferred(), and a SIGTERM is raised between them (within half a second)."""
+    index = {f: i for i, f in enumerate(futures)}
+    pending = set(futures)
+    with sigterm_deferred():
+        while pending:
+            raise_if_terminated()
+            # a timeout: the loop comes back to raise_if_terminated promptly
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            raise_if_terminated()  # before a result: the workers' ends are its doing
+            for f in sorted(done, key=index.__getitem__):
+                each(index[f], f.result())
+        raise_if_terminated()
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
