@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bubblesim.core.cli import UsageError, add_config_args, check_names
 from bubblesim.core.cli_timeline import add_timeline_args
@@ -12,7 +13,9 @@ from bubblesim.core.config import Config
 from bubblesim.core.scenario import Scenario, config_for_trace
 from sim.cost.envelope import describe
 from sim.progress import Progress
-from sim.siderun import SideRuns
+
+if TYPE_CHECKING:  # imported by cmd_run: a plain run does not load the pool's modules
+    from sim.siderun import SideRuns
 
 DEFAULT_JOBS = 4  # --jobs: at most this many extra runs at once (and at most the CPUs)
 
@@ -98,6 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from bubblesim.core.outplace import RUN_FOLDER, output_place
     from sim.run import simulate
     from sim.seeds import MAX_SEEDS
+    from sim.siderun import SideRuns
 
     if not 1 <= args.seeds <= MAX_SEEDS:
         raise UsageError(f"--seeds {args.seeds}: expected 1 to {MAX_SEEDS}")

@@ -43,14 +43,20 @@ class SideRuns:
             raise ValueError(f"jobs must be >= 1, got {jobs}")
         self.trace = trace
         self.scenario = scenario
-        self._tmp = tempfile.TemporaryDirectory(prefix="sim-side-")
-        self.folder = Path(self._tmp.name)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None  # made by the first `folder`
         workers = min(jobs, total)
         self._pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
         self._runs: list[tuple[str, Config, Future[Summary] | None, float]] = []
 
     def __enter__(self) -> SideRuns:
         return self
+
+    @property
+    def folder(self) -> Path:
+        """The runs' temporary folder (made when first asked for; removed at the exit)."""
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="sim-side-")
+        return Path(self._tmp.name)
 
     def __exit__(
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
@@ -59,7 +65,8 @@ class SideRuns:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=kind is not None)
         finally:
-            self._tmp.cleanup()
+            if self._tmp is not None:
+                self._tmp.cleanup()
 
     def add(self, label: str, cfg: Config) -> None:
         """A run of the trace under `cfg`; with a pool it is submitted now."""

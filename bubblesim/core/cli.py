@@ -7,13 +7,15 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import contextmanager
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from bubblesim.core.config import Config, ConfigError, load_config
 from bubblesim.core.gpus import get_gpu
 from bubblesim.core.models import get_model
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 T = TypeVar("T")
 
@@ -130,6 +132,8 @@ def finished(futures: Sequence[Future[T]], each: Callable[[int, T], None]) -> No
     """Wait for a pool's `futures`, calling `each(index, result)` as each finishes (those that
     finish together in index order); a future's error is raised when it is seen. The waits are
     inside sigterm_deferred(), and a SIGTERM is raised between them (within half a second)."""
+    from concurrent.futures import FIRST_COMPLETED, wait  # only commands with a pool need it
+
     index = {f: i for i, f in enumerate(futures)}
     pending = set(futures)
     with sigterm_deferred():
