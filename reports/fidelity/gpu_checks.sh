@@ -4,6 +4,7 @@
 # PART: calib (the one short calibration run: traces/fidelity/azure45x4, depth 2, then a
 # `replay sampling` sweep on the same host, sampling-calib-<tag>.parquet: random sampling's host
 # term from the lease the CPU phases come from; reports/fidelity/README.md section I),
+# calib-ramp (the CPU phases' envelope: every batch size in one short run),
 # calib-spec (a short ngram-gpu run for the spec CPU phases), calib-specpen (the same with
 # penalties on every other request), mixed-ab (cuda_graphs_mixed off/on),
 # checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
@@ -106,6 +107,10 @@ case $part in
   calib-spec)  # the short calibration run for speculative decoding's CPU phases (bundled
     # traces/specdec.parquet; the check traces/checks/specdec.parquet is another workload)
     replay calib-spec traces/specdec.parquet --set spec.method=ngram-gpu --set spec.k=3
+    ;;
+  calib-ramp)  # the CPU phases' envelope run (make_checks.py ramp): queued at once, the batch
+    # fills to max_num_seqs and drains to one row (reports/fidelity/README.md section N)
+    replay calib-ramp traces/fidelity/ramp.parquet --set arrival=asap
     ;;
   calib-specpen)  # spec decoding with penalties on every other request (make_checks.py calib):
     # the host work of the penalties on verify steps (history_host)

@@ -54,6 +54,7 @@ host takes requests in at a large share of the loop tops.
     python reports/fidelity/make_checks.py 3    # writes traces/checks3/
     python reports/fidelity/make_checks.py 4    # writes traces/checks4/
     python reports/fidelity/make_checks.py calib  # writes traces/fidelity/specdec_pen.parquet
+    python reports/fidelity/make_checks.py ramp   # writes traces/fidelity/ramp.parquet
 
 The calibration workload for the penalties' host work on spec steps (`history_host`,
 2026-11-27): the bundled spec calibration trace (traces/specdec.parquet) with every other
@@ -210,6 +211,21 @@ def calib_specpen() -> Path:
     return write_trace(t, ROOT / "traces" / "fidelity" / "specdec_pen.parquet")
 
 
+def calib_ramp() -> Path:
+    """traces/fidelity/ramp.parquet: the CPU phases' envelope run (2026-11-28). 512 short-prompt
+    requests queued at once (run with arrival=asap), outputs spread evenly over 32-2048 tokens:
+    the batch fills to max_num_seqs, then drains to one row, so one short run times every CPU
+    phase at every batch size. The calibration run (azure45x4) never leaves batches below 32,
+    and the phases' per-row costs extrapolated from there miss by 2-3x at 128-256 rows
+    (reports/fidelity/README.md section N). Synthetic lengths, no check's data."""
+    t = synth(
+        "CPU phases' envelope: the batch fills to max_num_seqs and drains (run with arrival=asap)",
+        arrival="fixed", rate=1000.0, num_requests=512, prompt_len="lognormal:300:0.5:1500",
+        output_len="uniform:32:2048", seed=51,
+    )  # fmt: skip
+    return write_trace(t, ROOT / "traces" / "fidelity" / "ramp.parquet")
+
+
 def main(out: Path = OUT, which: str = "1") -> None:
     out.mkdir(parents=True, exist_ok=True)
     sets = {"1": build, "2": build2, "3": build3, "4": build4}
@@ -226,7 +242,7 @@ def main(out: Path = OUT, which: str = "1") -> None:
 
 if __name__ == "__main__":
     arg = sys.argv[1] if len(sys.argv) > 1 else "1"
-    if arg == "calib":
-        print(calib_specpen())
+    if arg in ("calib", "ramp"):
+        print(calib_specpen() if arg == "calib" else calib_ramp())
         raise SystemExit(0)
     main({"2": OUT2, "3": OUT3, "4": OUT4}.get(arg, OUT), arg)
