@@ -179,6 +179,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             host_states=args.host_states,
             idle_sweeps=args.idle_sweep,
             sampling_sweep=args.sampling_sweep,
+            envelope=args.envelope,
         )
         checks = {}
         if args.check:
@@ -649,6 +650,15 @@ def build_parser(prog: str = "python -m replay") -> argparse.ArgumentParser:
         metavar="FILE",
         help="a `replay sampling` sweep: random sampling's cost over greedy (profile key "
         "sampling; without it the profile takes the built-in table)",
+    )
+    p.add_argument(
+        "--envelope",
+        action="append",
+        default=[],
+        metavar="RUN_DIR",
+        help="a run that joins only the CPU phase fits, levelled to the runs' host: the phases' "
+        "shape over batch sizes the runs never reach (traces/fidelity/ramp.parquet run with "
+        "arrival=asap; repeatable; profile key envelope_runs)",
     )
     p.add_argument(
         "--no-host-speed",

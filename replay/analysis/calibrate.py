@@ -75,6 +75,15 @@ from bubblesim.core.runfmt import Run, load_run
 from replay.analysis.decodetail import MIN_TAIL_KEYS, fit_tail, with_tail
 from replay.analysis.eagerlag import describe as describe_eager_lag
 from replay.analysis.eagerlag import describe_ranks, eager_ends, fit_eager_lag, fit_rank_launches
+from replay.analysis.envelope_runs import (
+    ENVELOPE_PHASES,
+    check_envelope_runs,
+    joined,
+    levelled,
+    measure_levels,
+    relative_weights,
+    weighted,
+)
 from replay.analysis.historyfit import describe as describe_history
 from replay.analysis.historyfit import fit_history
 from replay.analysis.hostspeed import (
@@ -280,6 +289,67 @@ class Calibration:
     host_speed: dict[str, Any] = field(default_factory=dict)  # host_speed fit report
 
 
+def _fit_cpu_phases(
+    runs: Sequence[Run],
+    steps: Steps,
+    phase_terms: Mapping[str, Sequence[str]],
+    dterms: Mapping[str, Mapping[str, float]],
+    one_sided: Mapping[str, Sequence[str]] | None,
+    fitted_terms: dict[str, dict[str, float]],
+) -> tuple[dict[str, dict[str, float]], np.ndarray | None]:
+    """Each CPU phase's base model (its fitted seed terms into `fitted_terms`), and the sample
+    phase's penalised spec rows (None without a sample phase), which its fit leaves to
+    `history_host`."""
+    cpu: dict[str, dict[str, float]] = {}
+    pen_rows: np.ndarray | None = None
+    for phase, base_terms in phase_terms.items():
+        y = steps.phase_ms[phase]
+        rows = np.isfinite(y)
+        if phase == SAMPLE:
+            pen_rows = rows & _penalised_spec(runs, steps)
+            rows &= ~pen_rows  # their penalties' host work is `history_host`
+        if not rows.any():
+            continue
+        tf = fit_target(steps, y, rows, base_terms, phase, dterms, one_sided)
+        cpu[phase] = tf.model
+        fitted_terms.update(tf.terms)
+    return cpu, pen_rows
+
+
+def _with_envelope(
+    runs: Sequence[Run],
+    steps: Steps,
+    env_runs: Sequence[Run],
+    cpu: dict[str, dict[str, float]],
+    pen: np.ndarray | None,
+    dterms: Mapping[str, Mapping[str, float]],
+    one_sided: Mapping[str, Sequence[str]] | None,
+    fitted_terms: dict[str, dict[str, float]],
+    notes: list[str],
+) -> dict[str, dict[str, float]]:
+    """The envelope phases refitted on the calibration steps + the envelope runs' steps, each
+    run levelled to the calibration's fit, on relative errors (replay.analysis.envelope_runs)."""
+    check_envelope_runs(runs, env_runs)
+    env = load_steps(env_runs)
+    levels = measure_levels(steps, env, env_runs, cpu, fitted_terms, dterms)
+    both = joined(steps, levelled(env, levels), len(runs))
+    keep = np.concatenate([pen, np.zeros(len(env), bool)]) if pen is not None else None
+    out = dict(cpu)
+    for phase in ENVELOPE_PHASES:
+        rows = np.isfinite(both.phase_ms[phase])
+        if keep is not None and phase == SAMPLE:
+            rows &= ~keep
+        w = relative_weights(both, cpu[phase], rows)
+        fit_on = weighted(both, w)
+        tf = fit_target(fit_on, fit_on.phase_ms[phase], rows, PHASE_TERMS[phase], phase, dterms,
+                        one_sided)  # fmt: skip
+        out[phase] = tf.model
+        fitted_terms.update(tf.terms)
+    for lv in levels:
+        notes.append("cpu_phases: envelope run " + lv.describe())
+    return out
+
+
 def _penalised_spec(runs: Sequence[Run], steps: Steps) -> np.ndarray:
     """bool per step: a step with history rows in a speculative-decoding run whose sampling
     has penalties: the verify path applies them eagerly (`history_host`)."""
@@ -330,6 +400,7 @@ def calibrate(
     host_states: bool = False,
     idle_sweeps: Sequence[str | Path] = (),
     sampling_sweep: str | Path | None = None,
+    envelope: Sequence[str | Path] = (),
 ) -> Calibration:
     """`base`: the (partial) profile the fit is used with: its terms are the values held fixed
     (default: the built-in defaults). `one_sided`: see ONE_SIDED_FIELDS. `shapes`: shape sweep
@@ -347,8 +418,11 @@ def calibrate(
     `replay idlegap` files; the idle-start laws they give replace the ones the runs give
     (replay.analysis.idlegap_file), which are still reported. `sampling_sweep`: a `replay
     sampling` file: the profile's `sampling` table (random sampling's cost over greedy,
-    sim.cost.sampling) from it; without it the profile takes the defaults'."""
+    sim.cost.sampling) from it; without it the profile takes the defaults'. `envelope`: run
+    folders whose steps join the CPU phase fits only, levelled to the runs' host
+    (replay.analysis.envelope_runs); the profile lists them as `envelope_runs`."""
     runs = [load_run(d) for d in run_dirs]
+    env_runs = [load_run(d) for d in envelope]
     if not runs:
         raise CalibrationError("calibrate needs at least one run folder")
     identity, notes = _identity(runs, gpu_preset)
@@ -370,6 +444,7 @@ def calibrate(
         "version": defaults["version"],
         **identity,
         "source_runs": [str(r.path) for r in runs],
+        **({"envelope_runs": [str(r.path) for r in env_runs]} if env_runs else {}),
     }
     fitted_terms: dict[str, dict[str, float]] = {}
     # GPU pass, per kind: the clean steps of the runs (+ the sweeps' rows that join)
@@ -437,22 +512,14 @@ def calibrate(
         prof["envelope"] = _envelope(joined, fit_rows, gp)
     if history is not None:
         prof.setdefault("gpu_pass", {})["history"] = history
-    # CPU phases
-    cpu: dict[str, dict[str, float]] = {}
-    for phase, base_terms in PHASE_TERMS.items():
-        y = steps.phase_ms[phase]
-        rows = np.isfinite(y)
-        pen = rows & _penalised_spec(runs, steps) if phase == SAMPLE else None
-        if pen is not None:
-            rows &= ~pen  # their penalties' host work is `history_host`, fitted below
-        if not rows.any():
-            continue
-        tf = fit_target(steps, y, rows, base_terms, phase, dterms, one_sided)
-        cpu[phase] = tf.model
-        fitted_terms.update(tf.terms)
-        if pen is not None and pen.sum() >= MIN_CLEAN_STEPS:
-            fitted = {"cpu_phases": {phase: tf.model}, "terms": {**dterms, **fitted_terms}}
-            prof["history_host"] = _fit_history_host(runs, steps, fitted, pen, notes)
+    # CPU phases (with envelope runs: refitted on their levelled steps too)
+    cpu, pen = _fit_cpu_phases(runs, steps, PHASE_TERMS, dterms, one_sided, fitted_terms)
+    if env_runs:
+        cpu = _with_envelope(runs, steps, env_runs, cpu, pen, dterms, one_sided, fitted_terms,
+                             notes)  # fmt: skip
+    if pen is not None and pen.sum() >= MIN_CLEAN_STEPS:
+        fitted = {"cpu_phases": {SAMPLE: cpu[SAMPLE]}, "terms": {**dterms, **fitted_terms}}
+        prof["history_host"] = _fit_history_host(runs, steps, fitted, pen, notes)
     launch_prof, launch_model = _fit_launch(steps)
     if launch_prof:
         prof["launch"] = launch_prof

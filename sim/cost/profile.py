@@ -83,6 +83,7 @@ TOP_KEYS = (
     ALLREDUCE_KEY,
     MIXED_GRID_KEY,
     "source_runs",
+    "envelope_runs",  # runs that gave the CPU phases their shape only (replay calibrate --envelope)
     "gpu_pass",
     "launch",
     "cpu_phases",
@@ -267,9 +268,10 @@ def validate_profile(data: Any, path: str | Path | None = None) -> dict[str, Any
     if MIXED_GRID_KEY in prof and prof[MIXED_GRID_KEY] not in GRID_RULES:
         raise _fail(where, MIXED_GRID_KEY, f"expected one of {GRID_RULES}, got "
                     f"{prof[MIXED_GRID_KEY]!r}")  # fmt: skip
-    runs = prof.get("source_runs", [])
-    if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
-        raise _fail(where, "source_runs", f"expected a list of strings, got {runs!r}")
+    for key in ("source_runs", "envelope_runs"):
+        runs = prof.get(key, [])
+        if not isinstance(runs, list) or not all(isinstance(r, str) for r in runs):
+            raise _fail(where, key, f"expected a list of strings, got {runs!r}")
     if "gpu_pass" in prof:
         gp = _table(where, "gpu_pass", prof["gpu_pass"])
         _known(where, "gpu_pass.", gp, (*GPU_PARAM_TABLES, *GPU_FIT_KINDS))
