@@ -41,11 +41,16 @@ def truth_ms(phase: str, rows: int | np.ndarray) -> float | np.ndarray:
     return a + b * rows + c * np.maximum(0, np.asarray(rows) - KNEE)
 
 
+DRAFT_MS = 0.004  # process_outputs per draft token, on a speculative-decoding run's steps
+
+
 def synthetic_run(
     out: Path, rows: np.ndarray, level: float, seed: int, cfg: Config | None = None
 ) -> Path:
     """A run of decode steps with these row counts on a host `level` x the truth's time (+ 3 %
-    noise), with a mixed step of one new request every 10th step."""
+    noise), with a mixed step of one new request every 10th step; with speculative decoding in
+    `cfg`, 3 drafts a row (DRAFT_MS each in process_outputs)."""
+    drafts = 3 if cfg is not None and cfg.spec.enabled else 0
     rng = np.random.default_rng(seed)
     rec = RunRecorder()
     rec.add_request("r0", 0.0)
@@ -61,12 +66,15 @@ def synthetic_run(
             attn_pairs=0,
             max_kv_tokens=600,
             new_reqs=int(mixed),
+            draft_tokens=drafts * n,
         )
         k = rec.add_step(shape)
         for ph in ("schedule", "prepare_inputs", "launch", "sample", "process_outputs"):
             ms = LAUNCH_MS if ph == "launch" else float(truth_ms(ph, n))
             if mixed and ph == "prepare_inputs":
                 ms += 0.4  # the new request's inputs
+            if ph == "process_outputs":
+                ms += DRAFT_MS * drafts * n
             d = level * ms * (1 + 0.03 * rng.standard_normal()) / 1e3
             rec.phase(k, ph, t, t + d)
             if ph == "launch":
@@ -143,6 +151,20 @@ def test_the_mixed_steps_of_the_envelope_run_do_not_join(fits: dict) -> None:
     m = fits["joined"].profile["cpu_phases"]["prepare_inputs"]
     new_request_ms = m.get("new_reqs", 0.0) + 300 * m.get("num_tokens", 0.0)
     assert new_request_ms == pytest.approx(0.4, rel=0.1)
+
+
+def test_spec_decoding_steps_keep_the_calibration_fit(fits: dict) -> None:
+    # a speculative-decoding calibration run beside the plain one: the refit reads plain steps
+    # only, and the field only spec steps hold keeps its first fit
+    cfg = Config(model="tiny").replace(**{"spec.method": "ngram-gpu"})
+    spec = synthetic_run(fits["tmp"] / "calib-spec", calibration_rows(7), 1.0, 8, cfg)
+    alone = calibrate([fits["calib"], spec], spread=False).profile["cpu_phases"]
+    joined = calibrate([fits["calib"], spec], spread=False, envelope=[fits["ramp"]]).profile
+    po = joined["cpu_phases"]["process_outputs"]
+    assert po["draft_tokens"] == alone["process_outputs"]["draft_tokens"]
+    assert po["draft_tokens"] == pytest.approx(DRAFT_MS, rel=0.1)
+    true = float(truth_ms("process_outputs", 200))
+    assert predicted(joined, "process_outputs", 200) == pytest.approx(true, rel=0.1)
 
 
 def test_the_profile_is_written_and_read_back(fits: dict) -> None:

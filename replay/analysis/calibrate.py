@@ -327,23 +327,27 @@ def _with_envelope(
     fitted_terms: dict[str, dict[str, float]],
     notes: list[str],
 ) -> dict[str, dict[str, float]]:
-    """The envelope phases refitted on the calibration steps + the envelope runs' steps, each
-    run levelled to the calibration's fit, on relative errors (replay.analysis.envelope_runs)."""
+    """The envelope phases refitted on the plain (no speculative decoding) calibration steps +
+    the envelope runs' steps, each run levelled to the calibration's fit, on relative errors
+    (replay.analysis.envelope_runs). Fields no plain step holds (draft_tokens) and the seed terms
+    of speculative decoding keep the calibration's fit."""
     check_envelope_runs(runs, env_runs)
     env = load_steps(env_runs)
     levels = measure_levels(steps, env, env_runs, cpu, fitted_terms, dterms)
     both = joined(steps, levelled(env, levels), len(runs))
-    keep = np.concatenate([pen, np.zeros(len(env), bool)]) if pen is not None else None
+    spec = np.array([run_config(r).spec.enabled for r in runs], bool)
+    plain = np.concatenate([~spec[steps.run], np.ones(len(env), bool)])
+    if pen is not None:  # penalised spec steps are spec steps: `plain` leaves them out too
+        assert not (pen & ~spec[steps.run]).any()
     out = dict(cpu)
     for phase in ENVELOPE_PHASES:
-        rows = np.isfinite(both.phase_ms[phase])
-        if keep is not None and phase == SAMPLE:
-            rows &= ~keep
+        rows = np.isfinite(both.phase_ms[phase]) & plain
         w = relative_weights(both, cpu[phase], rows)
         fit_on = weighted(both, w)
         tf = fit_target(fit_on, fit_on.phase_ms[phase], rows, PHASE_TERMS[phase], phase, dterms,
                         one_sided)  # fmt: skip
-        out[phase] = tf.model
+        absent = [f for f in PHASE_TERMS[phase] if f in cpu[phase] and not both.cols[f][rows].any()]
+        out[phase] = {**tf.model, **{f: cpu[phase][f] for f in absent}}
         fitted_terms.update(tf.terms)
     for lv in levels:
         notes.append("cpu_phases: envelope run " + lv.describe())

@@ -17,6 +17,12 @@ Only its decode steps join: its mixed steps (a queue of requests prefilled in 8k
 calibration runs hold; least squares would give their few steps the new-request terms. Its
 launches, GC, intake, host speed and GPU intervals join no fit.
 
+The refit reads the plain steps: the calibration runs' steps without speculative decoding, and the
+envelope runs'. The speculative-decoding runs share the phases' base models, but their phases
+cost otherwise per row (they schedule, verify and process k + 1 tokens a row, at batches the
+calibration runs hold), so fields only they hold (draft_tokens) and their seed terms keep the
+calibration's fit.
+
 The refit weighs each step by the inverse of its time under the calibration runs' fit (least
 squares on relative errors): unweighted, a ramp's thousand steps at 200-256 rows would outweigh
 the small batches where most traffic runs and trade their accuracy (the intercept) for the
