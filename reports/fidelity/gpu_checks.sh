@@ -4,7 +4,8 @@
 # PART: calib (the one short calibration run: traces/fidelity/azure45x4, depth 2, then a
 # `replay sampling` sweep on the same host, sampling-calib-<tag>.parquet: random sampling's host
 # term from the lease the CPU phases come from; reports/fidelity/README.md section I),
-# calib-ramp (the CPU phases' envelope: every batch size in one short run),
+# calib-ramp (the CPU phases' envelope: every batch size in one short run), calib-ramp-long
+# (the same with long prompts),
 # calib-spec (a short ngram-gpu run for the spec CPU phases), calib-specpen (the same with
 # penalties on every other request), mixed-ab (cuda_graphs_mixed off/on),
 # checks-a, checks-b (the out-of-sample checks of traces/checks/, made by make_checks.py:
@@ -111,6 +112,10 @@ case $part in
   calib-ramp)  # the CPU phases' envelope run (make_checks.py ramp): queued at once, the batch
     # fills to max_num_seqs and drains to one row (reports/fidelity/README.md section N)
     replay calib-ramp traces/fidelity/ramp.parquet --set arrival=asap
+    ;;
+  calib-ramp-long)  # the same with ~1.9k-token prompts (make_checks.py ramp_long): per-context
+    # costs told from per-row ones at large batches
+    replay calib-ramp-long traces/fidelity/ramp_long.parquet --set arrival=asap
     ;;
   calib-specpen)  # spec decoding with penalties on every other request (make_checks.py calib):
     # the host work of the penalties on verify steps (history_host)

@@ -55,6 +55,7 @@ host takes requests in at a large share of the loop tops.
     python reports/fidelity/make_checks.py 4    # writes traces/checks4/
     python reports/fidelity/make_checks.py calib  # writes traces/fidelity/specdec_pen.parquet
     python reports/fidelity/make_checks.py ramp   # writes traces/fidelity/ramp.parquet
+    python reports/fidelity/make_checks.py ramp_long  # writes traces/fidelity/ramp_long.parquet
 
 The calibration workload for the penalties' host work on spec steps (`history_host`,
 2026-11-27): the bundled spec calibration trace (traces/specdec.parquet) with every other
@@ -226,6 +227,19 @@ def calib_ramp() -> Path:
     return write_trace(t, ROOT / "traces" / "fidelity" / "ramp.parquet")
 
 
+def calib_ramp_long() -> Path:
+    """traces/fidelity/ramp_long.parquet: the ramp with ~1.9k-token prompts (384 requests,
+    outputs 32-768, run with arrival=asap): ~2.2k context tokens a row at 128-256 rows, where the
+    short ramp holds ~0.6k, so an envelope fit can tell a phase's per-context cost from its
+    per-row cost (reports/fidelity/README.md section N)."""
+    t = synth(
+        "CPU phases' envelope with long contexts (run with arrival=asap)", arrival="fixed",
+        rate=1000.0, num_requests=384, prompt_len="lognormal:1800:0.3:5000",
+        output_len="uniform:32:768", seed=52,
+    )  # fmt: skip
+    return write_trace(t, ROOT / "traces" / "fidelity" / "ramp_long.parquet")
+
+
 def main(out: Path = OUT, which: str = "1") -> None:
     out.mkdir(parents=True, exist_ok=True)
     sets = {"1": build, "2": build2, "3": build3, "4": build4}
@@ -242,7 +256,8 @@ def main(out: Path = OUT, which: str = "1") -> None:
 
 if __name__ == "__main__":
     arg = sys.argv[1] if len(sys.argv) > 1 else "1"
-    if arg in ("calib", "ramp"):
-        print(calib_specpen() if arg == "calib" else calib_ramp())
+    extra = {"calib": calib_specpen, "ramp": calib_ramp, "ramp_long": calib_ramp_long}
+    if arg in extra:
+        print(extra[arg]())
         raise SystemExit(0)
     main({"2": OUT2, "3": OUT3, "4": OUT4}.get(arg, OUT), arg)
