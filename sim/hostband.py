@@ -7,8 +7,8 @@ config predicted twice from a steady copy of the profile (`steady_profile`: no h
 its `host_speed.cpu_spread` as the per-step spread) at `host_scale` x each state's multiplier
 (`state_scales`, the profile's normalisation). On the fresh check sets the measured runs of
 leases like the calibration's fell inside the band (widened by each metric's target) on 28 of
-32 checks (reports/fidelity/host_band.py), and on 21 of 23 measured after the band was
-committed, on three new H100 leases (sections L and M). Both runs are extra runs (sim.siderun:
+32 checks (reports/fidelity/host_band.py), and on 31 of 37 measured after the band was
+committed, on five new H100 leases (sections L-N). Both runs are extra runs (sim.siderun:
 beside the main run, on `sim run --jobs` processes). The run folder stays the profile's own
 prediction; summary.json gets `host_band`: per state its host_scale and flat metrics
 (bubblesim.core.runfmt.metrics).

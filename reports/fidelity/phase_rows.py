@@ -78,7 +78,8 @@ def main() -> None:
         for run_dir, by_phase in table.items():
             cells = by_phase[phase]
             text = ["-" if c is None else f"{c:.2f}" for c in cells]
-            print(f"| {run_dir.parent.name}/{run_dir.name} | " + " | ".join(text) + " |")
+            label = "/".join(run_dir.parts[-3:])
+            print(f"| {label} | " + " | ".join(text) + " |")
 
 
 if __name__ == "__main__":
