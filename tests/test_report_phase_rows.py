@@ -63,4 +63,4 @@ def test_an_overstated_per_row_cost_reads_falling_band_by_band(run: tuple[Path, 
     for phase in PHASES:
         got = [c for c in cells[phase] if c is not None]
         assert all(a > b for a, b in zip(got, got[1:])), (phase, got)
-        assert got[-1] < 0.85 < got[0], (phase, got)
+        assert got[-1] < min(0.85, got[0] - 0.15), (phase, got)
