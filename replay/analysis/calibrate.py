@@ -292,7 +292,6 @@ class Calibration:
 def _fit_cpu_phases(
     runs: Sequence[Run],
     steps: Steps,
-    phase_terms: Mapping[str, Sequence[str]],
     dterms: Mapping[str, Mapping[str, float]],
     one_sided: Mapping[str, Sequence[str]] | None,
     fitted_terms: dict[str, dict[str, float]],
@@ -302,7 +301,7 @@ def _fit_cpu_phases(
     `history_host`."""
     cpu: dict[str, dict[str, float]] = {}
     pen_rows: np.ndarray | None = None
-    for phase, base_terms in phase_terms.items():
+    for phase, base_terms in PHASE_TERMS.items():
         y = steps.phase_ms[phase]
         rows = np.isfinite(y)
         if phase == SAMPLE:
@@ -321,7 +320,6 @@ def _with_envelope(
     steps: Steps,
     env_runs: Sequence[Run],
     cpu: dict[str, dict[str, float]],
-    pen: np.ndarray | None,
     dterms: Mapping[str, Mapping[str, float]],
     one_sided: Mapping[str, Sequence[str]] | None,
     fitted_terms: dict[str, dict[str, float]],
@@ -330,15 +328,14 @@ def _with_envelope(
     """The envelope phases refitted on the plain (no speculative decoding) calibration steps +
     the envelope runs' steps, each run levelled to the calibration's fit, on relative errors
     (replay.analysis.envelope_runs). Fields no plain step holds (draft_tokens) and the seed terms
-    of speculative decoding keep the calibration's fit."""
+    of speculative decoding keep the calibration's fit; the penalised spec steps `history_host`
+    reads are spec steps, so the refit never reads them."""
     check_envelope_runs(runs, env_runs)
     env = load_steps(env_runs)
     levels = measure_levels(steps, env, env_runs, cpu, fitted_terms, dterms)
     both = joined(steps, levelled(env, levels), len(runs))
     spec = np.array([run_config(r).spec.enabled for r in runs], bool)
     plain = np.concatenate([~spec[steps.run], np.ones(len(env), bool)])
-    if pen is not None:  # penalised spec steps are spec steps: `plain` leaves them out too
-        assert not (pen & ~spec[steps.run]).any()
     out = dict(cpu)
     for phase in ENVELOPE_PHASES:
         rows = np.isfinite(both.phase_ms[phase]) & plain
@@ -517,10 +514,9 @@ def calibrate(
     if history is not None:
         prof.setdefault("gpu_pass", {})["history"] = history
     # CPU phases (with envelope runs: refitted on their levelled steps too)
-    cpu, pen = _fit_cpu_phases(runs, steps, PHASE_TERMS, dterms, one_sided, fitted_terms)
+    cpu, pen = _fit_cpu_phases(runs, steps, dterms, one_sided, fitted_terms)
     if env_runs:
-        cpu = _with_envelope(runs, steps, env_runs, cpu, pen, dterms, one_sided, fitted_terms,
-                             notes)  # fmt: skip
+        cpu = _with_envelope(runs, steps, env_runs, cpu, dterms, one_sided, fitted_terms, notes)
     if pen is not None and pen.sum() >= MIN_CLEAN_STEPS:
         fitted = {"cpu_phases": {SAMPLE: cpu[SAMPLE]}, "terms": {**dterms, **fitted_terms}}
         prof["history_host"] = _fit_history_host(runs, steps, fitted, pen, notes)

@@ -36,7 +36,7 @@ the same work on both sides. They may come from another GPU: only host phases ar
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -167,15 +167,7 @@ def levelled(env: Steps, levels: Sequence[Level]) -> Steps:
         p: (np.where(joins, v / scale, np.nan) if p in ENVELOPE_PHASES else np.full_like(v, np.nan))
         for p, v in env.phase_ms.items()
     }
-    return Steps(
-        cols=env.cols,
-        phase_ms=phase_ms,
-        gpu_ms=env.gpu_ms,
-        clean=np.zeros(len(env), bool),  # no GPU fit reads them
-        graph=env.graph,
-        run=env.run,
-        active=env.active,
-    )
+    return replace(env, phase_ms=phase_ms, clean=np.zeros(len(env), bool))  # no GPU fit reads them
 
 
 def relative_weights(steps: Steps, model: Mapping[str, float], rows: np.ndarray) -> np.ndarray:
@@ -188,14 +180,10 @@ def relative_weights(steps: Steps, model: Mapping[str, float], rows: np.ndarray)
 def weighted(steps: Steps, w: np.ndarray) -> Steps:
     """`steps` with every shape column and phase time multiplied by `w`: a linear fit to them is
     the weighted fit to `steps` (the coefficients mean the same)."""
-    return Steps(
+    return replace(
+        steps,
         cols={k: v * w for k, v in steps.cols.items()},
         phase_ms={p: v * w for p, v in steps.phase_ms.items()},
-        gpu_ms=steps.gpu_ms,
-        clean=steps.clean,
-        graph=steps.graph,
-        run=steps.run,
-        active=steps.active,
     )
 
 
