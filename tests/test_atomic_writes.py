@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,3 +103,31 @@ def test_plan_worker_reads_trace_bytes_and_leaves_no_temp(
     got = worker._trace(str(tmp_path / "elsewhere.parquet"), sha, src.read_bytes())
     assert np.array_equal(got.prompt_len, [16, 32])
     assert os.listdir(scratch) == []  # the bytes' temp copy is gone once read
+
+
+@pytest.mark.parametrize("what", ["dir", "file"])
+def test_a_temp_made_as_an_interrupt_arrives_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """SIGTERM's handler (or Ctrl-C's) runs right after the system call that made the temp:
+    the exception it raises reaches temp_dir / temp_file before the caller knows the path."""
+    made: list[str] = []
+    real = os.mkdir if what == "dir" else os.open
+
+    def then_interrupted(path: Any, *args: Any) -> Any:
+        out = real(path, *args)
+        made.append(str(path))
+        if what == "file":
+            os.close(out)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir" if what == "dir" else "open", then_interrupted)
+    target = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        if what == "dir":
+            atomic.temp_dir(target)
+        else:
+            with atomic.temp_file(target):
+                pass
+    monkeypatch.undo()
+    assert made and os.listdir(tmp_path) == []

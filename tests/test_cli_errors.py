@@ -423,6 +423,26 @@ def test_output_place_puts_things_back_on_failure(tmp_path: Path) -> None:
     assert listing(tmp_path) == ["mine"]  # the parents it made are gone again
 
 
+@pytest.mark.parametrize("nth", [1, 2])
+def test_output_place_undoes_a_parent_made_as_an_interrupt_arrives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nth: int
+) -> None:
+    """SIGTERM's handler (or Ctrl-C's) runs right after the mkdir that made a parent folder: the
+    folders made so far go again, that one included."""
+    real, calls = Path.mkdir, []
+
+    def mkdir_then_interrupted(self: Path, *args: object, **kwargs: object) -> None:
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+        calls.append(self)
+        if len(calls) == nth:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_interrupted)
+    with pytest.raises(KeyboardInterrupt), output_place(tmp_path / "a" / "b" / "run", RUN_FOLDER):
+        pass
+    assert len(calls) == nth and listing(tmp_path) == []
+
+
 # SIGTERM to the command alone (`kill PID`, not Ctrl-C's whole process group) while its workers
 # are busy: the workers are stopped too, and the command ends at once with nothing left behind.
 def test_sigterm_stops_the_workers_too(tmp_path: Path, trace: Path) -> None:

@@ -15,8 +15,7 @@ import os
 import re
 import shutil
 import socket
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 _HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
@@ -26,12 +25,6 @@ _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<host>[0-9a-f]{8})
 
 def _prefix(target: Path, kind: str) -> str:
     return f".{target.name}.{kind}-{_HOST}-{os.getpid()}-"
-
-
-def umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def pid_alive(pid: int) -> bool:
@@ -74,13 +67,34 @@ def sweep_stale(parent: Path) -> list[Path]:
     return removed
 
 
+def _new_temp(target: Path, kind: str, make: Callable[[Path], None]) -> Path:
+    """`make` a new temp path beside `target` (one of a free random name). An exception raised
+    as it is made (SIGTERM's Terminated or Ctrl-C's KeyboardInterrupt run after the system call
+    that made it) removes what it made: the caller never sees that path, so nothing else would."""
+    prefix = _prefix(target, kind)
+    for _ in range(100):
+        tmp = target.parent / f"{prefix}{os.urandom(4).hex()}"
+        try:
+            make(tmp)
+        except FileExistsError:
+            continue
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.rmdir() if tmp.is_dir() else tmp.unlink()
+            raise
+        return tmp
+    raise FileExistsError(f"no free temp name beside '{target}'")
+
+
+def _make_file(path: Path) -> None:
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+
+
 def temp_dir(target: Path, kind: str = "tmp") -> Path:
     """A new empty folder beside `target` (same file system: a rename moves it in place),
     mode 0o777 & ~umask. Sweeps dead processes' temps from that folder first."""
     sweep_stale(target.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=_prefix(target, kind), dir=target.parent))
-    os.chmod(tmp, 0o777 & ~umask())
-    return tmp
+    return _new_temp(target, kind, lambda p: os.mkdir(p, 0o777))  # the umask applies
 
 
 @contextlib.contextmanager
@@ -88,11 +102,8 @@ def temp_file(target: Path) -> Iterator[Path]:
     """A temp file path beside `target` (created empty, mode 0o666 & ~umask), removed if the
     block fails; the block writes it and renames it onto `target` (os.replace)."""
     sweep_stale(target.parent)
-    fd, name = tempfile.mkstemp(prefix=_prefix(target, "tmp"), dir=target.parent)
-    tmp = Path(name)
+    tmp = _new_temp(target, "tmp", _make_file)
     try:
-        os.fchmod(fd, 0o666 & ~umask())
-        os.close(fd)
         yield tmp
     finally:
         tmp.unlink(missing_ok=True)  # after os.replace it is gone already

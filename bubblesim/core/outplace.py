@@ -100,15 +100,15 @@ def _make_parents(parent: Path, target: Path) -> list[Path]:
     while not os.path.lexists(p) and p != p.parent:
         missing.append(p)
         p = p.parent
-    created: list[Path] = []
     try:
         for d in reversed(missing):
             d.mkdir()
-            created.insert(0, d)
-    except OSError as e:
-        _remove_empty(created)
-        raise UsageError(f"-o '{target}': cannot create folder '{d}' ({e.strerror})") from None
-    return created
+    except BaseException as e:  # (SIGTERM's or Ctrl-C's too: raised right after a mkdir made d)
+        _remove_empty(missing)
+        if isinstance(e, OSError):
+            raise UsageError(f"-o '{target}': cannot create folder '{d}' ({e.strerror})") from None
+        raise
+    return missing
 
 
 def _remove_empty(folders: list[Path]) -> None:
@@ -135,10 +135,10 @@ def output_place(path: str | Path, kind: OutKind, force: bool = False) -> Iterat
     target = Path(path)
     check_place(target, kind, force)
     parent = target.parent if str(target.parent) else Path(".")
-    created = _make_parents(parent, target)
     existed = os.path.lexists(target)
     aside: Path | None = None
-    try:
+    created = _make_parents(parent, target)
+    try:  # (no system call since the parents were made: a signal cannot strike in between)
         _probe(parent, target)
         if refusal(target, kind) is not None:  # --force: out of the way until the block ends
             aside = move_aside(target)
