@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -98,6 +99,7 @@ def trace_config(args: argparse.Namespace) -> tuple[Config, Scenario | None]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from bubblesim.core.atomic import replacing_dir
     from bubblesim.core.outplace import RUN_FOLDER, output_place
     from sim.run import simulate
     from sim.seeds import MAX_SEEDS
@@ -119,23 +121,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     with SideRuns(args.trace, scenario, jobs, extra) as side:
         seeds, band = _add_side_runs(side, args, cfg, band_profile)
         bar = Progress(f"simulating {Path(args.trace).name}", 0.0, enabled=not args.quiet)
-        try:
-            with output_place(out, RUN_FOLDER, args.force):
+        # with extra runs the folder is built beside `out` and swapped in once its summary
+        # holds their results: a failed or interrupted wait for them leaves `out` as it was
+        with (
+            output_place(out, RUN_FOLDER, args.force),
+            replacing_dir(out) if extra else contextlib.nullcontext(out) as place,
+        ):
+            try:
                 res = simulate(
                     cfg,
                     args.trace,
-                    out,
+                    place,
                     progress=bar if bar.enabled else None,  # quiet: no looks, longer segments
                     timeline_steps=args.timeline_steps,
                     timeline_from_s=args.timeline_from_s,
                     steps=not args.no_steps,
                     scenario=scenario,
                 )
-        finally:
-            bar.close()
-        summary = res.summary
-        if extra:
-            summary = _add_side_results(side, args, cfg, out, summary, seeds, band)
+            finally:
+                bar.close()
+            summary = res.summary
+            if extra:
+                summary = _add_side_results(side, args, cfg, place, summary, seeds, band)
     _print_run(summary, out, res.wall_s, args.seeds > 1, band_profile is not None)
     return 0
 

@@ -80,11 +80,24 @@ def test_a_bad_jobs_count_is_one_line_and_writes_nothing(tmp_path: Path) -> None
 # SIGTERM to `sim run` alone (`kill PID`) while its extra runs are busy on the pool: the
 # workers are stopped too, the command ends at once, and no temporary folder stays.
 def test_sigterm_stops_the_extra_runs_too(tmp_path: Path) -> None:
-    pids, tmp = tmp_path / "pids", tmp_path / "tmp"
+    pids, tmp, runs = tmp_path / "pids", tmp_path / "tmp", tmp_path / "runs"
     pids.mkdir()
     tmp.mkdir()
-    argv = [*BASE, "--seeds", "3", "--jobs", "2", "-o", str(tmp_path / "out")]
+    argv = [*BASE, "--seeds", "3", "--jobs", "2", "-o", str(runs / "out")]
     sigterm_while_busy("sim.siderun.side_summary", argv, pids, tmp_path, {"TMPDIR": str(tmp)})
     assert list(tmp.iterdir()) == []  # the extra runs' temporary folder went
-    summary = tmp_path / "out" / "summary.json"
-    assert not summary.exists() or "seed_spread" not in json.loads(summary.read_text())
+    # the main run was done, but its folder waits for the extra runs' results: nothing half
+    # written, and the parent folder made for it went too
+    assert not runs.exists()
+
+
+def test_sigterm_while_extra_runs_leaves_an_earlier_folder_as_it_was(tmp_path: Path) -> None:
+    pids, tmp, out = tmp_path / "pids", tmp_path / "tmp", tmp_path / "out"
+    pids.mkdir()
+    tmp.mkdir()
+    assert main([*BASE, "--set", "seed=7", "-o", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    argv = [*BASE, "--seeds", "3", "--jobs", "2", "-o", str(out)]
+    sigterm_while_busy("sim.siderun.side_summary", argv, pids, tmp_path, {"TMPDIR": str(tmp)})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "pids", "tmp"]  # no temps
