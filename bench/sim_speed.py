@@ -66,9 +66,9 @@ DAY_REQUESTS, DAY_HOURS, DAY_TARGET_S, DAY_TARGET_MB = 1_000_000, 24.0, 60.0, 15
 
 
 # ---- the baseline ----------------------------------------------------------------------------
-def bare_pipeline(num_steps: int) -> float:
-    """Seconds a two-process SimPy pipeline takes for `num_steps` items: the producer waits a
-    timeout and puts an item into a Store, the consumer gets it."""
+def bare_env(num_steps: int) -> tuple[Any, Any]:
+    """The bare pipeline, ready to run: (environment, the consumer's process). The producer
+    waits a timeout and puts an item into a Store, the consumer gets it, `num_steps` times."""
     import simpy
 
     env = simpy.Environment()
@@ -84,7 +84,12 @@ def bare_pipeline(num_steps: int) -> float:
             yield store.get()
 
     env.process(producer())
-    done = env.process(consumer())
+    return env, env.process(consumer())
+
+
+def bare_pipeline(num_steps: int) -> float:
+    """Seconds the bare pipeline (`bare_env`) takes for `num_steps` items."""
+    env, done = bare_env(num_steps)
     t0 = time.perf_counter()
     env.run(done)
     return time.perf_counter() - t0
