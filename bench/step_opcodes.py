@@ -41,6 +41,8 @@ from sim_speed import BASE_SETS, LOOP_TARGET, bare_env  # noqa: E402
 
 from bubblesim.core.config import load_config  # noqa: E402
 from bubblesim.core.trace import read_trace, write_trace  # noqa: E402
+from sim.loop import SimLoop  # noqa: E402
+from sim.run import simulate  # noqa: E402
 
 
 class Counts:
@@ -114,9 +116,6 @@ def bare(num_steps: int) -> tuple[Counts, float]:
 
 def loop(trace: str, sets: list[str]) -> tuple[Counts, int, float]:
     """The step loop's counts on `trace` (SimLoop.run only), its steps and untraced seconds."""
-    from sim.loop import SimLoop
-    from sim.run import simulate
-
     cfg = load_config(None, [*BASE_SETS, *sets])
     orig = SimLoop.run
     out: dict[str, Any] = {}
