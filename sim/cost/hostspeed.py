@@ -62,7 +62,6 @@ import bisect
 import math
 import operator
 from collections.abc import Mapping
-from itertools import repeat
 from typing import Any
 
 from bubblesim.core.phases import CPU_PHASES
@@ -274,15 +273,15 @@ class HostSpeed:
             xj = x[j]
             path: list[float] = []
             add = path.append
-            for bek in map(operator.mul, repeat(b), e):  # b * ek, in C
-                xj = a * xj + bek
+            for ek in e:
+                xj = a * xj + b * ek
                 add(xj)
             x[j] = xj
             # 0.0 + first: the point loop's running sum from 0.0 (only a -0.0 changes, to 0.0)
-            first = repeat(0.0) if tot is None else tot
-            tot = list(map(operator.add, first, path))  # (maps: the float operations in C)
+            tot = [0.0 + v for v in path] if tot is None else list(map(operator.add, tot, path))
+        exp, half = math.exp, self.half_var
         tot = tot or [0.0] * CHUNK
-        out = list(map(math.exp, map(operator.add, tot, repeat(self.half_var))))
+        out = [exp(t + half) for t in tot]
         if c == len(self.ends):
             self.ends.append(x)
         return out, tot

@@ -469,18 +469,10 @@ class CostModel:
         out: dict[str, Callable[[BatchShape], float]] = {}
         if PROGRAM_KEYS in used:
             keys = program_keys_fn(heads, sms)
-            out[PROGRAM_KEYS] = _BatchKeyed(
-                lambda s: keys(s.num_reqs, s.max_kv_tokens),
-                lambda s: (lambda k: lambda t: k(t.max_kv_tokens))(keys.for_batch(s.num_reqs)),
-            )
+            out[PROGRAM_KEYS] = lambda s: keys(s.num_reqs, s.max_kv_tokens)
         if TAIL_KEYS in used:
             tail = tail_keys_fn(heads, sms)
-            out[TAIL_KEYS] = _BatchKeyed(
-                lambda s: tail(s.num_reqs, s.kv_read_tokens, s.max_kv_tokens),
-                lambda s: (lambda k: lambda t: k(t.kv_read_tokens, t.max_kv_tokens))(
-                    tail.for_batch(s.num_reqs)
-                ),
-            )
+            out[TAIL_KEYS] = lambda s: tail(s.num_reqs, s.kv_read_tokens, s.max_kv_tokens)
         return out
 
     def _mixed_derived(self, mixed: Mapping[str, Any], where: str | None, longest: bool) -> Derived:
@@ -639,26 +631,6 @@ class _ByDrafts:
         fn = self.verify if shape.draft_tokens else self.plain
         keyed = getattr(fn, "keyed", None)
         return fn if keyed is None else keyed(shape, fields)
-
-
-class _BatchKeyed:
-    """A derived term of a shape (`fn`) whose value, once num_reqs is fixed, is
-    `for_batch(shape)(s)`: a function made once per batch size that gives the same numbers
-    (sim.cost.splits). `keyed` hands it to a keyed cost (sim.cost.linear._keyed_model)."""
-
-    __slots__ = ("fn", "for_batch")
-
-    def __init__(
-        self, fn: Callable[[Any], float], for_batch: Callable[[Any], Callable[[Any], float]]
-    ) -> None:
-        self.fn = fn
-        self.for_batch = for_batch
-
-    def __call__(self, s: Any) -> float:
-        return self.fn(s)
-
-    def keyed(self, shape: Any, fields: Collection[str]) -> Callable[[Any], float]:
-        return self.for_batch(shape) if "num_reqs" in fields else self.fn
 
 
 class _WithHistory:

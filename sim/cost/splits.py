@@ -41,102 +41,40 @@ def _pow2(x: int) -> int:
     return 1 if x <= 1 else 1 << (x - 1).bit_length()
 
 
-class ProgramKeys:
-    """`(num_reqs, max_kv_tokens) -> keys of the longest program` for a model and a GPU, and
-    `for_batch(num_reqs)`: the same as a function of max_kv_tokens alone, made once per batch
-    size (the simulator's decode steps repeat batch sizes; a keyed cost takes it once)."""
-
-    __slots__ = ("fill", "num_kv_heads", "by_batch")
-
-    def __init__(self, num_kv_heads: int, sms: int) -> None:
-        self.fill = TARGET_PROGRAMS_PER_SM * sms
-        self.num_kv_heads = num_kv_heads
-        self.by_batch: dict[int, Callable[[int], int]] = {}
-
-    def __call__(self, num_reqs: int, max_kv: int) -> int:
-        fn = self.by_batch.get(num_reqs)
-        if fn is None:
-            fn = self.for_batch(num_reqs)
-        return fn(max_kv)
-
-    def for_batch(self, num_reqs: int) -> Callable[[int], int]:
-        fn = self.by_batch.get(num_reqs)
-        if fn is None:
-            fn = self.by_batch[num_reqs] = self._make(num_reqs)
-        return fn
-
-    def _make(self, num_reqs: int) -> Callable[[int], int]:
-        if num_reqs <= 0:
-            return lambda max_kv: 0
-        programs = num_reqs * self.num_kv_heads
-        if programs >= self.fill:  # only long sequences split, per LONG_SPLIT_KEYS, <= 8 ways
-            long_tiles = LONG_SPLIT_KEYS // TILE_KEYS
-
-            def long_split(max_kv: int) -> int:
-                if max_kv <= 0:
-                    return 0
-                tiles = -(-max_kv // TILE_KEYS)
-                per = -(-tiles // MAX_LONG_SPLITS)
-                if per < long_tiles:
-                    per = long_tiles
-                return (tiles if tiles < per else per) * TILE_KEYS
-
-            return long_split
-        splits = min(-(-self.fill // programs), MAX_SPLITS)
-        tile = SMALL_TILE_KEYS if splits >= 16 else TILE_KEYS
-        ways = _pow2(splits)
-
-        def every_split(max_kv: int) -> int:
-            if max_kv <= 0:
-                return 0
-            tiles = -(-max_kv // tile)
-            return -(-tiles // ways) * tile
-
-        return every_split
-
-
-def program_keys_fn(num_kv_heads: int, sms: int) -> ProgramKeys:
+def program_keys_fn(num_kv_heads: int, sms: int) -> ProgramKeysFn:
     """`(num_reqs, max_kv_tokens) -> keys of the longest program` for a model and a GPU."""
-    return ProgramKeys(num_kv_heads, sms)
+    fill = TARGET_PROGRAMS_PER_SM * sms
+    long_tiles = LONG_SPLIT_KEYS // TILE_KEYS
+    # num_reqs -> (key tile, power-of-two splits; 0: only long sequences split): what the
+    # batch size decides, kept (the simulator asks at every decode step, batch sizes repeat)
+    by_batch: dict[int, tuple[int, int]] = {}
+
+    def split_of(num_reqs: int) -> tuple[int, int]:
+        programs = num_reqs * num_kv_heads
+        if programs >= fill:  # only long sequences split, per LONG_SPLIT_KEYS, <= 8 ways
+            return TILE_KEYS, 0
+        splits = min(-(-fill // programs), MAX_SPLITS)
+        return (SMALL_TILE_KEYS if splits >= 16 else TILE_KEYS), _pow2(splits)
+
+    def program_keys(num_reqs: int, max_kv: int) -> int:
+        if num_reqs <= 0 or max_kv <= 0:
+            return 0
+        split = by_batch.get(num_reqs)
+        if split is None:
+            split = by_batch[num_reqs] = split_of(num_reqs)
+        tile, ways = split
+        tiles = -(-max_kv // tile)
+        if ways:
+            return -(-tiles // ways) * tile
+        per = -(-tiles // MAX_LONG_SPLITS)
+        if per < long_tiles:
+            per = long_tiles
+        return (tiles if tiles < per else per) * TILE_KEYS
+
+    return program_keys
 
 
-class TailKeys:
-    """`(num_reqs, kv_read_tokens, max_kv_tokens) -> tail_keys` (tail_keys_fn), and
-    `for_batch(num_reqs)`: the same as a function of the other two, made once per batch size."""
-
-    __slots__ = ("keys", "by_batch")
-
-    def __init__(self, num_kv_heads: int, sms: int) -> None:
-        self.keys = ProgramKeys(num_kv_heads, sms)
-        self.by_batch: dict[int, Callable[[int, int], int]] = {}
-
-    def __call__(self, num_reqs: int, kv_read: int, max_kv: int) -> int:
-        fn = self.by_batch.get(num_reqs)
-        if fn is None:
-            fn = self.for_batch(num_reqs)
-        return fn(kv_read, max_kv)
-
-    def for_batch(self, num_reqs: int) -> Callable[[int, int], int]:
-        fn = self.by_batch.get(num_reqs)
-        if fn is None:
-            fn = self.by_batch[num_reqs] = self._make(num_reqs)
-        return fn
-
-    def _make(self, num_reqs: int) -> Callable[[int, int], int]:
-        if num_reqs <= 0:
-            return lambda kv_read, max_kv: 0
-        keys = self.keys.for_batch(num_reqs)
-
-        def tail_keys(kv_read: int, max_kv: int) -> int:
-            if max_kv <= 0:
-                return 0
-            mean = -(-kv_read // num_reqs)
-            return min(max(keys(max_kv) - keys(mean), 0), TAIL_CAP_KEYS)
-
-        return tail_keys
-
-
-def tail_keys_fn(num_kv_heads: int, sms: int) -> TailKeys:
+def tail_keys_fn(num_kv_heads: int, sms: int) -> TailKeysFn:
     """`(num_reqs, kv_read_tokens, max_kv_tokens) -> tail_keys`: the keys the longest attention
     program walks beyond the program of a row at the batch's mean context (kv_read_tokens /
     num_reqs, rounded up), at most TAIL_CAP_KEYS. 0 for a batch of one context length (the
@@ -149,4 +87,12 @@ def tail_keys_fn(num_kv_heads: int, sms: int) -> TailKeys:
     llama3.2-1b alike: replay.analysis.decodetail), the run-vs-sweep gap that grew with the
     batch (its tails grow with it). Past the cap a long row is split and the decode model's
     straggler branch (`program_keys`) holds it."""
-    return TailKeys(num_kv_heads, sms)
+    keys = program_keys_fn(num_kv_heads, sms)
+
+    def tail_keys(num_reqs: int, kv_read: int, max_kv: int) -> int:
+        if num_reqs <= 0 or max_kv <= 0:
+            return 0
+        mean = -(-kv_read // num_reqs)
+        return min(max(keys(num_reqs, max_kv) - keys(num_reqs, mean), 0), TAIL_CAP_KEYS)
+
+    return tail_keys

@@ -204,10 +204,7 @@ class PhaseSpread:
         b0, b1 = first // BLOCK_STEPS, last // BLOCK_STEPS
         self._blocks = {k: v for k, v in self._blocks.items() if b0 <= k[1] <= b1}
         for i in range(len(CPU_PHASES)):
-            window: list[float] = []
-            for b in range(b0, b1 + 1):
-                window += self._block(i, b)  # (a copy in C: no bytecode per value)
-            self.window[i] = window
+            self.window[i] = [x for b in range(b0, b1 + 1) for x in self._block(i, b)]
         self.lo, self.hi = b0 * BLOCK_STEPS, (b1 + 1) * BLOCK_STEPS
 
     def _keep(self, key: tuple[int, ...], block: list[float]) -> list[float]:
