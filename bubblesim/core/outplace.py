@@ -138,7 +138,7 @@ def output_place(path: str | Path, kind: OutKind, force: bool = False) -> Iterat
     existed = os.path.lexists(target)
     aside: Path | None = None
     created = _make_parents(parent, target)
-    try:  # (no system call since the parents were made: a signal cannot strike in between)
+    try:  # right after the parents are made (a signal's exception while making them undoes them)
         _probe(parent, target)
         if refusal(target, kind) is not None:  # --force: out of the way until the block ends
             aside = move_aside(target)
